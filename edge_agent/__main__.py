@@ -1,0 +1,3 @@
+from edge_agent.cli.main import main
+
+raise SystemExit(main())

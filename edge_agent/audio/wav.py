@@ -1,0 +1,149 @@
+"""A small RIFF/WAVE reader.
+
+The stdlib `wave` module reads only integer PCM, and sound from TTS tools and
+DAWs is often float. This reader takes integer PCM (8-bit unsigned, 16, 24,
+32-bit signed), IEEE float (32, 64-bit) and their WAVE_FORMAT_EXTENSIBLE forms,
+and fails with a `WavError` saying what is wrong with anything else.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float32]
+
+_PCM = 1
+_FLOAT = 3
+_EXTENSIBLE = 0xFFFE
+_TAG_NAMES = {
+    2: "ADPCM",
+    6: "A-law",
+    7: "mu-law",
+    0x11: "IMA ADPCM",
+    0x31: "GSM 6.10",
+    0x50: "MPEG",
+    0x55: "MP3",
+}
+_CONVERT = "convert it with `sox in.wav -e signed -b 16 out.wav`"
+
+
+class WavError(ValueError):
+    """The bytes are not a WAV file this reader can decode."""
+
+
+def _unsupported(what: str) -> WavError:
+    return WavError(f"unsupported WAV encoding: {what}; {_CONVERT}")
+
+
+def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None]:
+    """Find the fmt chunk body and the data chunk body."""
+    fmt: bytes | None = None
+    audio: memoryview | None = None
+    view = memoryview(data)
+    pos = 12
+    while pos + 8 <= len(data):
+        chunk_id = data[pos : pos + 4]
+        (size,) = struct.unpack_from("<I", data, pos + 4)
+        body = pos + 8
+        remaining = len(data) - body
+        if chunk_id == b"data":
+            # Streaming writers (espeak-ng to a pipe) leave the size at 0x7FFFFFFF or
+            # 0xFFFFFFFF; a size past the end of the file means "to the end".
+            size = min(size, remaining)
+            audio = view[body : body + size]
+        elif chunk_id == b"fmt ":
+            fmt = data[body : body + min(size, remaining)]
+        if size > remaining:
+            break
+        # Chunks are word-aligned: odd sizes are followed by a pad byte.
+        pos = body + size + (size & 1)
+    return fmt, audio
+
+
+def parse_wav(data: bytes) -> tuple[FloatArray, int]:
+    """Decode the bytes of a WAV file.
+
+    Args:
+        data: the whole file.
+
+    Returns:
+        Samples as float32 of shape (frames, channels) in [-1, 1], and the sample rate in Hz.
+
+    Raises:
+        WavError: the bytes are not a WAV file, or use an encoding this reader does not take.
+    """
+    if len(data) < 12 or data[:4] != b"RIFF":
+        raise WavError("not a WAV file: no RIFF header")
+    if data[8:12] != b"WAVE":
+        raise WavError(f"not a WAV file: RIFF form is {bytes(data[8:12])!r}, not b'WAVE'")
+    fmt, audio = _chunks(data)
+    if fmt is None:
+        raise WavError("WAV has no fmt chunk")
+    if len(fmt) < 16:
+        raise WavError(f"WAV fmt chunk is too short: {len(fmt)} bytes, expected at least 16")
+    tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", fmt)
+    if tag == _EXTENSIBLE:
+        if len(fmt) < 26:
+            raise WavError(
+                f"WAV fmt chunk is too short for WAVE_FORMAT_EXTENSIBLE: {len(fmt)} bytes"
+            )
+        # The subformat GUID starts with the plain format tag it stands for.
+        (tag,) = struct.unpack_from("<H", fmt, 24)
+    if channels == 0:
+        raise WavError("WAV fmt chunk says 0 channels")
+    if rate == 0:
+        raise WavError("WAV fmt chunk says a sample rate of 0 Hz")
+    if tag == _PCM and bits not in (8, 16, 24, 32):
+        raise _unsupported(f"{bits}-bit PCM")
+    if tag == _FLOAT and bits not in (32, 64):
+        raise _unsupported(f"{bits}-bit float")
+    if tag not in (_PCM, _FLOAT):
+        name = _TAG_NAMES.get(tag, "unknown")
+        raise _unsupported(f"format tag {tag} ({name})")
+    if audio is None:
+        raise WavError("WAV has no audio data")
+
+    width = bits // 8
+    frame = width * channels
+    usable = len(audio) - len(audio) % frame
+    raw = np.frombuffer(audio[:usable], dtype=np.uint8)
+    samples = _decode(raw, tag, width)
+    if tag == _FLOAT:
+        # Float WAV may stray past full scale or carry NaNs; models expect [-1, 1].
+        samples = np.clip(np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
+    return samples.reshape(-1, channels), int(rate)
+
+
+def _decode(raw: npt.NDArray[np.uint8], tag: int, width: int) -> FloatArray:
+    if tag == _FLOAT:
+        return raw.view("<f4" if width == 4 else "<f8").astype(np.float32)
+    if width == 1:
+        # 8-bit PCM alone among the widths is unsigned, centred on 128.
+        return ((raw.astype(np.float32) - 128.0) / 128.0).astype(np.float32)
+    if width == 3:
+        triples = raw.reshape(-1, 3).astype(np.int32)
+        ints = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
+        ints = np.where(ints >= 1 << 23, ints - (1 << 24), ints)
+        return (ints / float(1 << 23)).astype(np.float32)
+    ints_view = raw.view("<i2" if width == 2 else "<i4")
+    return (ints_view / float(1 << (8 * width - 1))).astype(np.float32)
+
+
+def read_wav(path: Path) -> tuple[FloatArray, int]:
+    """Read a WAV file; see `parse_wav` for what it returns and raises."""
+    return parse_wav(path.read_bytes())
+
+
+def to_mono(samples: FloatArray) -> FloatArray:
+    """Average the channels of (frames, channels) audio; 1-D audio comes back as it is."""
+    audio = np.asarray(samples, dtype=np.float32)
+    if audio.ndim == 1:
+        return audio
+    if audio.ndim != 2:
+        raise ValueError(f"audio should be (frames, channels); got shape {audio.shape}")
+    mono: FloatArray = audio.mean(axis=1, dtype=np.float32)
+    return mono

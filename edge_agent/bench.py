@@ -1,0 +1,100 @@
+"""Throughput and latency of a compiled model, measured the way benchmark_app does.
+
+Inputs are built once (a frame at the model's own size for image models, so
+the folded-in preprocessing runs but resizes nothing; zeros with the right
+shape otherwise) and every request stays busy until the time is up. Latency is
+the engine's time per request, without time spent queued for a free one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.catalog.manifest import ImageInput, Manifest
+from edge_agent.runtime.base import CompiledModel, CompileReport, Tensor, Tensors
+
+Progress = Callable[[float], None]
+"""Called now and then with the fraction of the time elapsed."""
+
+
+class BenchResult(BaseModel):
+    """What `edge-agent bench` prints."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="Model name.")
+    compile: CompileReport = Field(description="How and where the model was compiled.")
+    first_inference_ms: float = Field(description="First run after compile, in ms.")
+    iterations: int = Field(description="Requests completed in the timed part.")
+    seconds: float = Field(description="Duration of the timed part.")
+    throughput_fps: float = Field(description="Completed requests per second.")
+    latency_ms: dict[str, float] = Field(description="p50, p95, p99, min, max, in ms.")
+
+
+def bench_inputs(manifest: Manifest, report: CompileReport) -> dict[str, Tensor]:
+    """Inputs for a benchmark: deterministic noise, so no branch in the model is special."""
+    rng = np.random.default_rng(0)
+    spec = manifest.input
+    feeds: dict[str, Tensor] = {}
+    for name, shape in report.inputs.items():
+        if isinstance(spec, ImageInput) and name == spec.name:
+            model_spec = spec.with_shape(report.model_shape)
+            size = (1, model_spec.height, model_spec.width, 3)
+            feeds[name] = rng.integers(0, 256, size, dtype=np.uint8)
+        else:
+            feeds[name] = rng.standard_normal([max(d, 1) for d in shape]).astype(np.float32)
+    return feeds
+
+
+def run_bench(
+    model: CompiledModel,
+    manifest: Manifest,
+    seconds: float,
+    progress: Progress | None = None,
+) -> BenchResult:
+    """Keep every infer request busy for `seconds` and measure."""
+    feeds = bench_inputs(manifest, model.report)
+    started = time.perf_counter()
+    model.infer(feeds)
+    first_ms = (time.perf_counter() - started) * 1e3
+
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def done(outputs: Tensors, userdata: object, latency: float) -> None:
+        with lock:
+            latencies.append(latency)
+
+    begin = time.perf_counter()
+    deadline = begin + seconds
+    next_tick = begin
+    while (now := time.perf_counter()) < deadline:
+        model.submit(feeds, done, None)
+        if progress is not None and now >= next_tick:
+            progress((now - begin) / seconds)
+            next_tick = now + 0.25
+    model.wait()
+    elapsed = time.perf_counter() - begin
+    if progress is not None:
+        progress(1.0)
+    ms = np.asarray(latencies, dtype=np.float64) * 1e3
+    return BenchResult(
+        model=manifest.name,
+        compile=model.report,
+        first_inference_ms=first_ms,
+        iterations=len(latencies),
+        seconds=elapsed,
+        throughput_fps=len(latencies) / elapsed,
+        latency_ms={
+            "p50": float(np.percentile(ms, 50)),
+            "p95": float(np.percentile(ms, 95)),
+            "p99": float(np.percentile(ms, 99)),
+            "min": float(ms.min()),
+            "max": float(ms.max()),
+        },
+    )

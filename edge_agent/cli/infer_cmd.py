@@ -1,0 +1,35 @@
+"""`edge-agent infer`: decode one image or WAV file, as JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from edge_agent.cli.common import add_runtime_args, catalog, runtime_options
+from edge_agent.infer import infer_input, read_input
+from edge_agent.runtime import create_backend
+
+
+def register(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "infer", help="run a model on an image or WAV file and print JSON lines of results"
+    )
+    add_runtime_args(parser)
+    parser.add_argument("--input", required=True, type=Path, help="image or .wav file")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    resolved = catalog(args).resolve(args.model)
+    data = read_input(resolved.manifest, args.input)
+    backend = create_backend(args.backend)
+    model = backend.compile(resolved.path, resolved.manifest, runtime_options(args, "latency"))
+    # Where it ran, and any fallback, goes to stderr so stdout stays pure results.
+    report = model.report
+    print(json.dumps({"compile": report.model_dump(mode="json")}), file=sys.stderr)
+    for result in infer_input(model, resolved.manifest, data):
+        print(json.dumps(result.model_dump(mode="json")))
+    return 0

@@ -1,0 +1,99 @@
+"""Result types shared by every head.
+
+Heads are pure: they turn output tensors (numpy arrays) into these results and
+know nothing about OpenVINO, files or MQTT. Results are frozen pydantic models
+so they serialise straight to JSON lines and, later, to MQTT payloads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
+
+FloatArray = npt.NDArray[np.float32]
+Outputs = Mapping[str, npt.NDArray[np.generic]]
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Detection(_Result):
+    """One object found in a frame, in the pixel coordinates of the frame handed in."""
+
+    kind: Literal["detection"] = "detection"
+    label: str = Field(description="Class name from the model's manifest.")
+    class_id: int = Field(description="Class index as the model numbers it.")
+    score: float = Field(ge=0.0, le=1.0, description="Confidence in [0, 1].")
+    box: tuple[float, float, float, float] = Field(
+        description="x_min, y_min, x_max, y_max in input pixels."
+    )
+    keypoints: tuple[tuple[float, float], ...] = Field(
+        default=(), description="Optional (x, y) keypoints in input pixels, e.g. face landmarks."
+    )
+
+
+class Classification(_Result):
+    """One of the top-k classes of a frame."""
+
+    kind: Literal["class"] = "class"
+    label: str = Field(description="Class name from the model's manifest.")
+    class_id: int = Field(description="Class index as the model numbers it.")
+    score: float = Field(description="Probability (after softmax when the model gives logits).")
+
+
+class TextBox(_Result):
+    """A text region found by a DBNet-style detector, as a quadrilateral."""
+
+    kind: Literal["text"] = "text"
+    score: float = Field(ge=0.0, le=1.0, description="Mean probability inside the region.")
+    polygon: tuple[tuple[float, float], ...] = Field(
+        description="Four (x, y) corners in input pixels, clockwise from top-left."
+    )
+
+
+class SpeechSegment(_Result):
+    """A span of speech in an audio stream."""
+
+    kind: Literal["speech"] = "speech"
+    start: float = Field(ge=0.0, description="Start in seconds from the start of the stream.")
+    end: float = Field(ge=0.0, description="End in seconds from the start of the stream.")
+
+
+class TensorSummary(_Result):
+    """What the raw head reports for a model the agent does not know."""
+
+    kind: Literal["tensor"] = "tensor"
+    name: str = Field(description="Output tensor name.")
+    shape: tuple[int, ...] = Field(description="Output shape.")
+    dtype: str = Field(description="Element type.")
+    min: float = Field(description="Smallest element.")
+    max: float = Field(description="Largest element.")
+    mean: float = Field(description="Mean of all elements.")
+    argmax: int = Field(description="Flat index of the largest element.")
+
+
+Result = Detection | Classification | TextBox | SpeechSegment | TensorSummary
+
+
+class FrameHead(Protocol):
+    """Decodes one frame's outputs. `frame_size` is (width, height) of the frame handed in."""
+
+    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]: ...
+
+
+def pick(outputs: Outputs, name: str) -> npt.NDArray[np.generic]:
+    """Return output `name`, or fail naming the outputs that do exist.
+
+    Backends key each output under every name it has (OpenVINO keeps several),
+    so a head can name the role-bearing one from the manifest.
+    """
+    try:
+        return outputs[name]
+    except KeyError:
+        known = ", ".join(sorted(outputs))
+        raise KeyError(f"model has no output {name!r}; it has: {known}") from None

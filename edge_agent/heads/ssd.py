@@ -1,0 +1,78 @@
+"""SSD head for TF Object Detection API graphs that carry their own NMS.
+
+The graph already returns boxes sorted by score; this head only thresholds,
+maps labels and turns normalised (ymin, xmin, ymax, xmax) into frame pixels.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.heads.base import Detection, Outputs, Result, pick
+
+
+class SsdConfig(BaseModel):
+    """Which outputs hold what, and how to read classes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["ssd"] = Field(default="ssd", description="Head selector.")
+    boxes: str = Field(default="detection_boxes:0", description="[1,N,4] normalised yxyx.")
+    classes: str = Field(default="detection_classes:0", description="[1,N] class ids.")
+    scores: str = Field(default="detection_scores:0", description="[1,N] scores.")
+    count: str = Field(default="num_detections:0", description="[1] number of valid rows.")
+    labels: dict[int, str] = Field(description="Class id to name; ids not listed are dropped.")
+    score_threshold: float = Field(default=0.5, ge=0.0, le=1.0, description="Minimum score.")
+
+
+def decode_ssd(
+    boxes: np.ndarray,
+    classes: np.ndarray,
+    scores: np.ndarray,
+    count: int,
+    frame_size: tuple[int, int],
+    config: SsdConfig,
+) -> list[Detection]:
+    """Decode one image's SSD outputs (batch dimension already removed)."""
+    width, height = frame_size
+    n = max(0, min(int(count), scores.shape[0]))
+    found: list[Detection] = []
+    for i in range(n):
+        score = float(scores[i])
+        class_id = round(float(classes[i]))
+        if score < config.score_threshold or class_id not in config.labels:
+            continue
+        y0, x0, y1, x1 = np.clip(boxes[i].astype(np.float64), 0.0, 1.0)
+        found.append(
+            Detection(
+                label=config.labels[class_id],
+                class_id=class_id,
+                score=min(score, 1.0),
+                box=(x0 * width, y0 * height, x1 * width, y1 * height),
+            )
+        )
+    return found
+
+
+class SsdHead:
+    """FrameHead for `SsdConfig`."""
+
+    def __init__(self, config: SsdConfig) -> None:
+        self.config = config
+
+    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]:
+        c = self.config
+        count = pick(outputs, c.count).reshape(-1)
+        return list(
+            decode_ssd(
+                pick(outputs, c.boxes)[0],
+                pick(outputs, c.classes)[0],
+                pick(outputs, c.scores)[0],
+                int(count[0]) if count.size else 0,
+                frame_size,
+                c,
+            )
+        )

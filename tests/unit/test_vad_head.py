@@ -1,0 +1,159 @@
+"""VAD windowing and hysteresis on synthetic probability streams."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge_agent.heads.base import SpeechSegment
+from edge_agent.heads.vad import VadConfig, VadSegmenter, audio_windows, frame_agreement
+
+CONFIG = VadConfig()
+W = CONFIG.window / CONFIG.sample_rate  # 32 ms per window
+PAD = CONFIG.speech_pad_s
+
+
+def run(probs: list[float], config: VadConfig = CONFIG) -> list[SpeechSegment]:
+    segmenter = VadSegmenter(config)
+    segments = [s for p in probs for s in segmenter.push(p)]
+    return segments + segmenter.flush()
+
+
+def test_two_utterances_give_two_padded_segments() -> None:
+    probs = [0.0] * 10 + [0.9] * 20 + [0.0] * 20 + [0.9] * 20 + [0.0] * 10
+    first, second = run(probs)
+    assert first.start == pytest.approx(10 * W - PAD)
+    assert first.end == pytest.approx(30 * W + PAD)
+    assert second.start == pytest.approx(50 * W - PAD)
+    assert second.end == pytest.approx(70 * W + PAD)
+
+
+def test_segment_closes_once_silence_is_confirmed() -> None:
+    segmenter = VadSegmenter(CONFIG)
+    for p in [0.9] * 20:
+        assert segmenter.push(p) == []
+    closed_after = None
+    for quiet in range(1, 20):
+        if segmenter.push(0.0):
+            closed_after = quiet
+            break
+    assert closed_after is not None
+    # Not before min_silence_s of quiet, and within one window of it.
+    assert CONFIG.min_silence_s <= closed_after * W <= CONFIG.min_silence_s + 2 * W
+    assert segmenter.flush() == []
+
+
+def test_short_blips_are_dropped() -> None:
+    blip = math.floor(CONFIG.min_speech_s / W) - 1
+    assert run([0.0] * 10 + [0.9] * blip + [0.0] * 20) == []
+
+
+def test_gaps_shorter_than_min_silence_are_merged() -> None:
+    gap = math.floor(CONFIG.min_silence_s / W) - 1
+    [segment] = run([0.9] * 20 + [0.0] * gap + [0.9] * 20 + [0.0] * 10)
+    assert segment.end == pytest.approx((40 + gap) * W + PAD)
+
+
+def test_resumed_speech_cancels_the_candidate_end() -> None:
+    gap = math.floor(CONFIG.min_silence_s / W) - 1
+    # Two short gaps separated by one speech window: together they exceed min_silence_s.
+    probs = [0.9] * 10 + [0.0] * gap + [0.9] + [0.0] * gap + [0.9] * 10 + [0.0] * 10
+    assert len(run(probs)) == 1
+
+
+def test_hysteresis_between_thresholds() -> None:
+    middle = 0.4  # below threshold 0.5, above the derived 0.35
+    [segment] = run([0.9] * 10 + [middle] * 30 + [0.0] * 10)
+    assert segment.end == pytest.approx(40 * W + PAD)
+    assert run([middle] * 50) == []
+
+
+def test_explicit_neg_threshold() -> None:
+    config = VadConfig(neg_threshold=0.45)
+    [segment] = run([0.9] * 10 + [0.4] * 30, config)
+    assert segment.end == pytest.approx(10 * W + PAD)
+
+
+def test_flush_closes_open_speech_at_stream_end() -> None:
+    [segment] = run([0.9] * 20)
+    assert segment.start == 0.0  # padding is clamped at the start of the stream
+    assert segment.end == pytest.approx(20 * W)  # and never runs past its end
+
+
+def test_unconfirmed_trailing_quiet_is_not_speech() -> None:
+    [segment] = run([0.9] * 20 + [0.0] * 2)
+    assert segment.end == pytest.approx(20 * W + PAD)
+
+
+def test_flush_starts_a_new_stream() -> None:
+    segmenter = VadSegmenter(CONFIG)
+    for p in [0.0] * 30 + [0.9] * 20:
+        segmenter.push(p)
+    assert len(segmenter.flush()) == 1
+    for p in [0.9] * 20:
+        segmenter.push(p)
+    [again] = segmenter.flush()
+    assert again.start == 0.0
+
+
+@given(
+    st.lists(st.floats(0.0, 1.0), max_size=300),
+    st.floats(0.0, 0.2),
+    st.floats(0.0, 0.3),
+    st.floats(0.0, 0.5),
+)
+def test_segments_are_ordered_and_inside_the_stream(
+    probs: list[float], pad: float, silence: float, speech: float
+) -> None:
+    config = VadConfig(speech_pad_s=pad, min_silence_s=silence, min_speech_s=speech)
+    segments = run(probs, config)
+    total = len(probs) * W
+    for s in segments:
+        assert 0.0 <= s.start < s.end <= total + 1e-9
+        assert s.end - s.start >= speech - 1e-9
+    if pad <= silence:
+        for before, after in pairwise(segments):
+            assert before.end <= after.start + 1e-9
+
+
+def test_audio_windows_carry_context() -> None:
+    x = np.arange(1, 1001, dtype=np.float32)
+    first, second = audio_windows(x, 512, 64)
+    assert first.shape == second.shape == (576,)
+    assert not first[:64].any()
+    np.testing.assert_array_equal(first[64:], x[:512])
+    np.testing.assert_array_equal(second[:64], x[448:512])
+    np.testing.assert_array_equal(second[64 : 64 + 488], x[512:])
+    assert not second[64 + 488 :].any()
+
+
+@given(st.integers(0, 3000), st.integers(1, 600), st.integers(0, 128))
+def test_audio_windows_cover_everything(length: int, window: int, context: int) -> None:
+    x = np.random.default_rng(length).uniform(-1, 1, length).astype(np.float32)
+    chunks = list(audio_windows(x, window, context))
+    assert len(chunks) == -(-length // window)
+    assert all(c.shape == (context + window,) and c.dtype == np.float32 for c in chunks)
+    joined = np.concatenate([c[context:] for c in chunks]) if chunks else np.zeros(0)
+    np.testing.assert_array_equal(joined[:length], x)
+    assert not joined[length:].any()
+    for before, after in pairwise(chunks):
+        np.testing.assert_array_equal(after[:context], before[len(before) - context :])
+
+
+def test_audio_windows_want_mono() -> None:
+    with pytest.raises(ValueError, match="mono"):
+        list(audio_windows(np.zeros((100, 2), np.float32), 512, 64))
+
+
+def test_frame_agreement() -> None:
+    a = np.array([0.9, 0.1, 0.6, 0.2])
+    assert frame_agreement(a, a, 0.5) == 1.0
+    assert frame_agreement(a, 1 - a, 0.5) == 0.0
+    assert frame_agreement(a, np.array([0.8, 0.3, 0.4, 0.1]), 0.5) == 0.75
+    with pytest.raises(ValueError, match="length"):
+        frame_agreement(a, a[:3], 0.5)

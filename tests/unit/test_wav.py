@@ -1,0 +1,205 @@
+"""WAV parsing: files from stdlib `wave`, hand-built float and odd files, and espeak-ng."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge_agent.audio.wav import WavError, parse_wav, read_wav, to_mono
+
+
+def write_pcm(path: Path, frames: bytes, width: int, channels: int = 1, rate: int = 16000) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        w.writeframes(frames)
+    return path
+
+
+def fmt_chunk(tag: int, channels: int, rate: int, bits: int, extra: bytes = b"") -> bytes:
+    align = channels * bits // 8
+    body = struct.pack("<HHIIHH", tag, channels, rate, rate * align, align, bits) + extra
+    return b"fmt " + struct.pack("<I", len(body)) + body
+
+
+def chunk(chunk_id: bytes, body: bytes, size: int | None = None) -> bytes:
+    pad = b"\0" if len(body) % 2 else b""
+    return chunk_id + struct.pack("<I", len(body) if size is None else size) + body + pad
+
+
+def riff(*chunks: bytes) -> bytes:
+    body = b"WAVE" + b"".join(chunks)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def test_16_bit_pcm(tmp_path: Path) -> None:
+    ints = np.array([0, 16384, -32768, 32767], dtype="<i2")
+    samples, rate = read_wav(write_pcm(tmp_path / "a.wav", ints.tobytes(), 2, rate=22050))
+    assert rate == 22050
+    assert samples.dtype == np.float32
+    np.testing.assert_allclose(samples[:, 0], [0.0, 0.5, -1.0, 32767 / 32768])
+
+
+def test_8_bit_pcm_is_unsigned(tmp_path: Path) -> None:
+    samples, _ = read_wav(write_pcm(tmp_path / "a.wav", bytes([0, 128, 255, 64]), 1))
+    np.testing.assert_allclose(samples[:, 0], [-1.0, 0.0, 127 / 128, -0.5])
+
+
+def test_24_and_32_bit_pcm(tmp_path: Path) -> None:
+    values = [-(1 << 23), 1 << 22, -1, (1 << 23) - 1]
+    raw24 = b"".join(v.to_bytes(3, "little", signed=True) for v in values)
+    samples, _ = read_wav(write_pcm(tmp_path / "a.wav", raw24, 3))
+    np.testing.assert_allclose(samples[:, 0], np.array(values) / (1 << 23), rtol=1e-6)
+    raw32 = np.array([-(1 << 31), 1 << 30], dtype="<i4").tobytes()
+    samples, _ = read_wav(write_pcm(tmp_path / "b.wav", raw32, 4))
+    np.testing.assert_allclose(samples[:, 0], [-1.0, 0.5])
+
+
+def test_stereo_keeps_channels_apart(tmp_path: Path) -> None:
+    left = np.full(100, 8192, dtype="<i2")
+    right = np.full(100, -16384, dtype="<i2")
+    interleaved = np.stack([left, right], axis=1).tobytes()
+    samples, _ = read_wav(write_pcm(tmp_path / "a.wav", interleaved, 2, channels=2))
+    assert samples.shape == (100, 2)
+    np.testing.assert_allclose(samples[0], [0.25, -0.5])
+    np.testing.assert_allclose(to_mono(samples), np.full(100, -0.125))
+
+
+def test_float32_after_an_odd_sized_chunk() -> None:
+    values = np.array([0.0, 0.25, -0.75, 1.5, np.nan], dtype="<f4")
+    data = riff(
+        fmt_chunk(3, 1, 48000, 32),
+        chunk(b"LIST", b"odd"),  # 3 bytes and a pad byte
+        chunk(b"data", values.tobytes()),
+    )
+    samples, rate = parse_wav(data)
+    assert rate == 48000
+    # Out-of-range and NaN samples are brought back into [-1, 1].
+    np.testing.assert_allclose(samples[:, 0], [0.0, 0.25, -0.75, 1.0, 0.0])
+
+
+def test_float64_and_extensible() -> None:
+    values = np.array([0.5, -0.5], dtype="<f8")
+    samples, _ = parse_wav(riff(fmt_chunk(3, 1, 8000, 64), chunk(b"data", values.tobytes())))
+    np.testing.assert_allclose(samples[:, 0], [0.5, -0.5])
+    guid_tail = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
+    extra = struct.pack("<HHI", 22, 32, 0x3) + struct.pack("<H", 3) + guid_tail
+    f32 = np.array([[0.1, -0.2], [0.3, -0.4]], dtype="<f4")
+    samples, _ = parse_wav(
+        riff(fmt_chunk(0xFFFE, 2, 8000, 32, extra), chunk(b"data", f32.tobytes()))
+    )
+    np.testing.assert_allclose(samples, f32)
+
+
+@pytest.mark.parametrize("size", [0x7FFFFFFF, 0xFFFFFFFF])
+def test_streamed_data_size_means_to_end_of_file(size: int) -> None:
+    ints = np.arange(-50, 50, dtype="<i2")
+    # A stray byte at the end is not a whole frame and must be ignored.
+    data = riff(fmt_chunk(1, 1, 16000, 16)) + b"data" + struct.pack("<I", size)
+    samples, _ = parse_wav(data + ints.tobytes() + b"\x01")
+    np.testing.assert_allclose(samples[:, 0], ints / 32768)
+
+
+def test_fmt_after_data_is_found() -> None:
+    ints = np.array([1000, -1000], dtype="<i2")
+    samples, _ = parse_wav(riff(chunk(b"data", ints.tobytes()), fmt_chunk(1, 1, 16000, 16)))
+    np.testing.assert_allclose(samples[:, 0], ints / 32768)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "no RIFF header"),
+        (b"ID3\x03 some mp3", "no RIFF header"),
+        (b"RIFF\x04\x00\x00\x00AVI LIST", "not b'WAVE'"),
+        (riff(chunk(b"data", b"\0\0")), "no fmt chunk"),
+        (riff(chunk(b"fmt ", b"\x01\x00\x01\x00")), "fmt chunk is too short"),
+        (riff(fmt_chunk(2, 1, 8000, 4), chunk(b"data", b"\0\0")), r"format tag 2 \(ADPCM\).*sox"),
+        (riff(fmt_chunk(0x55, 1, 8000, 0)), r"format tag 85 \(MP3\)"),
+        (riff(fmt_chunk(1, 1, 8000, 12), chunk(b"data", b"\0\0")), "12-bit PCM"),
+        (riff(fmt_chunk(3, 1, 8000, 16), chunk(b"data", b"\0\0")), "16-bit float"),
+        (riff(fmt_chunk(1, 0, 8000, 16), chunk(b"data", b"\0\0")), "0 channels"),
+        (riff(fmt_chunk(1, 1, 0, 16), chunk(b"data", b"\0\0")), "0 Hz"),
+        (riff(fmt_chunk(1, 1, 8000, 16)), "no audio data"),
+        (riff(fmt_chunk(1, 1, 8000, 16))[:30], "no fmt chunk|too short"),
+    ],
+)
+def test_broken_files_say_what_is_wrong(data: bytes, message: str) -> None:
+    with pytest.raises(WavError, match=message) as caught:
+        parse_wav(data)
+    assert "\n" not in str(caught.value)
+
+
+def test_wav_error_is_a_value_error() -> None:
+    assert issubclass(WavError, ValueError)
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_parse_or_raise_wav_error(data: bytes) -> None:
+    try:
+        samples, rate = parse_wav(data)
+    except WavError:
+        return
+    assert samples.ndim == 2
+    assert rate > 0
+
+
+VALID = riff(fmt_chunk(1, 2, 16000, 16), chunk(b"LIST", b"x"), chunk(b"data", bytes(range(40))))
+
+
+@given(st.integers(0, len(VALID)), st.integers(0, len(VALID) - 1), st.integers(0, 255))
+def test_damaged_files_parse_or_raise_wav_error(cut: int, at: int, value: int) -> None:
+    damaged = bytearray(VALID)
+    damaged[at] = value
+    try:
+        samples, _ = parse_wav(bytes(damaged[:cut]))
+    except WavError:
+        return
+    assert samples.dtype == np.float32
+    assert np.all(np.abs(samples) <= 1.0)
+
+
+def test_to_mono_passes_1d_through_and_rejects_3d() -> None:
+    x = np.linspace(-1, 1, 10, dtype=np.float32)
+    np.testing.assert_array_equal(to_mono(x), x)
+    with pytest.raises(ValueError, match="frames, channels"):
+        to_mono(np.zeros((2, 2, 2), np.float32))
+
+
+def espeak() -> str:
+    path = shutil.which("espeak-ng")
+    if path is None:
+        pytest.fail("espeak-ng is not on PATH; install it (apt-get install espeak-ng) to run this")
+    return path
+
+
+def test_real_espeak_ng_output(tmp_path: Path) -> None:
+    exe = espeak()
+    written = tmp_path / "hello.wav"
+    subprocess.run([exe, "-w", str(written), "hello world"], check=True, timeout=30)
+    # Piped output carries the streaming data size that espeak-ng never fixes up.
+    streamed = tmp_path / "streamed.wav"
+    with streamed.open("wb") as out:
+        subprocess.run([exe, "--stdout", "hello world"], stdout=out, check=True, timeout=30)
+
+    samples, rate = read_wav(written)
+    with wave.open(str(written), "rb") as w:
+        reference = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2") / 32768
+        assert rate == w.getframerate()
+    assert samples.shape[1] == 1
+    assert samples.shape[0] / rate > 0.3
+    assert np.abs(samples).max() > 0.05
+    np.testing.assert_allclose(samples[:, 0], reference)
+
+    piped, piped_rate = read_wav(streamed)
+    assert piped_rate == rate
+    np.testing.assert_array_equal(piped, samples)
