@@ -59,7 +59,7 @@ class OnnxRuntimeBackend:
             for i in session.get_inputs()
         }
         if isinstance(spec, ImageInput):
-            inputs[spec.name] = (1, -1, -1, 3)  # fed frames; numpy resizes them
+            inputs[spec.name] = (1, spec.height, spec.width, 3)  # frames; the host resizes
         report = CompileReport(
             backend="onnxruntime",
             requested=options.device,

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import openvino as ov
-from openvino.preprocess import ColorFormat, PrePostProcessor, ResizeAlgorithm
+from openvino.preprocess import ColorFormat, PrePostProcessor
 
 from edge_agent.catalog.fetch import sha256_file
 from edge_agent.catalog.manifest import ImageInput, Manifest
@@ -35,9 +35,11 @@ from edge_agent.runtime.base import (
     Tensors,
 )
 from edge_agent.runtime.devices import is_present, parse_request
-from edge_agent.runtime.preprocess import center_crop
+from edge_agent.runtime.preprocess import fit_frame
 
 _PRECISION = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
+# Bumped whenever what `_convert` produces changes, so old cached IRs are not reused.
+_PREPARED_LAYOUT = 2
 
 
 class CoreLike(Protocol):
@@ -122,6 +124,7 @@ class OpenVinoBackend:
                     "input": manifest.input.model_dump(mode="json"),
                     "shape": options.shape,
                     "openvino": ov.get_version(),
+                    "layout": _PREPARED_LAYOUT,
                 },
                 sort_keys=True,
             ).encode()
@@ -172,14 +175,13 @@ def _fold_preprocessing(model: ov.Model, spec: ImageInput) -> ov.Model:
     """Make the model take uint8 BGR NHWC frames of any size, as cameras deliver them."""
     ppp = PrePostProcessor(model)
     inp = ppp.input(spec.name)
+    # A static shape at the model's size: the host resizes (see runtime.preprocess).
     inp.tensor().set_element_type(ov.Type.u8).set_layout(ov.Layout("NHWC")).set_color_format(
         ColorFormat.BGR
-    ).set_spatial_dynamic_shape()
+    ).set_shape([1, spec.height, spec.width, 3])
     steps = inp.preprocess()
     if spec.element_type == "f32":
         steps.convert_element_type(ov.Type.f32)
-    # Resize before normalising: on a downscale that touches the fewest pixels.
-    steps.resize(ResizeAlgorithm.RESIZE_LINEAR)
     if spec.color == "RGB":
         steps.convert_color(ColorFormat.RGB)
     if spec.element_type == "f32":
@@ -200,7 +202,8 @@ class OpenVinoModel:
     ) -> None:
         self.report = report
         self._compiled = compiled
-        self._crop = manifest.input.center_crop if isinstance(manifest.input, ImageInput) else 1.0
+        spec = manifest.input
+        self._image = spec.with_shape(report.model_shape) if isinstance(spec, ImageInput) else None
         # Every name of every output, resolved once; heads pick the one their config names.
         self._names = [(i, sorted(o.get_names())) for i, o in enumerate(compiled.outputs)]
         self._request = compiled.create_infer_request()
@@ -209,11 +212,10 @@ class OpenVinoModel:
         self._lock = threading.Lock()
 
     def _prepare(self, inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        if self._crop >= 1.0:
+        spec = self._image
+        if spec is None:
             return dict(inputs)
-        return {
-            k: np.ascontiguousarray(center_crop(v[0], self._crop))[None] for k, v in inputs.items()
-        }
+        return {k: fit_frame(v[0], spec)[None] if k == spec.name else v for k, v in inputs.items()}
 
     def _outputs(self, request: Any) -> Tensors:
         found: Tensors = {}
@@ -232,18 +234,20 @@ class OpenVinoModel:
         return self._outputs(self._request)
 
     def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
+        feed = self._prepare(inputs)
+        # One lock around "wait for a free request, start it": pipelines sharing this
+        # model submit from their own threads, and the clock starts when the engine does.
         with self._lock:
             if self._queue is None:
                 self._queue = ov.AsyncInferQueue(self._compiled, self._requests)
+                self._queue.set_callback(self._completed)
+            self._queue.get_idle_request_id()
+            self._queue.start_async(feed, (done, userdata, time.perf_counter()))
 
-                def _callback(request: Any, data: tuple[object, float]) -> None:
-                    done(self._outputs(request), data[0], time.perf_counter() - data[1])
-
-                self._queue.set_callback(_callback)
-        feed = self._prepare(inputs)
-        # Wait for a free request first, so the clock starts when the engine does.
-        self._queue.get_idle_request_id()
-        self._queue.start_async(feed, (userdata, time.perf_counter()))
+    def _completed(self, request: Any, data: tuple[Done, object, float]) -> None:
+        # Each submit carries its own `done`, so one compiled model serves many pipelines.
+        done, userdata, started = data
+        done(self._outputs(request), userdata, time.perf_counter() - started)
 
     def wait(self) -> None:
         if self._queue is not None:

@@ -1,9 +1,14 @@
 """Image preprocessing as the manifest describes it.
 
-OpenVINO folds these same steps into the graph (see openvino_backend); this
-numpy version serves ONNX Runtime and is the reference the two are tested
-against. Only the centre crop runs on the host for both, since its offsets
-depend on the frame size: it is a slice (a view), so it costs nothing.
+Geometry runs on the host for both engines: the centre crop is a slice (a
+view, free) and the resize is cv2's SIMD resize, skipped when the frame is
+already the model's size. Measured on this project's reference models,
+OpenVINO's in-graph Interpolate cost 1.5-2.4 ms per inference even when it
+changed nothing, against about 0.2 ms for cv2 on a 640x480 frame. Colour
+order, element type, normalisation and layout are folded into the OpenVINO
+graph (see openvino_backend), where they fuse into the first layer; this
+numpy version of them serves ONNX Runtime and is the reference the two are
+tested against.
 """
 
 from __future__ import annotations
@@ -27,13 +32,18 @@ def center_crop(frame: Frame, fraction: float) -> Frame:
     return frame[top : top + side, left : left + side]
 
 
+def fit_frame(frame: Frame, spec: ImageInput) -> Frame:
+    """Crop and resize a uint8 BGR HWC frame to the model's input size (no copy if it fits)."""
+    image = center_crop(frame, spec.center_crop)
+    if image.shape[0] == spec.height and image.shape[1] == spec.width:
+        return np.ascontiguousarray(image)
+    resized = cv2.resize(image, (spec.width, spec.height), interpolation=cv2.INTER_LINEAR)
+    return np.ascontiguousarray(resized, dtype=np.uint8)
+
+
 def frame_tensor(frame: Frame, spec: ImageInput) -> npt.NDArray[np.generic]:
     """Turn a uint8 BGR HWC frame into the model's input tensor, batch of one."""
-    image = cv2.resize(
-        center_crop(frame, spec.center_crop),
-        (spec.width, spec.height),
-        interpolation=cv2.INTER_LINEAR,
-    )
+    image = fit_frame(frame, spec)
     if spec.color == "RGB":
         image = image[:, :, ::-1]
     if spec.element_type == "u8":

@@ -1,0 +1,1 @@
+"""Pipelines: source -> inference -> head -> sinks, with stage timing and hot swap."""

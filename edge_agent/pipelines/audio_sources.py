@@ -1,0 +1,313 @@
+"""Audio sources: WAV files and ALSA microphones, cut into `hop`-sample chunks.
+
+The microphone is captured with `arecord` (alsa-utils) in a subprocess rather than
+a Python audio binding: it is on every Linux box, needs no wheel, and a crash in
+the sound stack takes down arecord, not the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Annotated, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.audio.resample import resample
+from edge_agent.audio.wav import WavError, read_wav, to_mono
+from edge_agent.pipelines.base import AudioChunk, AudioSource, SourceError
+
+log = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float32]
+
+_ARECORD_FIX = "install it with `apt-get install alsa-utils` and list devices with `arecord -l`"
+# Seconds of audio the mic keeps when the consumer falls behind; older samples go.
+_MIC_BUFFER_S = 10.0
+_STOP_S = 2.0
+
+
+class WavSourceSpec(BaseModel):
+    """A WAV file at any rate and channel count."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["wav"] = Field("wav", description="Source kind.")
+    path: Path = Field(description="WAV file: integer PCM or float, any rate and channels.")
+
+
+class MicSourceSpec(BaseModel):
+    """An ALSA capture device, recorded with arecord."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["mic"] = Field("mic", description="Source kind.")
+    device: str = Field("default", description="ALSA device name, e.g. 'default' or 'hw:1,0'.")
+    stall_timeout_s: float = Field(
+        5.0, gt=0, description="Fail with a SourceError when no audio arrives for this long."
+    )
+
+
+AudioSourceSpec = Annotated[WavSourceSpec | MicSourceSpec, Field(discriminator="type")]
+
+
+class RingBuffer:
+    """A fixed-size float32 FIFO that overwrites its oldest samples when full.
+
+    Not thread-safe: the owner serialises writes and reads.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"ring buffer capacity must be positive; got {capacity}")
+        self._data = np.zeros(capacity, dtype=np.float32)
+        self._start = 0
+        self._size = 0
+        self.overwritten = 0
+        """Samples lost because writes outran reads."""
+
+    @property
+    def capacity(self) -> int:
+        return len(self._data)
+
+    @property
+    def available(self) -> int:
+        """Samples waiting to be read."""
+        return self._size
+
+    def write(self, samples: FloatArray) -> None:
+        """Append samples, dropping the oldest ones when the buffer is full."""
+        new = np.asarray(samples, dtype=np.float32).ravel()
+        cap = self.capacity
+        if len(new) >= cap:
+            self.overwritten += self._size + len(new) - cap
+            self._data[:] = new[-cap:]
+            self._start, self._size = 0, cap
+            return
+        excess = self._size + len(new) - cap
+        if excess > 0:
+            self.overwritten += excess
+            self._start = (self._start + excess) % cap
+            self._size -= excess
+        end = (self._start + self._size) % cap
+        first = min(len(new), cap - end)
+        self._data[end : end + first] = new[:first]
+        self._data[: len(new) - first] = new[first:]
+        self._size += len(new)
+
+    def read(self, n: int) -> FloatArray | None:
+        """The oldest `n` samples, removed from the buffer; None while fewer are waiting."""
+        if n > self._size:
+            return None
+        cap = self.capacity
+        idx = (self._start + np.arange(n)) % cap
+        out = self._data[idx]
+        self._start = (self._start + n) % cap
+        self._size -= n
+        return out
+
+
+class WavSource:
+    """A WAV file, mixed to mono, resampled, and cut into hop-sample chunks."""
+
+    def __init__(self, path: Path, sample_rate: int, hop: int) -> None:
+        """Decode the whole file.
+
+        Raises:
+            SourceError: the file is missing or is not a WAV this reader decodes.
+        """
+        try:
+            samples, rate = read_wav(path)
+        except FileNotFoundError:
+            raise SourceError(f"WAV file {path} does not exist", fix="check the path") from None
+        except OSError as exc:
+            raise SourceError(f"cannot read WAV file {path}: {exc.strerror}") from None
+        except WavError as exc:
+            raise SourceError(
+                f"cannot decode WAV file {path}: {exc}",
+                fix="re-export it as PCM WAV, e.g. `sox in.wav -e signed -b 16 out.wav`",
+            ) from None
+        self._audio = resample(to_mono(samples), rate, sample_rate)
+        self._rate = sample_rate
+        self._hop = hop
+        self._index = 0
+
+    def read(self) -> AudioChunk | None:
+        """The next `hop` samples (the last chunk padded with zeros); None at the end."""
+        start = time.perf_counter()
+        begin = self._index * self._hop
+        if begin >= len(self._audio):
+            return None
+        samples = self._audio[begin : begin + self._hop]
+        if len(samples) < self._hop:
+            samples = np.pad(samples, (0, self._hop - len(samples)))
+        chunk = AudioChunk(
+            index=self._index,
+            ts=begin / self._rate,
+            samples=samples,
+            read_s=time.perf_counter() - start,
+        )
+        self._index += 1
+        return chunk
+
+    def close(self) -> None:
+        """Drop the decoded audio; safe to call twice."""
+        self._audio = self._audio[:0]
+
+
+class MicSource:
+    """Live audio from `arecord`, buffered by a reader thread in a ring buffer."""
+
+    def __init__(self, device: str, sample_rate: int, hop: int, stall_timeout_s: float) -> None:
+        """Start arecord.
+
+        Raises:
+            SourceError: arecord is not installed or cannot be started.
+        """
+        exe = shutil.which("arecord")
+        if exe is None:
+            raise SourceError("arecord is not installed", fix=_ARECORD_FIX)
+        self._device = device
+        self._rate = sample_rate
+        self._hop = hop
+        self._stall_s = stall_timeout_s
+        self._ring = RingBuffer(max(hop, int(sample_rate * _MIC_BUFFER_S)))
+        self._cond = threading.Condition()
+        self._index = 0
+        self._ended = False
+        self._closed = False
+        # A file, not a pipe: nobody has to drain it while arecord runs.
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (lives until close())
+        cmd = [exe, "-q", "-D", device, "-f", "S16_LE", "-c", "1", "-r", str(sample_rate)]
+        cmd += ["-t", "raw"]
+        try:
+            self._proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr
+            )
+        except OSError as exc:
+            self._stderr.close()
+            raise SourceError(f"cannot start {exe}: {exc.strerror}", fix=_ARECORD_FIX) from None
+        self._thread = threading.Thread(target=self._pump, name=f"mic:{device}", daemon=True)
+        self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        """Samples lost because the consumer fell more than the buffer behind."""
+        return self._ring.overwritten
+
+    def _pump(self) -> None:
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        carry = b""
+        while True:
+            # os.read returns what the pipe holds now instead of waiting for a full block.
+            data = os.read(fd, 8192)
+            if not data:
+                break
+            data = carry + data
+            # S16 samples are 2 bytes; a read can end halfway through one.
+            usable = len(data) - len(data) % 2
+            carry = data[usable:]
+            samples = np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+            with self._cond:
+                before = self._ring.overwritten
+                self._ring.write(samples)
+                if self._ring.overwritten > before and before == 0:
+                    log.warning("source=mic device=%s event=overrun", self._device)
+                self._cond.notify()
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def read(self) -> AudioChunk | None:
+        """The next `hop` samples; None once closed.
+
+        Raises:
+            SourceError: arecord exited, or sent nothing for stall_timeout_s.
+        """
+        start = time.perf_counter()
+        deadline = time.monotonic() + self._stall_s
+        with self._cond:
+            while True:
+                samples = self._ring.read(self._hop)
+                if samples is not None or self._closed or self._ended:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        if samples is None:
+            if self._closed:
+                return None
+            raise self._failure()
+        chunk = AudioChunk(
+            index=self._index,
+            ts=self._index * self._hop / self._rate,
+            samples=samples,
+            read_s=time.perf_counter() - start,
+        )
+        self._index += 1
+        return chunk
+
+    def _failure(self) -> SourceError:
+        if not self._ended:
+            return SourceError(
+                f"no audio from ALSA device {self._device!r} for {self._stall_s:g} s",
+                fix="check the device with `arecord -l` and that nothing else holds it",
+            )
+        # Its output closes a moment before it exits; wait for the code and message.
+        try:
+            code: int | str = self._proc.wait(timeout=_STOP_S)
+        except subprocess.TimeoutExpired:
+            code = "unknown (closed its output)"
+        self._stderr.seek(0)
+        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
+        why = lines[-1] if lines else "no message"
+        return SourceError(
+            f"arecord exited with code {code} on device {self._device!r}: {why}",
+            fix=f"check the device with `arecord -l`; if arecord is missing, {_ARECORD_FIX}",
+        )
+
+    def close(self) -> None:
+        """Stop arecord and the reader thread; safe to call twice."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=_STOP_S)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._thread.join(timeout=_STOP_S)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+        self._stderr.close()
+
+
+def open_audio_source(spec: AudioSourceSpec, sample_rate: int, hop: int) -> AudioSource:
+    """Open the audio source a spec describes, delivering `hop` new samples per chunk.
+
+    Args:
+        spec: which source.
+        sample_rate: the model's rate, Hz; files are resampled to it, mics record at it.
+        hop: new samples per chunk.
+
+    Raises:
+        SourceError: the file is missing or broken, or arecord is missing.
+    """
+    if sample_rate <= 0 or hop <= 0:
+        raise ValueError(f"sample_rate and hop must be positive; got {sample_rate}, {hop}")
+    if isinstance(spec, WavSourceSpec):
+        return WavSource(spec.path, sample_rate, hop)
+    return MicSource(spec.device, sample_rate, hop, spec.stall_timeout_s)

@@ -1,0 +1,266 @@
+"""Live frame sources: a reader thread, latest-frame hand-off, reconnect and give-up.
+
+Cameras and network streams run faster than a busy consumer and fail in ways a
+file never does: cables are pulled, cameras reboot, NAT mappings die silently.
+`LiveSource` hides all of that behind `FrameSource.read()`, and tells the
+pipeline what is happening through `status` and the `on_state` callback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Self
+
+import cv2
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from edge_agent.pipelines.base import Frame, SourceError
+
+log = logging.getLogger(__name__)
+
+StateCallback = Callable[[str, str], None]
+"""on_state(state, detail): state is "connecting", "live", "reconnecting" or "failed"."""
+
+# How long close() waits for the reader thread; a read blocked in the backend ends by
+# itself within stall_timeout_s, and the thread releases the device when it does.
+_JOIN_S = 2.0
+
+
+class LiveSpec(BaseModel):
+    """What cameras and streams share: rate cap, reconnect backoff and give-up."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fps_cap: float | None = Field(
+        None, gt=0, description="Deliver at most this many frames per second; None for all."
+    )
+    reconnect_min_s: float = Field(
+        0.5, gt=0, description="First wait before reconnecting; doubles after each failure."
+    )
+    reconnect_max_s: float = Field(10.0, gt=0, description="Longest wait between reconnects.")
+    give_up_after_s: float = Field(
+        30.0, gt=0, description="Fail with a SourceError after this long without a frame."
+    )
+    stall_timeout_s: float = Field(
+        5.0, gt=0, description="An open feed that sends no frame for this long counts as lost."
+    )
+
+    @model_validator(mode="after")
+    def _backoff_in_order(self) -> Self:
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("reconnect_max_s must be at least reconnect_min_s")
+        return self
+
+
+class FeedUnavailableError(Exception):
+    """Raised by a connect function: the feed cannot be opened now; the message says why."""
+
+
+class LiveSource:
+    """A camera or stream read by a thread that keeps only the latest frame.
+
+    The consumer's `read()` blocks for the next frame, but never longer than the
+    give-up time: the reader reconnects on loss or stall with exponential backoff,
+    and reports "failed" (and `read()` raises) after `give_up_after_s` without a frame.
+    `on_state` is called from the reader thread; it must not block.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        connect: Callable[[], cv2.VideoCapture],
+        spec: LiveSpec,
+        fix: str,
+        on_state: StateCallback | None = None,
+    ) -> None:
+        self._name = name
+        self._connect = connect
+        self._spec = spec
+        self._fix = fix
+        self._on_state = on_state
+        self._cond = threading.Condition()
+        self._latest: Frame | None = None
+        self._error: SourceError | None = None
+        self._closed = False
+        self._status = "connecting"
+        self._detail = "not connected yet"
+        self._dropped = self._capped = self._reconnects = self._received = 0
+        self._opened = time.monotonic()
+        self._last_frame = self._opened
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"source:{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def dropped(self) -> int:
+        """Frames replaced by a newer one before the consumer took them."""
+        return self._dropped
+
+    @property
+    def capped(self) -> int:
+        """Frames skipped to keep under fps_cap."""
+        return self._capped
+
+    @property
+    def reconnects(self) -> int:
+        """Times the feed came back after being lost."""
+        return self._reconnects
+
+    @property
+    def status(self) -> str:
+        """One of connecting, live, reconnecting, failed."""
+        return self._status
+
+    def read(self) -> Frame | None:
+        """The latest frame, waiting for one if need be; None once closed.
+
+        Raises:
+            SourceError: no frame for give_up_after_s; the source has stopped trying.
+        """
+        # Backstop for a reader wedged in a native call that ignores its timeout.
+        grace = self._spec.stall_timeout_s + 2.0
+        with self._cond:
+            while self._latest is None and self._error is None and not self._closed:
+                left = self._last_frame + self._spec.give_up_after_s + grace - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 1.0))
+            if self._closed:
+                return None
+            frame, self._latest = self._latest, None
+            if frame is not None:
+                return frame
+        if self._error is None:
+            self._fail(f"reader blocked in the backend; last problem: {self._detail}")
+        assert self._error is not None
+        raise self._error
+
+    def close(self) -> None:
+        """Stop the reader thread and release the device; safe to call twice."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._latest = None
+            self._cond.notify_all()
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=_JOIN_S)
+            if self._thread.is_alive():
+                log.warning("source=%s event=close_pending reason=read_blocked", self._name)
+
+    def _set_state(self, state: str, detail: str) -> None:
+        with self._cond:
+            if self._status == state:
+                return
+            self._status = state
+        level = logging.INFO if state == "live" else logging.WARNING
+        log.log(level, "source=%s event=%s detail=%s", self._name, state, detail)
+        if self._on_state is not None:
+            try:
+                self._on_state(state, detail)
+            except Exception:
+                # A broken listener must not stop the video; its bug keeps its traceback.
+                log.exception("source=%s event=on_state_failed", self._name)
+
+    def _fail(self, detail: str) -> None:
+        error = SourceError(
+            f"{self._name}: no frame for {self._spec.give_up_after_s:g} s, giving up ({detail})",
+            fix=self._fix,
+        )
+        self._stop.set()
+        # State first, so a listener hears "failed" before read() raises.
+        self._set_state("failed", detail)
+        with self._cond:
+            if self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            self._reconnect_loop()
+        except BaseException as exc:
+            # A bug, not a feed problem: fail the source so read() does not wait for the
+            # backstop, and re-raise so the traceback is printed.
+            self._fail(f"reader thread crashed: {exc!r}")
+            raise
+
+    def _reconnect_loop(self) -> None:
+        spec = self._spec
+        delay = spec.reconnect_min_s
+        while not self._stop.is_set():
+            try:
+                cap = self._connect()
+            except (FeedUnavailableError, cv2.error) as exc:
+                self._detail = str(exc)
+            else:
+                try:
+                    if self._pump(cap):
+                        delay = spec.reconnect_min_s
+                finally:
+                    cap.release()
+            if self._stop.is_set():
+                return
+            left = self._last_frame + spec.give_up_after_s - time.monotonic()
+            if left <= 0:
+                self._fail(self._detail)
+                return
+            self._set_state("reconnecting", self._detail)
+            if self._stop.wait(min(delay, left)):
+                return
+            delay = min(delay * 2, spec.reconnect_max_s)
+
+    def _pump(self, cap: cv2.VideoCapture) -> bool:
+        """Read frames until the feed ends, stalls or the source closes.
+
+        Returns:
+            Whether any frame came through on this connection.
+        """
+        interval = 1.0 / self._spec.fps_cap if self._spec.fps_cap else 0.0
+        due = 0.0
+        got = False
+        while not self._stop.is_set():
+            start = time.perf_counter()
+            try:
+                ok, image = cap.read()
+            except cv2.error as exc:
+                # Corrupt packets can surface as exceptions in some backends: a loss too.
+                ok, image = False, None
+                log.warning("source=%s event=read_error detail=%s", self._name, exc)
+            read_s = time.perf_counter() - start
+            if not ok or image is None:
+                self._detail = (
+                    f"feed ended or sent nothing for {self._spec.stall_timeout_s:g} s"
+                    if got
+                    else "opened but sent no frame"
+                )
+                return got
+            now = time.monotonic()
+            index = self._received
+            self._received += 1
+            with self._cond:
+                self._last_frame = now
+            if not got:
+                got = True
+                if self._status == "reconnecting" and self._received > 1:
+                    self._reconnects += 1
+                self._set_state("live", f"frames flowing ({image.shape[1]}x{image.shape[0]})")
+            if interval:
+                if now < due:
+                    self._capped += 1
+                    continue
+                # Schedule, not "interval since the last one": jitter would pull the rate
+                # under the cap. After a gap, restart the schedule instead of bursting.
+                due = due + interval if due + interval > now else now + interval
+            pixels = np.asarray(image, dtype=np.uint8)
+            frame = Frame(index=index, ts=now - self._opened, image=pixels, read_s=read_s)
+            with self._cond:
+                if self._latest is not None:
+                    self._dropped += 1
+                self._latest = frame
+                self._cond.notify()
+        return got

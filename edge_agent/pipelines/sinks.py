@@ -1,0 +1,334 @@
+"""Sinks: JSON lines, a callback, and annotated JPEG snapshots on events.
+
+A sink runs on the pipeline's thread, so none of them may raise out of
+`emit` for a problem of their own making (a bad callback, a full disk): the
+pipeline keeps running and the sink counts its `errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Literal, TextIO, get_args
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from edge_agent.heads.base import Classification, Detection, Result, TextBox
+from edge_agent.pipelines.base import Event, FrameResult, Sink
+
+_log = logging.getLogger(__name__)
+
+Image = npt.NDArray[np.uint8]
+
+# BGR colours, cycled by class id so neighbouring classes differ.
+_PALETTE: tuple[tuple[int, int, int], ...] = (
+    (0, 255, 0),
+    (0, 128, 255),
+    (255, 0, 255),
+    (255, 255, 0),
+    (0, 0, 255),
+    (255, 0, 0),
+)
+_TEXT_BOX_COLOUR = (0, 255, 255)
+_TEXT_COLOUR = (255, 255, 255)
+_FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+
+def annotate(image: Image, results: Sequence[Result]) -> Image:
+    """Draw detections (box, label, score, keypoints), text regions and the top class.
+
+    Args:
+        image: H x W x 3 BGR frame; left untouched.
+        results: The frame's results, in the frame's pixel coordinates.
+
+    Returns:
+        An annotated copy of `image`.
+    """
+    out: Image = image.copy()
+    height, width = out.shape[:2]
+    # Lines a couple of pixels wide on a 640-pixel frame, and still visible on 4K.
+    thickness = max(1, round(min(height, width) / 320))
+    font_scale = 0.4 * thickness
+    top_class: Classification | None = None
+    for result in results:
+        if isinstance(result, Detection):
+            colour = _PALETTE[result.class_id % len(_PALETTE)]
+            x0, y0, x1, y1 = (round(v) for v in result.box)
+            cv2.rectangle(out, (x0, y0), (x1, y1), colour, thickness)
+            _label(out, f"{result.label} {result.score:.2f}", (x0, y0), colour, font_scale)
+            for x, y in result.keypoints:
+                cv2.circle(out, (round(x), round(y)), thickness + 1, colour, -1)
+        elif isinstance(result, TextBox):
+            points = np.round(np.array(result.polygon, dtype=np.float64)).astype(np.int32)
+            cv2.polylines(out, [points.reshape(-1, 1, 2)], True, _TEXT_BOX_COLOUR, thickness)
+        elif isinstance(result, Classification) and (
+            top_class is None or result.score > top_class.score
+        ):
+            top_class = result
+    if top_class is not None:
+        text = f"{top_class.label} {top_class.score:.2f}"
+        _label(out, text, (0, 0), _PALETTE[0], font_scale, inside=True)
+    return out
+
+
+def _label(
+    image: Image,
+    text: str,
+    corner: tuple[int, int],
+    colour: tuple[int, int, int],
+    font_scale: float,
+    *,
+    inside: bool = False,
+) -> None:
+    """Write `text` on a filled tag above `corner`, or below it when there is no room."""
+    (text_w, text_h), baseline = cv2.getTextSize(text, _FONT, font_scale, 1)
+    x, y = corner
+    tag_h = text_h + baseline + 2
+    top = y if inside or y - tag_h < 0 else y - tag_h
+    cv2.rectangle(image, (x, top), (x + text_w + 2, top + tag_h), colour, -1)
+    cv2.putText(
+        image, text, (x + 1, top + text_h + 1), _FONT, font_scale, (0, 0, 0), 1, cv2.LINE_AA
+    )
+
+
+class JsonLinesSink:
+    """One JSON object per frame, one per line: to stdout, a stream or a file.
+
+    Args:
+        stream: Where to write; stdout when neither this nor `path` is given.
+        path: File to append to (line-buffered, so a crash loses at most a line).
+    """
+
+    def __init__(self, stream: TextIO | None = None, path: Path | None = None) -> None:
+        if stream is not None and path is not None:
+            raise ValueError("give a stream or a path, not both")
+        self._owned = path is not None
+        if path is not None:
+            self._stream: TextIO = path.open("a", encoding="utf-8", buffering=1)
+        else:
+            self._stream = stream if stream is not None else sys.stdout
+        self._closed = False
+
+    def emit(self, result: FrameResult) -> None:
+        """Write the frame's JSON line."""
+        self._stream.write(json.dumps(result.to_json()) + "\n")
+        if not self._owned:
+            # A pipe to `jq` or a log shipper should see each frame as it happens.
+            self._stream.flush()
+
+    def close(self) -> None:
+        """Flush, and close the file if this sink opened it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stream.flush()
+        if self._owned:
+            self._stream.close()
+
+
+class CallbackSink:
+    """Hands each frame's result to a function; its exceptions are counted, not raised.
+
+    Args:
+        fn: Called once per frame, on the pipeline's thread.
+    """
+
+    # Log the first failure in full, then one line per this many, so a callback
+    # that always fails cannot flood the journal at 30 frames a second.
+    LOG_EVERY = 100
+
+    def __init__(self, fn: Callable[[FrameResult], None]) -> None:
+        self._fn = fn
+        self.errors = 0
+
+    def emit(self, result: FrameResult) -> None:
+        """Call the function; count and log what it raises."""
+        try:
+            self._fn(result)
+        except Exception:
+            self.errors += 1
+            if self.errors == 1:
+                _log.exception(
+                    "callback_sink_error pipeline=%s frame=%d", result.pipeline, result.frame
+                )
+            elif self.errors % self.LOG_EVERY == 0:
+                _log.error(
+                    "callback_sink_error pipeline=%s frame=%d errors=%d",
+                    result.pipeline,
+                    result.frame,
+                    self.errors,
+                )
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _safe(name: str) -> str:
+    """A file-name-safe form of a pipeline name or label."""
+    return _UNSAFE.sub("_", name).strip("._") or "_"
+
+
+class SnapshotSink:
+    """Annotated JPEGs of frames that carry chosen events, rate-limited and under a quota.
+
+    Files are named `{pipeline}-{frame:08d}-{kind}-{label}.jpg` (the label part
+    is left out for events without one) and written atomically, so a reader
+    never sees half a JPEG.
+
+    Args:
+        folder: Where snapshots go; created if missing. May be shared.
+        min_interval_s: Stream seconds between two snapshots at least.
+        kinds: Event kinds that trigger a snapshot.
+        max_files: JPEGs kept in `folder`; the oldest go first, so the disk never fills.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        min_interval_s: float = 10.0,
+        kinds: tuple[str, ...] = ("appeared",),
+        max_files: int = 500,
+    ) -> None:
+        if max_files < 1:
+            raise ValueError(f"max_files must be at least 1, got {max_files}")
+        self.folder = folder
+        self.min_interval_s = min_interval_s
+        self.kinds = frozenset(kinds)
+        self.max_files = max_files
+        self.errors = 0
+        self.written = 0
+        self._last_ts: float | None = None
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, result: FrameResult) -> None:
+        """Write a snapshot if the frame has a triggering event and the rate limit allows."""
+        event = next((e for e in result.events if e.kind in self.kinds), None)
+        if event is None or result.image is None:
+            return
+        # A timestamp that went backwards means the source restarted its clock.
+        if (
+            self._last_ts is not None
+            and self._last_ts <= result.ts < self._last_ts + self.min_interval_s
+        ):
+            return
+        # Counted as taken even if the write fails: a full disk should not be
+        # retried on every event frame.
+        self._last_ts = result.ts
+        try:
+            self._write(self._name(result, event), annotate(result.image, result.results))
+            self._enforce_quota()
+        except OSError as exc:
+            self.errors += 1
+            _log.error(
+                "snapshot_write_failed pipeline=%s frame=%d error=%s",
+                result.pipeline,
+                result.frame,
+                exc,
+            )
+
+    def close(self) -> None:
+        """Nothing to release: every snapshot is complete on disk when `emit` returns."""
+
+    @staticmethod
+    def _name(result: FrameResult, event: Event) -> str:
+        tag = f"{event.kind}-{_safe(event.label)}" if event.label else event.kind
+        return f"{_safe(result.pipeline)}-{result.frame:08d}-{tag}.jpg"
+
+    def _write(self, name: str, image: Image) -> None:
+        ok, encoded = cv2.imencode(".jpg", image)
+        if not ok:
+            raise OSError(f"JPEG encoding failed for {name}")
+        target = self.folder / name
+        tmp = self.folder / f".{name}.{os.getpid()}.tmp"
+        try:
+            with tmp.open("wb") as f:
+                f.write(encoded.tobytes())
+                f.flush()
+                # Edge boxes lose power; without fsync the rename can outlive the data.
+                os.fsync(f.fileno())
+            tmp.replace(target)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        self.written += 1
+
+    def _enforce_quota(self) -> None:
+        with os.scandir(self.folder) as entries:
+            jpegs = [
+                (e.stat().st_mtime_ns, e.name, e.path)
+                for e in entries
+                if e.name.endswith(".jpg") and e.is_file()
+            ]
+        # Oldest first; names carry the zero-padded frame number, so they break
+        # ties between files written within one mtime tick.
+        jpegs.sort()
+        for _, _, path in jpegs[: max(0, len(jpegs) - self.max_files)]:
+            Path(path).unlink(missing_ok=True)
+
+
+class JsonLinesSinkSpec(BaseModel):
+    """Write each frame's result as a JSON line."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["jsonl"] = Field(default="jsonl", description="Sink type.")
+    path: Path | None = Field(
+        default=None, description="File to append to; standard output when unset."
+    )
+
+
+_EVENT_KINDS: tuple[str, ...] = get_args(Event.model_fields["kind"].annotation)
+
+
+class SnapshotSinkSpec(BaseModel):
+    """Save annotated JPEGs of frames with chosen events."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["snapshot"] = Field(default="snapshot", description="Sink type.")
+    folder: Path = Field(description="Folder for the JPEGs; created if missing.")
+    min_interval_s: float = Field(
+        default=10.0, ge=0.0, description="Stream seconds between two snapshots at least."
+    )
+    kinds: tuple[str, ...] = Field(
+        default=("appeared",),
+        min_length=1,
+        description=f"Event kinds that trigger a snapshot, among: {', '.join(_EVENT_KINDS)}.",
+    )
+    max_files: int = Field(
+        default=500, ge=1, description="JPEGs kept in the folder; the oldest are deleted."
+    )
+
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, kinds: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = sorted(set(kinds) - set(_EVENT_KINDS))
+        if unknown:
+            raise ValueError(f"unknown event kinds {unknown}; known: {list(_EVENT_KINDS)}")
+        return kinds
+
+
+SinkSpec = Annotated[JsonLinesSinkSpec | SnapshotSinkSpec, Field(discriminator="type")]
+
+
+def build_sink(spec: JsonLinesSinkSpec | SnapshotSinkSpec) -> Sink:
+    """The sink a spec describes (opens its file or creates its folder)."""
+    if isinstance(spec, JsonLinesSinkSpec):
+        return JsonLinesSink(path=spec.path)
+    return SnapshotSink(
+        spec.folder,
+        min_interval_s=spec.min_interval_s,
+        kinds=spec.kinds,
+        max_files=spec.max_files,
+    )

@@ -1,0 +1,65 @@
+"""Compiled models shared between pipelines.
+
+Two pipelines on the same model, device and options share one compiled model
+(and so one set of infer requests), instead of paying compile time and memory
+twice. Released models are dropped when their last user lets go.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from edge_agent.catalog.catalog import Catalog, ResolvedModel
+from edge_agent.runtime import create_backend
+from edge_agent.runtime.base import CompiledModel, RuntimeOptions
+
+
+@dataclass(slots=True)
+class _Entry:
+    model: CompiledModel
+    resolved: ResolvedModel
+    users: int
+
+
+class ModelPool:
+    """Compile once per (model, backend, options); count users."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self._entries: dict[tuple[str, str, str], _Entry] = {}
+        self._lock = threading.Lock()
+
+    def acquire(
+        self, model: str, backend: str, options: RuntimeOptions
+    ) -> tuple[CompiledModel, ResolvedModel]:
+        """Return a compiled model, compiling it if no pipeline holds it yet."""
+        key = (model, backend, options.model_dump_json())
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.users += 1
+                return entry.model, entry.resolved
+        # Compile outside the lock: a slow compile must not stall other pipelines.
+        resolved = self.catalog.resolve(model)
+        compiled = create_backend(backend).compile(resolved.path, resolved.manifest, options)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry(compiled, resolved, 0)
+            entry.users += 1
+            return entry.model, entry.resolved
+
+    def release(self, model: CompiledModel) -> None:
+        """Let go of a model from `acquire`; the last user's release drops it."""
+        with self._lock:
+            for key, entry in list(self._entries.items()):
+                if entry.model is model:
+                    entry.users -= 1
+                    if entry.users <= 0:
+                        del self._entries[key]
+                    return
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)

@@ -1,0 +1,1 @@
+"""Fixed-memory latency histograms, FPS and drop counters: what telemetry publishes."""

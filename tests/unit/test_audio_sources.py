@@ -1,0 +1,218 @@
+"""Audio sources: the ring buffer, WAV files cut into chunks, and arecord capture.
+
+There is no microphone here, so the mic tests put a fake `arecord` first on PATH:
+a shell script that records its arguments and `cat`s raw S16 samples of a sine.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge_agent.pipelines.audio_sources import (
+    MicSource,
+    MicSourceSpec,
+    RingBuffer,
+    WavSourceSpec,
+    open_audio_source,
+)
+from edge_agent.pipelines.base import AudioChunk, AudioSource, SourceError
+
+RATE = 16000
+HOP = 512
+
+
+def sine(freq: float, seconds: float, rate: int) -> npt.NDArray[np.float32]:
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.5 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def s16(samples: npt.NDArray[np.float32]) -> bytes:
+    return (samples * 32767).round().astype("<i2").tobytes()
+
+
+def peak_hz(samples: npt.NDArray[np.float32], rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(samples))
+    return float(np.argmax(spectrum) * rate / len(samples))
+
+
+def test_ring_buffer_fifo_wraps_and_overwrites_oldest() -> None:
+    ring = RingBuffer(5)
+    assert ring.read(1) is None
+    ring.write(np.array([1, 2, 3], dtype=np.float32))
+    assert ring.available == 3
+    assert ring.read(4) is None
+    assert ring.read(2) == pytest.approx([1, 2])
+    ring.write(np.array([4, 5, 6, 7], dtype=np.float32))  # wraps around the end
+    assert ring.read(5) == pytest.approx([3, 4, 5, 6, 7])
+    ring.write(np.arange(8, 15, dtype=np.float32))  # more than fits at once
+    assert ring.overwritten == 2
+    assert ring.read(5) == pytest.approx([10, 11, 12, 13, 14])
+    with pytest.raises(ValueError, match="positive"):
+        RingBuffer(0)
+
+
+@given(
+    capacity=st.integers(1, 20),
+    ops=st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=40),
+)
+def test_ring_buffer_matches_a_list(capacity: int, ops: list[tuple[bool, int]]) -> None:
+    ring = RingBuffer(capacity)
+    model: list[float] = []
+    lost = 0
+    counter = 0.0
+    for is_write, n in ops:
+        if is_write:
+            new = np.arange(counter, counter + n, dtype=np.float32)
+            counter += n
+            ring.write(new)
+            model.extend(new.tolist())
+            lost += max(0, len(model) - capacity)
+            model = model[-capacity:]
+        else:
+            got = ring.read(n)
+            if n > len(model):
+                assert got is None
+            else:
+                assert got is not None
+                assert got.tolist() == model[:n]
+                model = model[n:]
+        assert ring.available == len(model)
+        assert ring.overwritten == lost
+
+
+def write_wav(path: Path, left: npt.NDArray[np.float32], rate: int) -> Path:
+    stereo = np.stack([left, np.zeros_like(left)], axis=1)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(s16(stereo.ravel()))
+    return path
+
+
+def read_all(source: AudioSource) -> list[AudioChunk]:
+    chunks: list[AudioChunk] = []
+    while (chunk := source.read()) is not None:
+        chunks.append(chunk)
+    return chunks
+
+
+def test_wav_stereo_44k_is_mixed_resampled_and_chunked(tmp_path: Path) -> None:
+    path = write_wav(tmp_path / "tone.wav", sine(440, 1.0, 44100), 44100)
+    source = open_audio_source(WavSourceSpec(path=path), RATE, HOP)
+    chunks = read_all(source)
+    source.close()
+    source.close()
+
+    # 1 s at 16 kHz is 16000 samples: 31 full hops and one padded with zeros.
+    assert len(chunks) == 32
+    assert [c.index for c in chunks] == list(range(32))
+    assert [c.ts for c in chunks] == pytest.approx([i * HOP / RATE for i in range(32)])
+    assert all(c.samples.shape == (HOP,) and c.samples.dtype == np.float32 for c in chunks)
+    assert np.all(chunks[-1].samples[16000 - 31 * HOP :] == 0)
+    audio = np.concatenate([c.samples for c in chunks])[:16000]
+    assert peak_hz(audio, RATE) == pytest.approx(440, abs=2)
+    # Mixed with a silent right channel: half the left's amplitude.
+    assert np.abs(audio[1000:15000]).max() == pytest.approx(0.25, abs=0.01)
+
+
+def test_wav_broken_header_or_missing_file(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.wav"
+    broken.write_bytes(b"RIFX\x00\x00\x00\x00WAVEfmt ")
+    with pytest.raises(SourceError, match="no RIFF header") as caught:
+        open_audio_source(WavSourceSpec(path=broken), RATE, HOP)
+    assert "sox" in caught.value.fix
+    with pytest.raises(SourceError, match="does not exist"):
+        open_audio_source(WavSourceSpec(path=tmp_path / "none.wav"), RATE, HOP)
+
+
+def fake_arecord(bin_dir: Path, raw: Path, tail: str) -> Path:
+    """An `arecord` that logs its arguments, plays `raw`, then runs `tail`."""
+    bin_dir.mkdir()
+    script = bin_dir / "arecord"
+    script.write_text(f'#!/bin/sh\necho "$@" > {bin_dir}/args\ncat {raw}\n{tail}\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return bin_dir
+
+
+@pytest.fixture
+def tone_raw(tmp_path: Path) -> Path:
+    raw = tmp_path / "tone.raw"
+    raw.write_bytes(s16(sine(1000, 0.5, RATE)))  # 8000 samples: 15 full hops
+    return raw
+
+
+def test_mic_reads_arecord_then_reports_its_exit(
+    tmp_path: Path, tone_raw: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = fake_arecord(
+        tmp_path / "bin",
+        tone_raw,
+        'echo "arecord: main:850: audio open error: Device busy" >&2\nexit 1',
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    source = open_audio_source(MicSourceSpec(device="hw:1,0"), RATE, HOP)
+    try:
+        chunks: list[AudioChunk] = []
+        for _ in range(15):
+            chunk = source.read()
+            assert chunk is not None
+            chunks.append(chunk)
+        with pytest.raises(SourceError, match=r"code 1.*audio open error: Device busy") as caught:
+            source.read()
+        assert "arecord -l" in caught.value.fix
+    finally:
+        source.close()
+
+    args = (bin_dir / "args").read_text().split()
+    assert args[args.index("-D") + 1] == "hw:1,0"
+    assert args[args.index("-r") + 1] == str(RATE)
+    assert args[args.index("-f") + 1] == "S16_LE"
+    assert [c.index for c in chunks] == list(range(15))
+    audio = np.concatenate([c.samples for c in chunks])
+    np.testing.assert_allclose(audio, sine(1000, 0.5, RATE)[: 15 * HOP], atol=1 / 32767)
+    assert chunks[3].ts == pytest.approx(3 * HOP / RATE)
+
+
+def test_mic_stall_raises_and_close_stops_arecord(
+    tmp_path: Path, tone_raw: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = fake_arecord(tmp_path / "bin", tone_raw, "exec sleep 60")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    source = open_audio_source(MicSourceSpec(stall_timeout_s=0.5), RATE, HOP)
+    assert isinstance(source, MicSource)
+    try:
+        for _ in range(15):
+            assert source.read() is not None
+        start = time.monotonic()
+        with pytest.raises(SourceError, match="no audio from ALSA device 'default'"):
+            source.read()
+        assert 0.4 < time.monotonic() - start < 2
+        assert source.dropped == 0
+    finally:
+        start = time.monotonic()
+        source.close()
+        assert time.monotonic() - start < 3
+    assert source.read() is None
+
+
+def test_missing_arecord_names_the_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SourceError, match="arecord is not installed") as caught:
+        open_audio_source(MicSourceSpec(), RATE, HOP)
+    assert "apt-get install alsa-utils" in caught.value.fix
+
+
+def test_bad_rate_or_hop_is_a_bug_not_a_source_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        open_audio_source(WavSourceSpec(path=tmp_path / "x.wav"), 0, HOP)

@@ -1,0 +1,230 @@
+"""Sinks: JSON lines, callbacks that fail, and snapshots under a rate limit and a quota."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from edge_agent.heads.base import Classification, Detection, Result, TextBox
+from edge_agent.pipelines.base import Event, FrameResult
+from edge_agent.pipelines.sinks import (
+    CallbackSink,
+    JsonLinesSink,
+    JsonLinesSinkSpec,
+    SinkSpec,
+    SnapshotSink,
+    SnapshotSinkSpec,
+    annotate,
+    build_sink,
+)
+
+GREY = 128
+BOX = (20.0, 30.0, 120.0, 90.0)
+
+
+def grey_image() -> npt.NDArray[np.uint8]:
+    return np.full((160, 200, 3), GREY, dtype=np.uint8)
+
+
+def frame_result(
+    frame: int, ts: float, events: list[Event] | None = None, *, image: bool = True
+) -> FrameResult:
+    results: list[Result] = [Detection(label="person", class_id=0, score=0.87, box=BOX)]
+    return FrameResult(
+        pipeline="door cam",
+        frame=frame,
+        ts=ts,
+        results=results,
+        events=events or [],
+        timings={"infer": 0.01},
+        model="yolo",
+        image=grey_image() if image else None,
+    )
+
+
+def appeared(ts: float) -> Event:
+    return Event(kind="appeared", rule="people", label="person", ts=ts)
+
+
+def test_json_lines_round_trip_to_a_stream() -> None:
+    stream = io.StringIO()
+    sink = JsonLinesSink(stream=stream)
+    first, second = frame_result(0, 0.0), frame_result(1, 0.1, [appeared(0.1)])
+    sink.emit(first)
+    sink.emit(second)
+    sink.close()
+    sink.close()
+    lines = stream.getvalue().splitlines()
+    assert [json.loads(line) for line in lines] == [first.to_json(), second.to_json()]
+    assert not stream.closed  # not ours to close
+
+
+def test_json_lines_appends_to_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_text('{"earlier": true}\n', encoding="utf-8")
+    sink = JsonLinesSink(path=path)
+    sink.emit(frame_result(3, 0.3, [appeared(0.3)]))
+    # Line-buffered: the line is on disk before close.
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 2
+    sink.close()
+    sink.close()
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert rows[0] == {"earlier": True}
+    assert rows[1]["frame"] == 3
+    assert rows[1]["events"][0]["kind"] == "appeared"
+    assert rows[1]["results"][0]["box"] == list(BOX)
+
+
+def test_json_lines_defaults_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    sink = JsonLinesSink()
+    sink.emit(frame_result(7, 0.7))
+    sink.close()
+    assert json.loads(capsys.readouterr().out)["frame"] == 7
+
+
+def test_json_lines_rejects_stream_and_path(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not both"):
+        JsonLinesSink(stream=io.StringIO(), path=tmp_path / "x.jsonl")
+
+
+def test_callback_exceptions_are_counted_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[int] = []
+
+    def flaky(result: FrameResult) -> None:
+        if result.frame % 2:
+            raise RuntimeError("boom")
+        seen.append(result.frame)
+
+    sink = CallbackSink(flaky)
+    with caplog.at_level(logging.ERROR):
+        for frame in range(6):
+            sink.emit(frame_result(frame, frame / 10))
+    sink.close()
+    assert seen == [0, 2, 4]
+    assert sink.errors == 3
+    # Only the first failure is logged in full.
+    assert len(caplog.records) == 1
+    assert "boom" in caplog.text
+
+
+def test_annotate_draws_boxes_and_text_regions_on_a_copy() -> None:
+    image = grey_image()
+    results: list[Result] = [
+        Detection(label="person", class_id=0, score=0.87, box=BOX, keypoints=((60.0, 60.0),)),
+        TextBox(score=0.9, polygon=((140, 100), (190, 100), (190, 150), (140, 150))),
+        Classification(label="street", class_id=3, score=0.7),
+    ]
+    out = annotate(image, results)
+    assert np.all(image == GREY)  # the input is untouched
+    assert out.shape == image.shape
+    assert out.dtype == np.uint8
+    # Box edges (right and bottom, away from the label tag) and the text polygon changed.
+    assert tuple(out[60, 120]) != (GREY, GREY, GREY)
+    assert tuple(out[90, 70]) != (GREY, GREY, GREY)
+    assert tuple(out[125, 190]) != (GREY, GREY, GREY)
+    assert tuple(out[60, 60]) != (GREY, GREY, GREY)  # keypoint
+    # The inside of the box stays as it was.
+    assert tuple(out[75, 100]) == (GREY, GREY, GREY)
+
+
+def _jpegs(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.jpg"))
+
+
+def test_snapshot_is_rate_limited_by_stream_time(tmp_path: Path) -> None:
+    sink = SnapshotSink(tmp_path, min_interval_s=10.0)
+    # An event every 2 s for 40 s: snapshots at 0, 10, 20, 30.
+    for frame in range(0, 400, 20):
+        sink.emit(frame_result(frame, frame / 10, [appeared(frame / 10)]))
+    sink.close()
+    names = [p.name for p in _jpegs(tmp_path)]
+    assert names == [f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (0, 100, 200, 300)]
+    assert sink.written == 4
+
+
+def test_snapshots_are_valid_jpegs_with_boxes_drawn(tmp_path: Path) -> None:
+    sink = SnapshotSink(tmp_path)
+    sink.emit(frame_result(5, 0.5, [appeared(0.5)]))
+    (path,) = _jpegs(tmp_path)
+    image = cv2.imread(str(path))
+    assert image is not None
+    assert image.shape == (160, 200, 3)
+    # JPEG is lossy: compare against grey with a tolerance, on the box's right edge.
+    assert np.abs(image[60, 120].astype(int) - GREY).max() > 40
+    assert np.abs(image[75, 100].astype(int) - GREY).max() < 10
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_snapshot_quota_deletes_the_oldest(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a snapshot", encoding="utf-8")
+    sink = SnapshotSink(tmp_path, min_interval_s=0.0, max_files=3)
+    for frame in range(6):
+        sink.emit(frame_result(frame, frame / 10, [appeared(frame / 10)]))
+    assert [p.name for p in _jpegs(tmp_path)] == [
+        f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (3, 4, 5)
+    ]
+    assert sink.written == 6
+    assert (tmp_path / "notes.txt").exists()
+
+
+def test_snapshot_ignores_other_events_and_frames_without_images(tmp_path: Path) -> None:
+    sink = SnapshotSink(tmp_path, min_interval_s=0.0)
+    gone = Event(kind="gone", rule="people", label="person", ts=1.0)
+    sink.emit(frame_result(1, 0.1))
+    sink.emit(frame_result(2, 0.2, [gone]))
+    sink.emit(frame_result(3, 0.3, [appeared(0.3)], image=False))
+    assert _jpegs(tmp_path) == []
+    sink = SnapshotSink(tmp_path, min_interval_s=0.0, kinds=("gone",))
+    sink.emit(frame_result(4, 0.4, [gone]))
+    assert [p.name for p in _jpegs(tmp_path)] == ["door_cam-00000004-gone-person.jpg"]
+
+
+def test_snapshot_write_failure_is_counted_not_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "snaps"
+    sink = SnapshotSink(folder, min_interval_s=0.0)
+    folder.rmdir()  # the folder vanished (unmounted card, say)
+    with caplog.at_level(logging.ERROR):
+        sink.emit(frame_result(1, 0.1, [appeared(0.1)]))
+    assert sink.errors == 1
+    assert "snapshot_write_failed" in caplog.text
+
+
+def test_specs_pick_the_sink_by_type(tmp_path: Path) -> None:
+    adapter: TypeAdapter[JsonLinesSinkSpec | SnapshotSinkSpec] = TypeAdapter(SinkSpec)
+    jsonl = adapter.validate_python({"type": "jsonl", "path": str(tmp_path / "o.jsonl")})
+    snapshot = adapter.validate_python(
+        {"type": "snapshot", "folder": str(tmp_path / "s"), "kinds": ["appeared", "gone"]}
+    )
+    assert isinstance(jsonl, JsonLinesSinkSpec)
+    assert isinstance(snapshot, SnapshotSinkSpec)
+    jsonl_sink = build_sink(jsonl)
+    snapshot_sink = build_sink(snapshot)
+    assert isinstance(jsonl_sink, JsonLinesSink)
+    assert isinstance(snapshot_sink, SnapshotSink)
+    assert snapshot_sink.kinds == {"appeared", "gone"}
+    assert (tmp_path / "s").is_dir()
+    jsonl_sink.close()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"type": "kafka"},
+        {"type": "snapshot", "folder": "/tmp/x", "kinds": ["exploded"]},
+        {"type": "snapshot", "folder": "/tmp/x", "max_files": 0},
+        {"type": "jsonl", "colour": "red"},
+    ],
+)
+def test_specs_reject_bad_config(payload: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        TypeAdapter(SinkSpec).validate_python(payload)
