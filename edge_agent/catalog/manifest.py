@@ -104,6 +104,19 @@ class AudioInput(_Strict):
 InputSpec = Annotated[ImageInput | AudioInput, Field(discriminator="kind")]
 
 
+class QuantizationInfo(_Strict):
+    """How a compressed model was made and how it scored; the full report sits beside it."""
+
+    mode: str = Field(description="Winning rung: int8, int8-scope, int8-accuracy, weights-int8...")
+    metric: str = Field(description="Gate metric.")
+    metric_before: float = Field(description="FP32 metric.")
+    metric_after: float = Field(description="Metric of this model.")
+    max_drop: float = Field(description="Largest drop the gate allowed.")
+    samples: int = Field(description="Calibration samples used.")
+    speedup: float = Field(description="Throughput over f32 on the calibrating device.")
+    report: str = Field(description="File name of the full report, beside the model.")
+
+
 class Manifest(_Strict):
     """Everything edge-agent knows about one model."""
 
@@ -120,6 +133,9 @@ class Manifest(_Strict):
     input: InputSpec = Field(description="How inputs are fed.")
     head: HeadConfig = Field(description="How outputs are decoded.")
     notes: list[str] = Field(default_factory=list, description="Measured quirks and limits.")
+    quantization: QuantizationInfo | None = Field(
+        default=None, description="Set on models that calibration compressed."
+    )
 
 
 def load_manifest(path: Path) -> Manifest:

@@ -21,15 +21,16 @@ def parse_request(request: str) -> list[str]:
 
     A single physical device, or a list, gets CPU appended as the last resort:
     a box whose GPU driver broke overnight should keep running, and say so,
-    rather than stop. Virtual devices (AUTO:..., MULTI:..., HETERO:...) are one
-    candidate; OpenVINO does their selection and we report what it chose.
+    rather than stop. A virtual device (AUTO:..., MULTI:..., HETERO:...) is one
+    candidate, not split up: OpenVINO does its selection and we report what it
+    chose, with CPU after it in case the virtual device itself cannot start.
 
     Raises:
         EdgeAgentError: an empty or unknown device name.
     """
     text = request.strip().upper()
     if _VIRTUAL.match(text):
-        return [text, "CPU"] if text != "CPU" else [text]
+        return [text, "CPU"]
     names = [part.strip() for part in re.split(r"[,>]", text)]
     if not names or any(not n for n in names):
         raise EdgeAgentError(f"empty device name in {request!r}", _HELP)
@@ -46,6 +47,8 @@ def is_present(candidate: str, available: list[str]) -> bool:
     if _VIRTUAL.match(candidate):
         return bool(available)
     if "." in candidate:
-        return candidate in available
+        # A one-GPU box lists plain "GPU", which OpenVINO documents as an alias of GPU.0.
+        family, _, index = candidate.partition(".")
+        return candidate in available or (index == "0" and family in available)
     # "GPU" means any GPU: OpenVINO lists them as GPU, or GPU.0 and GPU.1 on multi-GPU boxes.
     return any(d == candidate or d.startswith(candidate + ".") for d in available)

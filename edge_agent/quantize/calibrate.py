@@ -1,0 +1,302 @@
+"""`calibrate(model, data, recipe) -> (model, report)`: compress, gate, fall back.
+
+The gate compares the compressed model's decoded answers on held-out samples
+with the FP32 model's (see tasks). A rung whose drop exceeds `max_drop` is
+never activated; the ladder then tries safer rungs by itself:
+int8 -> int8 with the first and last layers kept in float -> int8 with NNCF's
+accuracy control -> weights-only INT8 -> FP32. The report says which rung won
+and why, so an operator never ships a model that quietly lost its accuracy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nncf
+import openvino as ov
+
+from edge_agent.catalog.catalog import ResolvedModel
+from edge_agent.catalog.manifest import ImageInput
+from edge_agent.quantize.recipe import CalibrationReport, Recipe, Rung, RungResult
+from edge_agent.quantize.tasks import Inputs, Outputs, Task, build_task
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, float], None]
+"""(stage, fraction done of that stage); for a progress bar or an MQTT progress response."""
+
+_QUANTIZABLE = {"Convolution", "GroupConvolution", "MatMul", "ConvolutionBackpropData"}
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationData:
+    """Raw samples as the device saw them: BGR frames, or mono clips at the model's rate."""
+
+    frames: list[Any]
+    clips: list[Any]
+
+    @property
+    def count(self) -> int:
+        return len(self.frames) or len(self.clips)
+
+
+def read_fp32(core: ov.Core, resolved: ResolvedModel) -> ov.Model:
+    """The model as the runtime would run it, before preprocessing is folded in."""
+    model = core.read_model(str(resolved.path))
+    spec = resolved.manifest.input
+    if isinstance(spec, ImageInput):
+        model.reshape({spec.name: ov.PartialShape(list(spec.shape))})
+    return model
+
+
+def _runner(compiled: Any) -> Callable[[Inputs], Outputs]:
+    request = compiled.create_infer_request()
+    names = [(i, sorted(o.get_names())) for i, o in enumerate(compiled.outputs)]
+
+    def run(inputs: Inputs) -> Outputs:
+        request.infer(inputs)
+        found: Outputs = {}
+        for index, keys in names:
+            data = request.get_output_tensor(index).data.copy()
+            for key in keys:
+                found[key] = data
+        return found
+
+    return run
+
+
+def _first_and_last_layers(model: ov.Model) -> list[str]:
+    layers = [
+        op.get_friendly_name()
+        for op in model.get_ordered_ops()
+        if op.get_type_name() in _QUANTIZABLE
+    ]
+    return list(dict.fromkeys([layers[0], layers[-1]])) if layers else []
+
+
+def _ignored(recipe: Recipe, extra: list[str]) -> nncf.IgnoredScope | None:
+    scope = recipe.ignored_scope
+    if scope is None and not extra:
+        return None
+    return nncf.IgnoredScope(
+        patterns=list(scope.patterns) if scope else [],
+        names=(list(scope.names) if scope else []) + extra,
+        types=list(scope.types) if scope else [],
+        validate=False,  # a pattern that matches nothing in this model is not an error
+    )
+
+
+def ladder(mode: str) -> list[Rung]:
+    """The rungs to try, from the recipe's mode down to FP32."""
+    if mode == "weights-int4":
+        return ["weights-int4", "weights-int8", "fp32"]
+    if mode == "weights-int8":
+        return ["weights-int8", "fp32"]
+    if mode == "int8-accuracy":
+        return ["int8-accuracy", "weights-int8", "fp32"]
+    return ["int8", "int8-scope", "int8-accuracy", "weights-int8", "fp32"]
+
+
+@contextlib.contextmanager
+def _quiet_nncf() -> Iterator[None]:
+    # NNCF logs every ignored node at INFO; the operator needs its progress bars, not those.
+    logger = logging.getLogger("nncf")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+class Calibrator:
+    """One calibration run: the FP32 reference, then the rungs."""
+
+    def __init__(
+        self, resolved: ResolvedModel, data: CalibrationData, recipe: Recipe, device: str,
+        progress: Progress | None = None,
+    ) -> None:  # fmt: skip
+        self.resolved = resolved
+        self.recipe = recipe
+        self.device = device
+        self.progress = progress or (lambda stage, done: None)
+        self.core = ov.Core()
+        self.fp32 = read_fp32(self.core, resolved)
+        compiled = self.core.compile_model(self.fp32, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        shapes = {
+            i.get_any_name(): tuple(d.get_length() for d in i.get_partial_shape())
+            for i in self.fp32.inputs
+            if i.get_partial_shape().is_static
+        }
+        self.progress("preparing samples", 0.0)
+        self.task: Task = build_task(
+            resolved.manifest, data.frames, data.clips, recipe.holdout, recipe.metric,
+            _runner(compiled), shapes,
+        )  # fmt: skip
+        self.progress("reference (fp32)", 0.0)
+        self.reference = self.task.run(_runner(compiled), self.task.holdout)
+        self.samples = min(
+            recipe.subset_size or len(self.task.calibration), len(self.task.calibration)
+        )
+
+    def evaluate(self, model: ov.Model) -> float:
+        compiled = self.core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        return self.task.score(self.reference, self.task.run(_runner(compiled), self.task.holdout))
+
+    def compress(self, rung: Rung) -> ov.Model:
+        r = self.recipe
+        calibration = nncf.Dataset(self.task.calibration)
+        preset = nncf.QuantizationPreset(r.preset)
+        common: dict[str, Any] = {
+            "preset": preset,
+            "subset_size": self.samples,
+            "fast_bias_correction": r.fast_bias_correction,
+        }
+        if rung == "int8":
+            return nncf.quantize(self.fp32, calibration, ignored_scope=_ignored(r, []), **common)
+        if rung == "int8-scope":
+            extra = _first_and_last_layers(self.fp32)
+            return nncf.quantize(self.fp32, calibration, ignored_scope=_ignored(r, extra), **common)
+        if rung == "int8-accuracy":
+            items = list(enumerate(self.task.holdout))
+            reference = self.reference
+
+            def validate(
+                compiled: Any, batch: Iterable[tuple[int, Inputs]]
+            ) -> tuple[float, list[float]]:
+                chosen = list(batch)
+                run = _runner(compiled)
+                # Each item scored alone against FP32's answer; NNCF ranks layers by these.
+                outputs = [run(inputs) for _, inputs in chosen]
+                refs = [reference[i] for i, _ in chosen]
+                return self.task.per_item(refs, outputs)
+
+            if self.task.state_shape is not None:
+                raise _SkipError(
+                    "accuracy control scores windows one by one; a stateful model needs a sequence"
+                )
+            return nncf.quantize_with_accuracy_control(
+                self.fp32, calibration, nncf.Dataset(items, lambda item: item[1]), validate,
+                max_drop=r.max_drop, drop_type=nncf.DropType.ABSOLUTE,
+                ignored_scope=_ignored(r, []), **common,
+            )  # fmt: skip
+        if rung == "weights-int8":
+            return nncf.compress_weights(self.fp32, mode=nncf.CompressWeightsMode.INT8_ASYM)
+        # all_layers: small vision and audio models have no embedding to spare; compress all.
+        return nncf.compress_weights(
+            self.fp32, mode=nncf.CompressWeightsMode.INT4_ASYM, all_layers=True
+        )
+
+    def walk(self) -> tuple[ov.Model, Rung, str, list[RungResult]]:
+        rungs = (
+            ladder(self.recipe.mode)
+            if self.recipe.ladder
+            else [ladder(self.recipe.mode)[0], "fp32"]
+        )
+        results: list[RungResult] = []
+        for index, rung in enumerate(rungs):
+            self.progress(f"rung {rung}", index / len(rungs))
+            started = time.perf_counter()
+            if rung == "fp32":
+                reason = (
+                    "no compressed rung passed the gate; FP32 kept" if results else "FP32 asked for"
+                )
+                results.append(
+                    RungResult(
+                        rung="fp32",
+                        metric_after=1.0,
+                        drop=0.0,
+                        passed=True,
+                        reason=reason,
+                        seconds=0.0,
+                    )
+                )
+                return self.fp32, "fp32", reason, results
+            try:
+                with _quiet_nncf():
+                    model = self.compress(rung)
+            except _SkipError as skip:
+                results.append(
+                    RungResult(
+                        rung=rung,
+                        metric_after=0.0,
+                        drop=1.0,
+                        passed=False,
+                        reason=f"skipped: {skip}",
+                        seconds=0.0,
+                    )
+                )
+                continue
+            except (nncf.InternalError, nncf.ValidationError, nncf.ParameterNotSupportedError,
+                    RuntimeError, ValueError) as exc:  # fmt: skip
+                # A rung NNCF cannot do on this model is a failed rung, not a failed calibration.
+                reason = f"NNCF failed: {str(exc).splitlines()[0][:200]}"
+                results.append(
+                    RungResult(
+                        rung=rung,
+                        metric_after=0.0,
+                        drop=1.0,
+                        passed=False,
+                        reason=reason,
+                        seconds=time.perf_counter() - started,
+                    )
+                )
+                continue
+            score = self.evaluate(model)
+            drop = 1.0 - score
+            passed = drop <= self.recipe.max_drop + 1e-9
+            verdict = "within" if passed else "exceeds"
+            reason = (
+                f"{self.task.metric} {score:.4f}: drop {drop:.4f} {verdict} "
+                f"max_drop {self.recipe.max_drop}"
+            )
+            results.append(
+                RungResult(
+                    rung=rung,
+                    metric_after=score,
+                    drop=drop,
+                    passed=passed,
+                    reason=reason,
+                    seconds=time.perf_counter() - started,
+                )
+            )
+            log.info(
+                "calibrate model=%s rung=%s metric=%.4f passed=%s",
+                self.resolved.manifest.name,
+                rung,
+                score,
+                passed,
+            )
+            if passed:
+                return model, rung, reason, results
+        return self.fp32, "fp32", "no rung passed the gate; FP32 kept", results
+
+
+class _SkipError(Exception):
+    """A rung that does not apply to this model."""
+
+
+def save_ir(model: ov.Model, folder: Path, name: str = "model") -> Path:
+    """Write an IR pair; the .xml last, so its presence says the pair is complete."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".save-") as tmp:
+        staged = Path(tmp) / f"{name}.xml"
+        ov.save_model(model, str(staged), compress_to_fp16=False)
+        target = folder / f"{name}.xml"
+        staged.with_suffix(".bin").replace(target.with_suffix(".bin"))
+        staged.replace(target)
+    return target
+
+
+def versions() -> dict[str, str]:
+    return {"openvino": ov.get_version(), "nncf": nncf.__version__}
+
+
+__all__ = ["CalibrationData", "CalibrationReport", "Calibrator", "ladder", "save_ir", "versions"]

@@ -1,0 +1,117 @@
+"""Calibration data from files or from what a pipeline captured on this device.
+
+`--data` takes an image folder, a video file, a WAV file or folder of WAVs, or
+`pipeline:<id>`: the frames that pipeline's capture sink kept (see
+pipelines.capture). Long sources are sampled evenly, never just their start,
+so the calibration set sees the whole day rather than its first minute.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.audio.resample import resample
+from edge_agent.audio.wav import WavError, read_wav, to_mono
+from edge_agent.errors import EdgeAgentError
+from edge_agent.pipelines.capture import capture_folder
+from edge_agent.quiet import native_stderr_held
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+VIDEO_SUFFIXES = {".avi", ".mp4", ".mkv", ".mov", ".webm", ".m4v"}
+AUDIO_SUFFIXES = {".wav", ".wave"}
+
+
+def resolve_data(text: str, cache: Path) -> Path:
+    """The path behind a `--data` argument."""
+    if text.startswith("pipeline:"):
+        pipeline = text.partition(":")[2]
+        folder = capture_folder(cache, pipeline)
+        if not folder.is_dir() or not any(folder.iterdir()):
+            raise EdgeAgentError(
+                f"pipeline {pipeline!r} has captured nothing yet ({folder})",
+                "add a capture sink to its spec and let it run first",
+            )
+        return folder
+    path = Path(text)
+    if not path.exists():
+        raise EdgeAgentError(f"calibration data {path} does not exist", "check the path")
+    return path
+
+
+def _evenly(paths: list[Path], limit: int) -> list[Path]:
+    if len(paths) <= limit:
+        return paths
+    picks = np.linspace(0, len(paths) - 1, limit).round().astype(int)
+    return [paths[i] for i in picks]
+
+
+def load_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:
+    """Up to `limit` BGR frames from an image, a folder of images, or a video file."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        videos = sorted(p for p in path.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
+        frames = [f for f in (_read_image(p) for p in _evenly(files, limit)) if f is not None]
+        for video in videos:
+            frames += _video_frames(video, max(1, limit // max(1, len(videos))))
+    elif path.suffix.lower() in VIDEO_SUFFIXES:
+        frames = _video_frames(path, limit)
+    else:
+        image = _read_image(path)
+        frames = [image] if image is not None else []
+    if not frames:
+        raise EdgeAgentError(
+            f"no readable images or video frames in {path}",
+            "pass a folder of images, a video file, or pipeline:<id>",
+        )
+    return frames[:limit]
+
+
+def load_clips(path: Path, rate: int) -> list[npt.NDArray[np.float32]]:
+    """Mono clips at `rate` from a WAV file or a folder of them."""
+    files = (
+        sorted(p for p in path.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
+        if path.is_dir()
+        else [path]
+    )
+    clips = []
+    for file in files:
+        try:
+            samples, source_rate = read_wav(file)
+        except (WavError, OSError) as exc:
+            raise EdgeAgentError(f"cannot read {file}: {exc}") from None
+        clips.append(resample(to_mono(samples), source_rate, rate))
+    if not clips:
+        raise EdgeAgentError(f"no WAV files in {path}", "pass a .wav file or a folder of them")
+    return clips
+
+
+def _read_image(path: Path) -> npt.NDArray[np.uint8] | None:
+    with native_stderr_held():
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    return None if image is None else np.asarray(image, dtype=np.uint8)
+
+
+def _video_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:
+    capture = cv2.VideoCapture(str(path))
+    try:
+        total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        # Keep every k-th frame: evenly spaced over the file, decoded in one pass.
+        step = max(1, total // limit) if total > 0 else 1
+        frames: list[npt.NDArray[np.uint8]] = []
+        index = 0
+        while len(frames) < limit:
+            ok = capture.grab()
+            if not ok:
+                break
+            if index % step == 0:
+                ok, frame = capture.retrieve()
+                if ok:
+                    frames.append(np.asarray(frame, dtype=np.uint8))
+            index += 1
+        return frames
+    finally:
+        capture.release()

@@ -1,0 +1,122 @@
+"""Calibration recipes and reports: data, so an MQTT command can carry them."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edge_agent.errors import EdgeAgentError
+
+Mode = Literal["int8", "int8-accuracy", "weights-int8", "weights-int4"]
+Rung = Literal["int8", "int8-scope", "int8-accuracy", "weights-int8", "weights-int4", "fp32"]
+MetricChoice = Literal[
+    "auto", "detection-f1", "top1-agreement", "text-mask-f1", "frame-agreement", "cosine"
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class IgnoredScopeSpec(_Strict):
+    """Layers NNCF must leave in float."""
+
+    patterns: list[str] = Field(default_factory=list, description="Regexes on layer names.")
+    names: list[str] = Field(default_factory=list, description="Exact layer names.")
+    types: list[str] = Field(default_factory=list, description="OpenVINO op types.")
+
+
+class Recipe(_Strict):
+    """How to compress a model and what accuracy loss is acceptable."""
+
+    mode: Mode = Field(default="int8", description="The first rung to try.")
+    preset: Literal["performance", "mixed"] = Field(
+        default="performance", description="NNCF preset: symmetric, or asymmetric activations."
+    )
+    subset_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Calibration samples NNCF uses; None uses every one (NNCF's own default "
+        "would silently cap at 300). The report gives the number actually used.",
+    )
+    fast_bias_correction: bool = Field(default=True, description="NNCF's faster bias correction.")
+    ignored_scope: IgnoredScopeSpec | None = Field(
+        default=None, description="Layers kept in float on every INT8 rung."
+    )
+    max_drop: float = Field(
+        default=0.01, ge=0.0, le=1.0, description="Largest metric drop allowed (absolute)."
+    )
+    metric: MetricChoice = Field(default="auto", description="Gate metric; auto picks by head.")
+    holdout: float = Field(
+        default=0.3, gt=0.0, lt=1.0, description="Fraction of samples held out for the gate."
+    )
+    ladder: bool = Field(
+        default=True, description="On a failed gate, walk down to safer rungs, ending on FP32."
+    )
+    max_samples: int = Field(default=300, ge=4, description="Samples read from the data.")
+    bench_seconds: float = Field(
+        default=3.0, gt=0.0, description="Throughput measurement per variant, in seconds."
+    )
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read a recipe TOML file.
+
+    Raises:
+        EdgeAgentError: unreadable or invalid, naming the first bad field.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EdgeAgentError(f"recipe {path} does not exist", "check the path") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise EdgeAgentError(f"recipe {path} is unreadable: {exc}") from None
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise EdgeAgentError(f"recipe {path} is invalid at {where}: {first['msg']}") from None
+
+
+class RungResult(_Strict):
+    """One rung of the ladder, tried."""
+
+    rung: Rung = Field(description="What was tried.")
+    metric_after: float = Field(description="Gate metric of the compressed model.")
+    drop: float = Field(description="metric_before - metric_after.")
+    passed: bool = Field(description="drop <= max_drop.")
+    reason: str = Field(description="Why it passed or failed, or why it was skipped.")
+    seconds: float = Field(description="Time spent on this rung.")
+
+
+class CalibrationReport(_Strict):
+    """Everything calibration measured; stored beside the model and in its manifest."""
+
+    model: str = Field(description="Model name.")
+    recipe: Recipe = Field(description="Recipe used.")
+    mode: Rung = Field(description="The rung that won (fp32 when none passed the gate).")
+    reason: str = Field(description="Why that rung won.")
+    rungs: list[RungResult] = Field(description="Every rung tried, in order.")
+    metric: str = Field(description="Gate metric.")
+    metric_before: float = Field(description="Metric of the FP32 model (1.0 for agreement).")
+    metric_after: float = Field(description="Metric of the winning model.")
+    max_drop: float = Field(description="Largest drop allowed.")
+    samples: int = Field(description="Calibration samples actually used by NNCF.")
+    holdout_samples: int = Field(description="Samples the gate evaluated on.")
+    samples_available: int = Field(description="Samples read from the data.")
+    device: str = Field(description="Device the throughput was measured on.")
+    precision_before: str = Field(description="Precision of the baseline (f32).")
+    default_precision: str = Field(description="The device's default inference precision.")
+    throughput_before: float = Field(description="FP32 (f32) throughput, FPS.")
+    throughput_default: float = Field(description="Throughput at the default precision, FPS.")
+    throughput_after: float = Field(description="Throughput of the winning model, FPS.")
+    speedup: float = Field(description="throughput_after / throughput_before (f32).")
+    speedup_vs_default: float = Field(description="throughput_after / throughput_default.")
+    size_before: int = Field(description="FP32 IR weights, bytes.")
+    size_after: int = Field(description="Winning IR weights, bytes.")
+    duration_s: float = Field(description="Whole calibration, seconds.")
+    versions: dict[str, str] = Field(description="openvino and nncf versions.")

@@ -1,0 +1,174 @@
+"""Per-task glue for calibration: samples in, decoded answers out, one metric.
+
+An image model's samples are frames preprocessed exactly as the runtime
+would (runtime.preprocess, the numpy twin of the folded graph). A stateful
+VAD's samples are (window, state) pairs recorded while the FP32 model runs
+over the audio, since a window alone is not what the model sees; the gate then
+replays held-out audio end to end, carrying each model's own state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.catalog.manifest import ImageInput, Manifest
+from edge_agent.heads.base import Result
+from edge_agent.heads.blazeface import BlazeFaceConfig
+from edge_agent.heads.classification import ClassificationConfig
+from edge_agent.heads.dbnet import DbnetConfig
+from edge_agent.heads.registry import build_frame_head
+from edge_agent.heads.ssd import SsdConfig
+from edge_agent.heads.vad import VadConfig, audio_windows, frame_agreement
+from edge_agent.heads.yolo import YoloConfig
+from edge_agent.quantize import metrics
+from edge_agent.quantize.recipe import MetricChoice
+from edge_agent.runtime.preprocess import frame_tensor
+
+Inputs = dict[str, npt.NDArray[np.generic]]
+Outputs = dict[str, npt.NDArray[np.generic]]
+Runner = Callable[[Inputs], Outputs]
+"""Runs one inference on a compiled model; outputs keyed by every output name."""
+
+
+def auto_metric(manifest: Manifest) -> str:
+    """The agreement metric that fits the model's head."""
+    head = manifest.head
+    if isinstance(head, SsdConfig | BlazeFaceConfig | YoloConfig):
+        return "detection-f1"
+    if isinstance(head, ClassificationConfig):
+        return "top1-agreement"
+    if isinstance(head, DbnetConfig):
+        return "text-mask-f1"
+    if isinstance(head, VadConfig):
+        return "frame-agreement"
+    return "cosine"
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """How to feed, run and score one model."""
+
+    manifest: Manifest
+    metric: str
+    calibration: list[Inputs]
+    holdout: list[Inputs]
+    state_shape: tuple[int, ...] | None = None
+    """A stateful model's recurrent state shape (it starts at zeros)."""
+
+    def run(self, runner: Runner, items: Sequence[Inputs]) -> list[Outputs]:
+        """Run each held-out item; a VAD carries its own state through the sequence."""
+        head = self.manifest.head
+        if not isinstance(head, VadConfig):
+            return [runner(item) for item in items]
+        assert self.state_shape is not None
+        state = np.zeros(self.state_shape, dtype=np.float32)
+        found = []
+        for item in items:
+            outputs = runner({head.audio_input: item[head.audio_input], head.state_in: state})
+            state = np.asarray(outputs[head.state_out], dtype=np.float32)
+            found.append(outputs)
+        return found
+
+    def decode(self, outputs: Sequence[Outputs]) -> list[list[Result]]:
+        spec = self.manifest.input
+        assert isinstance(spec, ImageInput)
+        head = build_frame_head(self.manifest.head)
+        return [list(head.decode(o, (spec.width, spec.height))) for o in outputs]
+
+    def score(self, reference: Sequence[Outputs], candidate: Sequence[Outputs]) -> float:
+        """The gate metric of `candidate` against the FP32 `reference`, in [0, 1]."""
+        return self.per_item(reference, candidate)[0]
+
+    def per_item(
+        self, reference: Sequence[Outputs], candidate: Sequence[Outputs]
+    ) -> tuple[float, list[float]]:
+        """The metric over all items, and each item's own score (NNCF ranks layers by it)."""
+        head = self.manifest.head
+        name = self.metric
+        if name == "frame-agreement":
+            assert isinstance(head, VadConfig)
+            a = np.asarray(
+                [float(np.asarray(o[head.probability]).reshape(-1)[0]) for o in reference]
+            )
+            b = np.asarray(
+                [float(np.asarray(o[head.probability]).reshape(-1)[0]) for o in candidate]
+            )
+            each = ((a >= head.threshold) == (b >= head.threshold)).astype(float).tolist()
+            return frame_agreement(a, b, head.threshold), each
+        if name == "cosine":
+            key = sorted(reference[0])[0] if reference else ""
+            each = [
+                metrics.cosine(r[key], c[key]) for r, c in zip(reference, candidate, strict=True)
+            ]
+            return (float(np.mean(each)) if each else 1.0), each
+        ref, cand = self.decode(reference), self.decode(candidate)
+        spec = self.manifest.input
+        assert isinstance(spec, ImageInput)
+        if name == "detection-f1":
+            each = [metrics.detection_f1([r], [c]) for r, c in zip(ref, cand, strict=True)]
+            return metrics.detection_f1(ref, cand), each
+        if name == "top1-agreement":
+            each = [metrics.top1_agreement([r], [c]) for r, c in zip(ref, cand, strict=True)]
+            return metrics.top1_agreement(ref, cand), each
+        if name == "text-mask-f1":
+            size = (spec.width, spec.height)
+            each = [metrics.text_mask_f1([r], [c], size) for r, c in zip(ref, cand, strict=True)]
+            return (float(np.mean(each)) if each else 1.0), each
+        raise ValueError(f"unknown metric {name}")
+
+
+def build_task(
+    manifest: Manifest,
+    frames: Sequence[npt.NDArray[np.uint8]],
+    clips: Sequence[npt.NDArray[np.float32]],
+    holdout: float,
+    metric: MetricChoice,
+    fp32: Runner,
+    input_shapes: dict[str, tuple[int, ...]],
+) -> Task:
+    """Turn raw frames or audio clips into calibration and held-out model inputs."""
+    chosen = auto_metric(manifest) if metric == "auto" else metric
+    spec = manifest.input
+    if isinstance(spec, ImageInput):
+        items: list[Inputs] = [{spec.name: frame_tensor(f, spec)} for f in frames]
+        # Interleave the split so both halves span the whole capture, not its two ends.
+        stride = max(2, round(1 / holdout))
+        held = items[::stride]
+        calib = [x for i, x in enumerate(items) if i % stride]
+        return Task(manifest, chosen, calib, held)
+    head = manifest.head
+    assert isinstance(head, VadConfig)
+    state_shape = input_shapes[head.state_in]
+    cut = max(1, round(len(clips) * (1 - holdout))) if len(clips) > 1 else 0
+    calib = _recorded_windows(clips[:cut] if cut else clips, head, fp32, state_shape)
+    held = [
+        {head.audio_input: w[None]}
+        for c in clips[cut:]
+        for w in audio_windows(c, head.window, head.context)
+    ]
+    if not cut:
+        # One clip only: hold out its last third as its own sequence.
+        split = int(len(calib) * (1 - holdout))
+        held = [{head.audio_input: x[head.audio_input]} for x in calib[split:]]
+        calib = calib[:split]
+    return Task(manifest, chosen, calib, held, state_shape)
+
+
+def _recorded_windows(
+    clips: Sequence[npt.NDArray[np.float32]],
+    head: VadConfig,
+    fp32: Runner,
+    state_shape: tuple[int, ...],
+) -> list[Inputs]:
+    found: list[Inputs] = []
+    for clip in clips:
+        state = np.zeros(state_shape, dtype=np.float32)
+        for window in audio_windows(clip, head.window, head.context):
+            feed: Inputs = {head.audio_input: window[None], head.state_in: state}
+            found.append(feed)
+            state = np.asarray(fp32(feed)[head.state_out], dtype=np.float32)
+    return found

@@ -1,0 +1,252 @@
+"""Host preprocessing, and OpenVINO's folded preprocessing checked against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import openvino as ov
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge_agent.catalog.manifest import ImageInput
+from edge_agent.runtime.preprocess import center_crop, fit_frame, frame_tensor
+from tests.conftest import CompileFn, bgr, sample
+
+Frame = npt.NDArray[np.uint8]
+
+
+def _frame(height: int, width: int) -> Frame:
+    """A BGR frame whose every pixel is distinguishable: B=row, G=column, R=both mixed."""
+    y, x = np.mgrid[0:height, 0:width]
+    return np.ascontiguousarray(
+        np.stack([y % 256, x % 256, (7 * y + 3 * x) % 256], axis=-1), dtype=np.uint8
+    )
+
+
+def _spec(**changes: object) -> ImageInput:
+    base: dict[str, object] = {
+        "name": "x",
+        "shape": (1, 3, 48, 64),
+        "layout": "NCHW",
+        "element_type": "f32",
+        "color": "BGR",
+    }
+    return ImageInput.model_validate({**base, **changes})
+
+
+def _f64(values: object) -> npt.NDArray[np.float64]:
+    return np.asarray(values, dtype=np.float64)
+
+
+def test_center_crop_is_a_centred_view() -> None:
+    frame = _frame(480, 640)
+    crop = center_crop(frame, 0.5)
+    assert crop.shape == (240, 240, 3)
+    assert np.shares_memory(crop, frame), "a slice, not a copy"
+    # top = (480 - 240) // 2, left = (640 - 240) // 2
+    assert (crop[0, 0] == frame[120, 200]).all()
+    assert (crop[-1, -1] == frame[359, 439]).all()
+
+
+def test_center_crop_of_a_portrait_frame() -> None:
+    frame = _frame(300, 100)
+    crop = center_crop(frame, 0.875)
+    assert crop.shape == (88, 88, 3)  # round(87.5) = 88; top = (300 - 88) // 2
+    assert (crop[0, 0] == frame[106, 6]).all()
+
+
+def test_center_crop_of_one_keeps_the_whole_frame() -> None:
+    frame = _frame(30, 50)
+    assert center_crop(frame, 1.0) is frame
+
+
+def test_center_crop_never_empties_a_tiny_frame() -> None:
+    assert center_crop(_frame(2, 3), 0.1).shape == (1, 1, 3)
+
+
+@given(st.integers(1, 400), st.integers(1, 400), st.floats(0.01, 0.999))
+def test_center_crop_properties(height: int, width: int, fraction: float) -> None:
+    frame = _frame(height, width)
+    crop = center_crop(frame, fraction)
+    side = crop.shape[0]
+    assert crop.shape == (side, side, 3)
+    assert 1 <= side <= min(height, width)
+    assert abs(side - max(1.0, min(height, width) * fraction)) <= 0.5 + 1e-9
+    # Centred: the margins either side differ by at most one pixel.
+    if height < 256 and width < 256:
+        top, left = int(crop[0, 0, 0]), int(crop[0, 0, 1])  # B = row, G = column
+        bottom, right = height - top - side, width - left - side
+        assert 0 <= bottom - top <= 1
+        assert 0 <= right - left <= 1
+
+
+def test_fit_frame_at_model_size_is_not_copied() -> None:
+    frame = _frame(48, 64)
+    fitted = fit_frame(frame, _spec())
+    assert np.shares_memory(fitted, frame)
+    assert fitted.shape == (48, 64, 3)
+
+
+def test_fit_frame_at_model_size_in_nhwc() -> None:
+    frame = _frame(128, 96)
+    fitted = fit_frame(frame, _spec(shape=(1, 128, 96, 3), layout="NHWC"))
+    assert np.shares_memory(fitted, frame)
+
+
+@pytest.mark.parametrize("size", [(480, 640), (20, 30), (48, 65), (64, 48)])
+def test_fit_frame_resizes_to_the_model_size(size: tuple[int, int]) -> None:
+    frame = _frame(*size)
+    fitted = fit_frame(frame, _spec())
+    assert fitted.shape == (48, 64, 3)
+    assert fitted.dtype == np.uint8
+    assert fitted.flags.c_contiguous
+    assert not np.shares_memory(fitted, frame)
+
+
+def test_fit_frame_of_a_flat_colour_stays_that_colour() -> None:
+    frame = np.full((333, 517, 3), (10, 200, 77), dtype=np.uint8)
+    fitted = fit_frame(frame, _spec())
+    assert (fitted == np.array([10, 200, 77], dtype=np.uint8)).all()
+
+
+def test_fit_frame_crops_before_resizing() -> None:
+    # A green centre square in a red frame: the 0.5 crop is exactly the green square.
+    frame = np.zeros((100, 300, 3), dtype=np.uint8)
+    frame[:, :, 2] = 255
+    frame[25:75, 125:175] = (0, 255, 0)
+    fitted = fit_frame(frame, _spec(shape=(1, 3, 10, 10), center_crop=0.5))
+    assert fitted.shape == (10, 10, 3)
+    assert (fitted == np.array([0, 255, 0], dtype=np.uint8)).all()
+
+
+def test_fit_frame_cropped_at_model_size_is_contiguous() -> None:
+    frame = _frame(256, 256)
+    fitted = fit_frame(frame, _spec(shape=(1, 3, 224, 224), center_crop=0.875))
+    assert fitted.shape == (224, 224, 3)
+    assert fitted.flags.c_contiguous
+    assert (fitted[0, 0] == frame[16, 16]).all()
+
+
+def test_nchw_f32_bgr_tensor_by_hand() -> None:
+    spec = _spec(mean=(1.0, 2.0, 3.0), scale=(2.0, 4.0, 8.0))
+    frame = _frame(48, 64)
+    frame[1, 2] = (10, 20, 30)  # B, G, R
+    before = frame.copy()
+    tensor = frame_tensor(frame, spec)
+    assert tensor.shape == (1, 3, 48, 64)
+    assert tensor.dtype == np.float32
+    assert tensor.flags.c_contiguous
+    # ((10-1)/2, (20-2)/4, (30-3)/8), channels in BGR order.
+    np.testing.assert_allclose(_f64(tensor[0, :, 1, 2]), _f64([4.5, 4.5, 3.375]))
+    assert (frame == before).all(), "the caller's frame is untouched"
+
+
+def test_nhwc_u8_rgb_tensor_by_hand() -> None:
+    spec = _spec(shape=(1, 48, 64, 3), layout="NHWC", element_type="u8", color="RGB")
+    frame = _frame(48, 64)
+    frame[5, 7] = (10, 20, 30)  # B, G, R
+    tensor = frame_tensor(frame, spec)
+    assert tensor.shape == (1, 48, 64, 3)
+    assert tensor.dtype == np.uint8
+    assert tensor.flags.c_contiguous
+    assert tensor[0, 5, 7].tolist() == [30, 20, 10]
+    assert tensor[0, 0, 3].tolist() == [9, 3, 0]  # R = 7*0 + 3*3, G = column 3, B = row 0
+
+
+def test_nhwc_f32_rgb_tensor_by_hand() -> None:
+    spec = _spec(
+        shape=(1, 48, 64, 3),
+        layout="NHWC",
+        color="RGB",
+        mean=(127.5, 127.5, 127.5),
+        scale=(127.5, 127.5, 127.5),
+    )
+    frame = _frame(48, 64)
+    frame[0, 0] = (0, 255, 127)  # B, G, R
+    tensor = frame_tensor(frame, spec)
+    assert tensor.dtype == np.float32
+    np.testing.assert_allclose(_f64(tensor[0, 0, 0]), _f64([-0.5 / 127.5, 1.0, -1.0]))
+
+
+def test_nchw_u8_rgb_tensor_by_hand() -> None:
+    spec = _spec(element_type="u8", color="RGB")
+    frame = _frame(48, 64)
+    frame[3, 4] = (1, 2, 3)
+    tensor = frame_tensor(frame, spec)
+    assert tensor.shape == (1, 3, 48, 64)
+    assert tensor.dtype == np.uint8
+    assert tensor[0, :, 3, 4].tolist() == [3, 2, 1]
+
+
+def test_frame_tensor_resizes_first() -> None:
+    spec = _spec(mean=(10.0, 10.0, 10.0), scale=(2.0, 2.0, 2.0))
+    frame = np.full((480, 640, 3), (30, 50, 70), dtype=np.uint8)
+    tensor = frame_tensor(frame, spec)
+    assert tensor.shape == (1, 3, 48, 64)
+    np.testing.assert_allclose(_f64(tensor[0, :, 20, 30]), _f64([10.0, 20.0, 30.0]))
+
+
+# OpenVINO folds colour, type, normalisation and layout into the graph; the numpy
+# version is the reference. Both run the same host resize, so they must agree.
+
+
+def _raw_openvino(path: Any, feed: dict[str, Any]) -> dict[str, npt.NDArray[Any]]:
+    """The model file as it is, no folded preprocessing, in f32."""
+    core = ov.Core()
+    compiled = core.compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    result = compiled(feed)
+    return {name: np.asarray(result[out]) for out in compiled.outputs for name in out.get_names()}
+
+
+def _close(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> float:
+    """Largest absolute difference, relative to the reference's range."""
+    return float(np.abs(a - b).max() / max(1e-6, float(np.abs(b).max())))
+
+
+def test_openvino_folding_matches_numpy_for_blazeface(compiled: CompileFn) -> None:
+    model, resolved = compiled("face-blazeface", precision="f32")
+    spec = resolved.manifest.input
+    assert isinstance(spec, ImageInput)
+    assert (spec.layout, spec.element_type, spec.color) == ("NHWC", "f32", "RGB")
+    frame = bgr(sample("astronaut"))
+    folded = model.infer({spec.name: frame[None]})
+    reference = _raw_openvino(resolved.path, {spec.name: frame_tensor(frame, spec)})
+    for name in ("regressors", "classificators"):
+        assert folded[name].shape == reference[name].shape
+        assert _close(folded[name], reference[name]) < 1e-4, name
+    # The comparison can tell: feeding the wrong colour order moves the outputs far more.
+    wrong = _raw_openvino(resolved.path, {spec.name: frame_tensor(frame[:, :, ::-1], spec)})
+    assert _close(wrong["regressors"], reference["regressors"]) > 1e-2
+
+
+@pytest.mark.parametrize("backend", ["openvino", "onnxruntime"])
+def test_engines_match_numpy_for_text_orientation(compiled: CompileFn, backend: str) -> None:
+    model, resolved = compiled("text-orientation", backend, precision="f32")
+    spec = resolved.manifest.input
+    assert isinstance(spec, ImageInput)
+    assert (spec.layout, spec.color, spec.center_crop) == ("NCHW", "BGR", 0.875)
+    frame = bgr(sample("coffee"))
+    output = "fetch_name_0"
+    got = model.infer({spec.name: frame[None]})[output]
+    reference = _raw_openvino(resolved.path, {spec.name: frame_tensor(frame, spec)})[output]
+    assert got.shape == reference.shape == (1, 4)
+    np.testing.assert_allclose(_f64(got), _f64(reference), atol=1e-4)
+    assert float(got.sum()) == pytest.approx(1.0, abs=1e-4)
+    # atol 1e-4 is tight enough to notice a swapped colour order.
+    wrong = _raw_openvino(resolved.path, {spec.name: frame_tensor(frame[:, :, ::-1], spec)})
+    assert np.abs(wrong[output] - reference).max() > 1e-2
+
+
+def test_text_orientation_folding_matches_onnxruntime(compiled: CompileFn) -> None:
+    ov_model, resolved = compiled("text-orientation", "openvino", precision="f32")
+    ort_model, _ = compiled("text-orientation", "onnxruntime", precision="f32")
+    spec = resolved.manifest.input
+    assert isinstance(spec, ImageInput)
+    for name in ("coffee", "astronaut", "chelsea"):
+        frame = bgr(sample(name))
+        a = ov_model.infer({spec.name: frame[None]})["fetch_name_0"]
+        b = ort_model.infer({spec.name: frame[None]})["fetch_name_0"]
+        np.testing.assert_allclose(_f64(a), _f64(b), atol=1e-4, err_msg=name)
