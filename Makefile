@@ -30,8 +30,8 @@ demo: install
 	$(BIN)/edge-agent infer --model person-ssdlite --input .cache/samples/astronaut.png
 
 check: install
-	$(BIN)/ruff check edge_agent tests tools
-	$(BIN)/ruff format --check edge_agent tests tools
+	$(BIN)/ruff check edge_agent tests tools calibration
+	$(BIN)/ruff format --check edge_agent tests tools calibration
 	$(BIN)/mypy
 
 test: system-deps check

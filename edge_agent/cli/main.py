@@ -29,7 +29,14 @@ def default_cache_dir() -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from edge_agent.cli import bench_cmd, doctor_cmd, infer_cmd, models_cmd, pipeline_cmd
+    from edge_agent.cli import (
+        bench_cmd,
+        calibrate_cmd,
+        doctor_cmd,
+        infer_cmd,
+        models_cmd,
+        pipeline_cmd,
+    )
 
     parser = argparse.ArgumentParser(
         prog="edge-agent", description="Inference runtime and agent for Intel edge boxes."
@@ -46,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--models-dir", type=Path, default=None, help="folder of model manifests (*.toml)"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (infer_cmd, bench_cmd, doctor_cmd, models_cmd, pipeline_cmd):
+    for module in (infer_cmd, bench_cmd, doctor_cmd, models_cmd, pipeline_cmd, calibrate_cmd):
         module.register(commands)
     return parser
 

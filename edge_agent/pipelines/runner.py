@@ -16,6 +16,7 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.pipelines.audio import AudioPipeline, vad_config
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec, open_audio_source
 from edge_agent.pipelines.base import Event, Sink
+from edge_agent.pipelines.capture import capture_folder
 from edge_agent.pipelines.events import EventTracker
 from edge_agent.pipelines.sinks import build_sink
 from edge_agent.pipelines.sources import open_source
@@ -45,7 +46,8 @@ class PipelineHandle:
     ) -> None:
         self.spec = spec
         self.pool = pool
-        sinks = [build_sink(s) for s in spec.sinks] + list(extra_sinks or [])
+        captures = capture_folder(pool.catalog.cache, spec.id)
+        sinks = [build_sink(s, captures) for s in spec.sinks] + list(extra_sinks or [])
         self.sinks = sinks
         self.telemetry = PipelineTelemetry(spec.id)
         self.telemetry.enabled = spec.telemetry

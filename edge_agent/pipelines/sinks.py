@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge_agent.heads.base import Classification, Detection, Result, TextBox
 from edge_agent.pipelines.base import Event, FrameResult, Sink
+from edge_agent.pipelines.capture import CaptureSink, CaptureSinkSpec
 
 _log = logging.getLogger(__name__)
 
@@ -319,13 +320,27 @@ class SnapshotSinkSpec(BaseModel):
         return kinds
 
 
-SinkSpec = Annotated[JsonLinesSinkSpec | SnapshotSinkSpec, Field(discriminator="type")]
+SinkSpec = Annotated[
+    JsonLinesSinkSpec | SnapshotSinkSpec | CaptureSinkSpec, Field(discriminator="type")
+]
 
 
-def build_sink(spec: JsonLinesSinkSpec | SnapshotSinkSpec) -> Sink:
-    """The sink a spec describes (opens its file or creates its folder)."""
+def build_sink(
+    spec: JsonLinesSinkSpec | SnapshotSinkSpec | CaptureSinkSpec, capture_to: Path | None = None
+) -> Sink:
+    """The sink a spec describes (opens its file or creates its folder).
+
+    Args:
+        spec: the sink's spec.
+        capture_to: folder for a capture sink that names none (the pipeline's default).
+    """
     if isinstance(spec, JsonLinesSinkSpec):
         return JsonLinesSink(path=spec.path)
+    if isinstance(spec, CaptureSinkSpec):
+        folder = spec.folder or capture_to
+        if folder is None:
+            raise ValueError("a capture sink needs a folder")
+        return CaptureSink(spec, folder)
     return SnapshotSink(
         spec.folder,
         min_interval_s=spec.min_interval_s,

@@ -21,6 +21,7 @@ from typing import Any
 
 import nncf
 import openvino as ov
+from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
 
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import ImageInput
@@ -186,6 +187,9 @@ class Calibrator:
                 self.fp32, calibration, nncf.Dataset(items, lambda item: item[1]), validate,
                 max_drop=r.max_drop, drop_type=nncf.DropType.ABSOLUTE,
                 ignored_scope=_ignored(r, []), **common,
+                advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
+                    max_num_iterations=r.accuracy_iterations
+                ),
             )  # fmt: skip
         if rung == "weights-int8":
             return nncf.compress_weights(self.fp32, mode=nncf.CompressWeightsMode.INT8_ASYM)

@@ -23,42 +23,59 @@ MetricName = Literal["detection-f1", "top1-agreement", "text-mask-f1", "frame-ag
 def detection_f1(
     reference: Sequence[Sequence[Result]],
     candidate: Sequence[Sequence[Result]],
+    threshold: float = 0.0,
+    band: float = 0.0,
     iou_at: float = 0.5,
 ) -> float:
-    """Matched-box F1 over all frames: a candidate box matches a reference box of the
-    same label with IoU >= `iou_at`, each reference box at most once (greedy by score).
+    """Matched-box F1 over all frames, counting only disagreements FP32 is sure of.
 
-    Returns 1.0 when neither side finds anything at all.
+    A candidate box matches a reference box of the same label with IoU >= `iou_at`
+    (greedy by score, each reference once). Both sides should be decoded down to
+    `threshold - band`. A pair that both report (score >= `threshold`) is a true
+    positive; a box one side reports and the other misses counts against the
+    candidate, except when the FP32 score lies within `band` of the threshold:
+    FP32 was itself unsure there, and a flip is threshold jitter, not damage.
+
+    Returns 1.0 when neither side reports anything at all.
     """
+    low, high = threshold - band, threshold + band
     tp = fp = fn = 0
     for ref, cand in zip(reference, candidate, strict=True):
-        ref_boxes = [d for d in ref if isinstance(d, Detection)]
+        ref_boxes = [d for d in ref if isinstance(d, Detection) and d.score >= low]
         cand_boxes = sorted(
-            (d for d in cand if isinstance(d, Detection)), key=lambda d: d.score, reverse=True
+            (d for d in cand if isinstance(d, Detection) and d.score >= low),
+            key=lambda d: d.score,
+            reverse=True,
         )
         unmatched = list(range(len(ref_boxes)))
         for det in cand_boxes:
-            best, best_iou = -1, iou_at
-            for i in unmatched:
-                if ref_boxes[i].label != det.label:
-                    continue
-                overlap = float(
-                    iou(
-                        np.asarray(det.box, dtype=np.float32),
-                        np.asarray([ref_boxes[i].box], dtype=np.float32),
-                    )[0]
-                )
-                if overlap >= best_iou:
-                    best, best_iou = i, overlap
-            if best >= 0:
-                unmatched.remove(best)
+            match = _best_match(det, ref_boxes, unmatched, iou_at)
+            if match < 0:
+                fp += det.score >= threshold
+                continue
+            unmatched.remove(match)
+            r, c = ref_boxes[match].score, det.score
+            if r >= threshold and c >= threshold:
                 tp += 1
-            else:
-                fp += 1
-        fn += len(unmatched)
+            elif (r >= threshold) != (c >= threshold) and not low <= r < high:
+                fp += c >= threshold
+                fn += r >= threshold
+        fn += sum(ref_boxes[i].score >= max(threshold, high) for i in unmatched)
     if tp + fp + fn == 0:
         return 1.0
     return 2 * tp / (2 * tp + fp + fn)
+
+
+def _best_match(det: Detection, refs: list[Detection], free: list[int], iou_at: float) -> int:
+    best, best_iou = -1, iou_at
+    box = np.asarray(det.box, dtype=np.float32)
+    for i in free:
+        if refs[i].label != det.label:
+            continue
+        overlap = float(iou(box, np.asarray([refs[i].box], dtype=np.float32))[0])
+        if overlap >= best_iou:
+            best, best_iou = i, overlap
+    return best
 
 
 def top1_agreement(

@@ -57,6 +57,12 @@ class Recipe(_Strict):
         default=True, description="On a failed gate, walk down to safer rungs, ending on FP32."
     )
     max_samples: int = Field(default=300, ge=4, description="Samples read from the data.")
+    accuracy_iterations: int = Field(
+        default=5,
+        ge=1,
+        description="Cap on NNCF accuracy-control iterations: each one re-ranks every layer "
+        "group (a compile each), minutes per iteration on a 2-core box.",
+    )
     bench_seconds: float = Field(
         default=3.0, gt=0.0, description="Throughput measurement per variant, in seconds."
     )

@@ -30,6 +30,8 @@ from edge_agent.runtime.preprocess import frame_tensor
 
 Inputs = dict[str, npt.NDArray[np.generic]]
 Outputs = dict[str, npt.NDArray[np.generic]]
+DETECTION_BAND = 0.1
+"""Scores this close to a detector's threshold are FP32's own doubt, not a verdict."""
 Runner = Callable[[Inputs], Outputs]
 """Runs one inference on a compiled model; outputs keyed by every output name."""
 
@@ -76,7 +78,12 @@ class Task:
     def decode(self, outputs: Sequence[Outputs]) -> list[list[Result]]:
         spec = self.manifest.input
         assert isinstance(spec, ImageInput)
-        head = build_frame_head(self.manifest.head)
+        config = self.manifest.head
+        if isinstance(config, SsdConfig | BlazeFaceConfig | YoloConfig):
+            # Decode below the operating threshold, so detection_f1 can see FP32's doubts.
+            low = max(0.0, config.score_threshold - DETECTION_BAND)
+            config = config.model_copy(update={"score_threshold": low})
+        head = build_frame_head(config)
         return [list(head.decode(o, (spec.width, spec.height))) for o in outputs]
 
     def score(self, reference: Sequence[Outputs], candidate: Sequence[Outputs]) -> float:
@@ -109,8 +116,11 @@ class Task:
         spec = self.manifest.input
         assert isinstance(spec, ImageInput)
         if name == "detection-f1":
-            each = [metrics.detection_f1([r], [c]) for r, c in zip(ref, cand, strict=True)]
-            return metrics.detection_f1(ref, cand), each
+            head_config = self.manifest.head
+            assert isinstance(head_config, SsdConfig | BlazeFaceConfig | YoloConfig)
+            t, band = head_config.score_threshold, DETECTION_BAND
+            each = [metrics.detection_f1([r], [c], t, band) for r, c in zip(ref, cand, strict=True)]
+            return metrics.detection_f1(ref, cand, t, band), each
         if name == "top1-agreement":
             each = [metrics.top1_agreement([r], [c]) for r, c in zip(ref, cand, strict=True)]
             return metrics.top1_agreement(ref, cand), each

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from edge_agent.heads.base import Classification, Detection, Result, TextBox
 from edge_agent.pipelines.base import Event, FrameResult
+from edge_agent.pipelines.capture import CaptureSinkSpec
 from edge_agent.pipelines.sinks import (
     CallbackSink,
     JsonLinesSink,
@@ -200,7 +201,9 @@ def test_snapshot_write_failure_is_counted_not_raised(
 
 
 def test_specs_pick_the_sink_by_type(tmp_path: Path) -> None:
-    adapter: TypeAdapter[JsonLinesSinkSpec | SnapshotSinkSpec] = TypeAdapter(SinkSpec)
+    adapter: TypeAdapter[JsonLinesSinkSpec | SnapshotSinkSpec | CaptureSinkSpec] = TypeAdapter(
+        SinkSpec
+    )
     jsonl = adapter.validate_python({"type": "jsonl", "path": str(tmp_path / "o.jsonl")})
     snapshot = adapter.validate_python(
         {"type": "snapshot", "folder": str(tmp_path / "s"), "kinds": ["appeared", "gone"]}

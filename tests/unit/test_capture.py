@@ -1,0 +1,81 @@
+"""The capture sink: a uniform reservoir of frames on disk, under a quota."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from edge_agent.pipelines.base import FrameResult
+from edge_agent.pipelines.capture import CaptureSink, CaptureSinkSpec
+
+
+def frame(index: int, ts: float, size: int = 32) -> FrameResult:
+    # The frame number is written into the pixels (high byte left, low byte right),
+    # in flat blocks JPEG keeps exactly enough to read it back.
+    image = np.zeros((size, size, 3), dtype=np.uint8)
+    image[:, : size // 2] = index // 256 * 40
+    image[:, size // 2 :] = index % 256
+    return FrameResult("cam", index, ts, [], [], {}, "m", image)
+
+
+def kept(folder: Path) -> list[int]:
+    found = []
+    for path in sorted(folder.glob("slot-*.jpg")):
+        image = cv2.imread(str(path))
+        assert image is not None
+        half = image.shape[1] // 2
+        high = round(float(np.median(image[:, : half - 2])) / 40)
+        low = round(float(np.median(image[:, half + 2 :])))
+        found.append(high * 256 + low)
+    return found
+
+
+def test_keeps_a_uniform_sample_of_the_whole_stream(tmp_path: Path) -> None:
+    counts = np.zeros(10)
+    for seed in range(40):
+        folder = tmp_path / str(seed)
+        sink = CaptureSink(CaptureSinkSpec(frames=50, min_interval_s=0.0, seed=seed), folder)
+        for i in range(1000):
+            sink.emit(frame(i, i / 30))
+        assert sink.offered == 1000
+        indices = kept(folder)
+        assert len(indices) == 50
+        assert len(set(indices)) == 50
+        for index in indices:
+            counts[index // 100] += 1
+    # 2000 kept frames over ten spans of 100: about 200 each if the sample is uniform;
+    # keeping the first frames, or the last, would put them all in one span.
+    assert counts.min() > 130
+    assert counts.max() < 270
+
+
+def test_min_interval_spreads_the_sample_over_time(tmp_path: Path) -> None:
+    sink = CaptureSink(CaptureSinkSpec(frames=1000, min_interval_s=1.0, seed=1), tmp_path)
+    for i in range(300):  # 10 s at 30 fps
+        sink.emit(frame(i, i / 30))
+    assert sink.offered == 10
+    assert len(list(tmp_path.glob("slot-*.jpg"))) == 10
+
+
+def test_quota_stops_writing(tmp_path: Path) -> None:
+    spec = CaptureSinkSpec(frames=100, min_interval_s=0.0, max_mb=0.01, seed=1)
+    sink = CaptureSink(spec, tmp_path)
+    for i in range(100):
+        sink.emit(frame(i, i, size=64))
+    total = sum(p.stat().st_size for p in tmp_path.glob("slot-*.jpg"))
+    assert total <= 0.01 * 1e6
+    assert sink.over_quota > 0
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_resumes_the_sample_it_had(tmp_path: Path) -> None:
+    spec = CaptureSinkSpec(frames=5, min_interval_s=0.0, seed=1)
+    first = CaptureSink(spec, tmp_path)
+    for i in range(3):
+        first.emit(frame(i, i))
+    second = CaptureSink(spec, tmp_path)
+    for i in range(3, 6):
+        second.emit(frame(i, i))
+    assert len(list(tmp_path.glob("slot-*.jpg"))) == 5
