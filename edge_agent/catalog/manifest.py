@@ -8,12 +8,12 @@ warnings, so a typo never silently changes how a model is fed.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.config_files import load_validated
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.registry import HeadConfig
 
@@ -144,18 +144,4 @@ def load_manifest(path: Path) -> Manifest:
     Raises:
         EdgeAgentError: the file is missing, is not TOML, or does not validate.
     """
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EdgeAgentError(f"manifest {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise EdgeAgentError(f"manifest {path} is unreadable: {exc}") from None
-    try:
-        return Manifest.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise EdgeAgentError(
-            f"manifest {path} is invalid at {where}: {first['msg']}",
-            f"fix the manifest ({exc.error_count()} error(s))",
-        ) from None
+    return load_validated(path, Manifest, "manifest", "fix the manifest")

@@ -6,14 +6,12 @@ carrying this same model, so it holds no paths to code, only data.
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from edge_agent.errors import EdgeAgentError
+from edge_agent.config_files import load_validated
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec
 from edge_agent.pipelines.events import EventRule
 from edge_agent.pipelines.sinks import JsonLinesSinkSpec, SinkSpec
@@ -76,19 +74,4 @@ def load_spec(path: Path) -> PipelineSpec:
     Raises:
         EdgeAgentError: unreadable file or invalid spec, naming the first bad field.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except FileNotFoundError:
-        raise EdgeAgentError(f"pipeline spec {path} does not exist", "check the path") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise EdgeAgentError(f"pipeline spec {path} is unreadable: {exc}") from None
-    try:
-        return PipelineSpec.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise EdgeAgentError(
-            f"pipeline spec {path} is invalid at {where}: {first['msg']}",
-            "see the spec format in the README",
-        ) from None
+    return load_validated(path, PipelineSpec, "pipeline spec", "see the spec format in the README")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from edge_agent.errors import EdgeAgentError
+from edge_agent.config_files import load_validated
 
 Mode = Literal["int8", "int8-accuracy", "weights-int8", "weights-int4"]
 Rung = Literal["int8", "int8-scope", "int8-accuracy", "weights-int8", "weights-int4", "fp32"]
@@ -74,18 +73,7 @@ def load_recipe(path: Path) -> Recipe:
     Raises:
         EdgeAgentError: unreadable or invalid, naming the first bad field.
     """
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EdgeAgentError(f"recipe {path} does not exist", "check the path") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise EdgeAgentError(f"recipe {path} is unreadable: {exc}") from None
-    try:
-        return Recipe.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise EdgeAgentError(f"recipe {path} is invalid at {where}: {first['msg']}") from None
+    return load_validated(path, Recipe, "recipe", "see calibration/*.toml for examples")
 
 
 class RungResult(_Strict):

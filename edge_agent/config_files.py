@@ -1,0 +1,40 @@
+"""Read a TOML (or JSON) file into a strict pydantic model, or fail in one line.
+
+Manifests, pipeline specs and calibration recipes are all operator-written
+files; a mistake in any of them gets the same treatment: the file, the first
+bad field, and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from edge_agent.errors import EdgeAgentError
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def load_validated(path: Path, model: type[Model], what: str, fix: str = "") -> Model:
+    """Parse `path` (.json as JSON, anything else as TOML) and validate it as `model`.
+
+    Raises:
+        EdgeAgentError: missing, unreadable, or invalid, naming the first bad field.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except FileNotFoundError:
+        raise EdgeAgentError(f"{what} {path} does not exist", "check the path") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise EdgeAgentError(f"{what} {path} is unreadable: {exc}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise EdgeAgentError(f"{what} {path} is invalid at {where}: {first['msg']}", fix) from None
