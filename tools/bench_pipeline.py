@@ -40,7 +40,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,6 +65,10 @@ from bench_runtime import (  # noqa: E402
     ModelUnderTest,
     cpu_name,
     describe,
+    grab,
+    load_average,
+    one_line,
+    run_command,
 )
 
 from tests.integration.video import FPS, HEIGHT, WIDTH, compose, walk_positions  # noqa: E402
@@ -186,28 +189,6 @@ class Ratio:
         return f"{value:.2f}x" if self.unit == "x" else f"{value:.1f} {self.unit}"
 
 
-def _one_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
-
-
-def _run(argv: Sequence[str], env: dict[str, str] | None = None) -> str:
-    """Run a command and return its stdout; a failure becomes a one-line MeasureError."""
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    except OSError as exc:
-        raise MeasureError(f"cannot run {argv[0]}: {exc.strerror}") from None
-    if done.returncode != 0:
-        detail = _one_line(done.stderr or done.stdout)
-        raise MeasureError(f"{Path(argv[0]).name} exited {done.returncode}: {detail}")
-    return done.stdout
-
-
-def _load() -> str:
-    """The 1, 5 and 15 minute load averages: anything else running skews every figure."""
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def write_video(path: Path, frames: int) -> None:
     """The astronaut crossing the coffee scene, again and again, `frames` long, MJPG."""
     positions = walk_positions(45, 40)
@@ -273,7 +254,7 @@ def run_pipeline(
     argv += ["--backend", backend, "--hint", hint, "--json"]
     if not telemetry:
         argv.append("--no-telemetry")
-    out = _run(argv)
+    out = run_command(argv)
     lines = out.strip().splitlines()
     try:
         summary: dict[str, Any] = json.loads(lines[-1])["summary"]
@@ -290,7 +271,7 @@ def run_pipeline(
         fps = float(summary["fps"])
         dropped = int(summary["dropped"])
     except (json.JSONDecodeError, IndexError, KeyError, TypeError, ValueError):
-        raise MeasureError(f"run-pipeline printed no summary: {_one_line(out)}") from None
+        raise MeasureError(f"run-pipeline printed no summary: {one_line(out)}") from None
     if int(summary.get("frames", 0)) != len(lines) - 1:
         raise MeasureError(
             f"run-pipeline summed {summary.get('frames')} of {len(lines) - 1} frames"
@@ -310,12 +291,12 @@ def edge_agent_compile(model: str, backend: str) -> tuple[str, int]:
     """The precision and infer requests edge-agent compiles `model` with, throughput hint."""
     argv = [str(BIN / "edge-agent"), "bench", "--model", model, "--backend", backend]
     argv += ["--hint", "throughput", "--time", "1", "--json"]
-    out = _run(argv)
+    out = run_command(argv)
     try:
         report = json.loads(out.strip().splitlines()[-1])["compile"]
         return str(report["precision"]), int(report["requests"])
     except (json.JSONDecodeError, IndexError, KeyError, TypeError, ValueError):
-        raise MeasureError(f"edge-agent bench printed no result: {_one_line(out)}") from None
+        raise MeasureError(f"edge-agent bench printed no result: {one_line(out)}") from None
 
 
 def _quiet_home(root: Path) -> str:
@@ -324,13 +305,6 @@ def _quiet_home(root: Path) -> str:
     (home / "intel").mkdir(parents=True)
     (home / "intel" / "openvino_telemetry").write_text("0\n")
     return str(home)
-
-
-def _grab(pattern: str, text: str) -> str:
-    found = re.search(pattern, text, re.MULTILINE)
-    if found is None:
-        raise MeasureError(f"benchmark_app output has no match for {pattern!r}")
-    return found.group(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,16 +322,16 @@ class BenchmarkApp:
         argv += ["-hint", hint, "-t", str(seconds), "-shape", shape, "-i", str(self.frames)]
         if hint == "latency":
             argv += ["-latency_percentile", "95"]
-        out = _run(argv, env={**os.environ, "HOME": self.home})
-        ov_type = _grab(r"INFERENCE_PRECISION_HINT: <Type: '(\w+)'>", out)
-        iterations = int(_grab(r"Count:\s+(\d+) iterations", out))
-        duration_s = float(_grab(r"Duration:\s+([\d.]+) ms", out)) / 1e3
+        out = run_command(argv, env={**os.environ, "HOME": self.home})
+        ov_type = grab(r"INFERENCE_PRECISION_HINT: <Type: '(\w+)'>", out)
+        iterations = int(grab(r"Count:\s+(\d+) iterations", out))
+        duration_s = float(grab(r"Duration:\s+([\d.]+) ms", out)) / 1e3
         found = re.search(r"asynchronously, (\d+) inference requests", out)
         requests = int(found.group(1)) if found else 1
         if hint == "latency":
-            p50, p95 = None, float(_grab(r"95 percentile:\s+([\d.]+) ms", out))
+            p50, p95 = None, float(grab(r"95 percentile:\s+([\d.]+) ms", out))
         else:
-            p50, p95 = float(_grab(r"Median:\s+([\d.]+) ms", out)), None
+            p50, p95 = float(grab(r"Median:\s+([\d.]+) ms", out)), None
         sample = Sample(fps=iterations / duration_s, p50_ms=p50, p95_ms=p95, requests=requests)
         return sample, _OV_PRECISION.get(ov_type, ov_type)
 
@@ -374,7 +348,7 @@ class NaiveLoop:
             self._compiled: Any = core.compile_model(graph, "CPU")
         except RuntimeError as exc:
             raise MeasureError(
-                f"OpenVINO cannot compile {model.name}: {_one_line(str(exc))}"
+                f"OpenVINO cannot compile {model.name}: {one_line(str(exc))}"
             ) from None
         self.detections: list[tuple[int, float, tuple[float, ...]]] = []
         self._outputs = [self._compiled.output(n) for n in (SSD_BOXES, SSD_SCORES, SSD_CLASSES)]
@@ -669,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = Console(stderr=True, soft_wrap=True)
     import onnxruntime  # Only for its version: the measurement itself runs in edge-agent.
 
-    load_before = _load()
+    load_before = load_average()
     console.print(f"CPU: {cpu_name()} ({os.cpu_count()} logical)")
     console.print(f"OpenVINO {ov.get_version()}, ONNX Runtime {onnxruntime.__version__}")
     console.print(f"load average before: {load_before}")
@@ -704,7 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     found = ratios(figures)
     for table in render(figures, found, args.frames, seconds, rounds):
         console.print(table)
-    load_after = _load()
+    load_after = load_average()
     console.print(f"load average after: {load_after}")
     report["load_average"] = {"before": load_before, "after": load_after}
     report["figures"] = {

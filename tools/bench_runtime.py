@@ -141,26 +141,26 @@ class Ratio:
         return self.value >= self.target
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
 
 
-def _run(argv: Sequence[str], env: dict[str, str] | None = None) -> str:
+def run_command(argv: Sequence[str], env: dict[str, str] | None = None) -> str:
     """Run a command and return its stdout; a failure becomes a one-line MeasureError."""
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     except OSError as exc:
         raise MeasureError(f"cannot run {argv[0]}: {exc.strerror}") from None
     if done.returncode != 0:
-        detail = _one_line(done.stderr or done.stdout)
+        detail = one_line(done.stderr or done.stdout)
         raise MeasureError(f"{Path(argv[0]).name} exited {done.returncode}: {detail}")
     return done.stdout
 
 
 def describe(name: str, shape: tuple[int, ...] | None) -> ModelUnderTest:
     """Ask `edge-agent models info` where the model file is and what its input looks like."""
-    out = _run([str(BIN / "edge-agent"), "models", "info", name])
+    out = run_command([str(BIN / "edge-agent"), "models", "info", name])
     try:
         info: dict[str, Any] = json.loads(out)
         manifest = info["manifest"]
@@ -191,7 +191,7 @@ def edge_agent_bench(
         argv += ["--precision", precision]
     if model.shape_overridden:
         argv += ["--shape", ",".join(str(d) for d in model.shape)]
-    out = _run(argv)
+    out = run_command(argv)
     try:
         result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return Run(
@@ -202,7 +202,7 @@ def edge_agent_bench(
             requests=int(result["compile"]["requests"]),
         )
     except (json.JSONDecodeError, IndexError, KeyError, TypeError, ValueError):
-        raise MeasureError(f"edge-agent bench printed no result: {_one_line(out)}") from None
+        raise MeasureError(f"edge-agent bench printed no result: {one_line(out)}") from None
 
 
 def _quiet_home() -> str:
@@ -214,7 +214,7 @@ def _quiet_home() -> str:
     return str(home)
 
 
-def _grab(pattern: str, text: str) -> str:
+def grab(pattern: str, text: str) -> str:
     found = re.search(pattern, text, re.MULTILINE)
     if found is None:
         raise MeasureError(f"benchmark_app output has no match for {pattern!r}")
@@ -228,14 +228,14 @@ def benchmark_app(model: ModelUnderTest, seconds: int, precision: str | None, ho
     argv += ["-hint", "throughput", "-t", str(seconds), "-shape", shape]
     if precision is not None:
         argv += ["-infer_precision", precision]
-    out = _run(argv, env={**os.environ, "HOME": home})
-    ov_type = _grab(r"INFERENCE_PRECISION_HINT: <Type: '(\w+)'>", out)
+    out = run_command(argv, env={**os.environ, "HOME": home})
+    ov_type = grab(r"INFERENCE_PRECISION_HINT: <Type: '(\w+)'>", out)
     return Run(
-        iterations=int(_grab(r"Count:\s+(\d+) iterations", out)),
-        seconds=float(_grab(r"Duration:\s+([\d.]+) ms", out)) / 1e3,
-        p50_ms=float(_grab(r"Median:\s+([\d.]+) ms", out)),
+        iterations=int(grab(r"Count:\s+(\d+) iterations", out)),
+        seconds=float(grab(r"Duration:\s+([\d.]+) ms", out)) / 1e3,
+        p50_ms=float(grab(r"Median:\s+([\d.]+) ms", out)),
         precision=_OV_PRECISION.get(ov_type, ov_type),
-        requests=int(_grab(r"asynchronously, (\d+) inference requests", out)),
+        requests=int(grab(r"asynchronously, (\d+) inference requests", out)),
     )
 
 
@@ -250,7 +250,7 @@ class NaiveLoop:
             self._compiled: Any = core.compile_model(graph, "CPU", config)
         except RuntimeError as exc:
             raise MeasureError(
-                f"OpenVINO cannot compile {model.name}: {_one_line(str(exc))}"
+                f"OpenVINO cannot compile {model.name}: {one_line(str(exc))}"
             ) from None
         rng = np.random.default_rng(0)
         self._feeds: dict[str, Any] = {}
@@ -406,7 +406,7 @@ def cpu_name() -> str:
     return found.group(1).strip() if found else "unknown"
 
 
-def _load() -> str:
+def load_average() -> str:
     """The 1, 5 and 15 minute load averages: anything else running skews every figure."""
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -447,13 +447,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console.print(f"CPU: {cpu_name()} ({os.cpu_count()} logical)")
     console.print(f"OpenVINO {ov.get_version()}, ONNX Runtime {onnxruntime.__version__}")
-    console.print(f"load average before: {_load()}")
+    console.print(f"load average before: {load_average()}")
     console.print(
         f"{rounds} round(s) of {seconds} s per measurement; precision: "
         f"{args.precision or 'device default'}"
     )
 
-    load_before = _load()
+    load_before = load_average()
     core = ov.Core()
     home = _quiet_home()
     report: dict[str, Any] = {
@@ -510,8 +510,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for r in found
             ],
         }
-    console.print(f"load average after: {_load()}")
-    report["load_average"] = {"before": load_before, "after": _load()}
+    console.print(f"load average after: {load_average()}")
+    report["load_average"] = {"before": load_before, "after": load_average()}
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {args.json}")
