@@ -21,6 +21,7 @@ from edge_agent.heads.registry import build_frame_head
 from edge_agent.heads.vad import VadConfig, VadSegmenter, audio_windows
 from edge_agent.quiet import native_stderr_held
 from edge_agent.runtime.base import CompiledModel
+from edge_agent.runtime.stateful import StatefulVad
 
 AUDIO_SUFFIXES = {".wav", ".wave"}
 
@@ -72,13 +73,10 @@ def infer_speech(
     if not isinstance(head, VadConfig) or not isinstance(manifest.input, AudioInput):
         raise EdgeAgentError(f"{manifest.name} is not a VAD model", "pass an image as --input")
     segmenter = VadSegmenter(head)
-    state = np.zeros(model.report.inputs[head.state_in], dtype=np.float32)
+    vad = StatefulVad(model, head)
     found: list[SpeechSegment] = []
     for window in audio_windows(samples, head.window, head.context):
-        outputs = model.infer({head.audio_input: window[None], head.state_in: state})
-        # The model's recurrent state carries across windows; that is what makes it stateful.
-        state = np.asarray(outputs[head.state_out], dtype=np.float32)
-        found.extend(segmenter.push(float(np.asarray(outputs[head.probability]).reshape(-1)[0])))
+        found.extend(segmenter.push(vad.step(window)))
     found.extend(segmenter.flush())
     return found
 

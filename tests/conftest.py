@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import wave
 from collections.abc import Callable
 from pathlib import Path
 
@@ -106,3 +107,12 @@ def espeak(text: str, out: Path) -> Path:
         )
     subprocess.run([exe, "-w", str(out), text], check=True, capture_output=True)
     return out
+
+
+def write_wav(path: Path, samples: npt.NDArray[np.float32], rate: int) -> None:
+    """Write mono float samples as a 16-bit PCM WAV file."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())

@@ -20,6 +20,7 @@ from edge_agent.heads.vad import VadConfig, VadSegmenter
 from edge_agent.pipelines.base import AudioSource, Event, FrameResult, Sink, SourceError
 from edge_agent.pipelines.events import EventTracker
 from edge_agent.runtime.base import CompiledModel
+from edge_agent.runtime.stateful import StatefulVad
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class AudioPipeline:
         """Process windows until the source ends, `max_frames`, `stop()` or a source error."""
         c = self._config
         segmenter = VadSegmenter(c)
-        state = np.zeros(self._model.report.inputs[c.state_in], dtype=np.float32)
+        vad = StatefulVad(self._model, c)
         context = np.zeros(c.context, dtype=np.float32)
         ts = 0.0
         count = 0
@@ -85,13 +86,11 @@ class AudioPipeline:
                 if chunk is None:
                     break
                 t0 = time.perf_counter()
-                window = np.concatenate([context, chunk.samples])[None]
+                window = np.concatenate([context, chunk.samples])
                 context = chunk.samples[-c.context :]
                 t1 = time.perf_counter()
-                outputs = self._model.infer({c.audio_input: window, c.state_in: state})
+                probability = vad.step(window)
                 t2 = time.perf_counter()
-                state = np.asarray(outputs[c.state_out], dtype=np.float32)
-                probability = float(np.asarray(outputs[c.probability]).reshape(-1)[0])
                 results: list[Result] = list(segmenter.push(probability))
                 ts = chunk.ts
                 self._emit(chunk.index, ts, results, t0, t1, t2, chunk.read_s)

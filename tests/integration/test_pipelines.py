@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import threading
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from edge_agent.pipelines.sinks import CallbackSink
 from edge_agent.pipelines.sources import FileSourceSpec
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.runtime.pool import ModelPool
-from tests.conftest import espeak
+from tests.conftest import espeak, write_wav
 from tests.integration.video import WalkVideo, write_walk
 
 
@@ -182,14 +181,6 @@ def test_hot_swap_drops_no_frame(long_walk: WalkVideo, pool: ModelPool) -> None:
     assert len(pool) == 0, "both models released"
 
 
-def _write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-
-
 def test_speech_silence_speech(tmp_path: Path, pool: ModelPool) -> None:
     rate = 16000
     said = read_audio(espeak("turn on the lights in the loading dock", tmp_path / "a.wav"), rate)
@@ -199,7 +190,7 @@ def test_speech_silence_speech(tmp_path: Path, pool: ModelPool) -> None:
     gap = np.zeros(2 * rate, dtype=np.float32)
     clip = np.concatenate([gap, said, gap, said, gap])
     path = tmp_path / "clip.wav"
-    _write_wav(path, clip, rate)
+    write_wav(path, clip, rate)
     truth = [(2.0, 2.0 + len(said) / rate)]
     truth.append((truth[0][1] + 2.0, truth[0][1] + 2.0 + len(said) / rate))
     spec = PipelineSpec(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import wave
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from edge_agent.heads.base import Classification, Detection, SpeechSegment, TextBox
 from edge_agent.infer import infer_frame, infer_speech, read_audio
-from tests.conftest import CompileFn, bgr, espeak, sample
+from tests.conftest import CompileFn, bgr, espeak, sample, write_wav
 
 
 def _detections(results: Sequence[object]) -> list[Detection]:
@@ -101,14 +100,6 @@ def test_no_text_on_blank(compiled: CompileFn) -> None:
     assert infer_frame(model, resolved.manifest, blank) == []
 
 
-def _write_wav(path: Path, samples: npt.NDArray[np.float32], rate: int) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-
-
 @pytest.fixture(scope="module")
 def speech_clip(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[float, float]]]:
     """Silence, speech, silence, speech, silence; returns the file and where speech is."""
@@ -127,7 +118,7 @@ def speech_clip(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tu
             truth.append((t, t + len(part) / 16000))
         t += len(part) / 16000
     path = folder / "clip.wav"
-    _write_wav(path, np.concatenate(parts), 16000)
+    write_wav(path, np.concatenate(parts), 16000)
     return path, truth
 
 
