@@ -46,7 +46,6 @@ import collections
 import contextlib
 import importlib.metadata
 import json
-import logging
 import os
 import re
 import subprocess
@@ -255,16 +254,11 @@ def run_calibrate(
 
 @contextlib.contextmanager
 def _quiet_nncf() -> Iterator[None]:
-    # NNCF logs every ignored node at INFO and draws progress bars on stdout; keep stdout for
-    # the tables.
-    logger = logging.getLogger("nncf")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        logger.setLevel(level)
+    # NNCF also draws progress bars on stdout; keep stdout for the tables.
+    from edge_agent.quantize.calibrate import quiet_nncf
+
+    with quiet_nncf(), contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def quantize_plain(name: str, data: Path, recipe_path: Path, folder: Path) -> PlainInt8:

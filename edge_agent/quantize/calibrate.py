@@ -106,7 +106,7 @@ def ladder(mode: str) -> list[Rung]:
 
 
 @contextlib.contextmanager
-def _quiet_nncf() -> Iterator[None]:
+def quiet_nncf() -> Iterator[None]:
     # NNCF logs every ignored node at INFO; the operator needs its progress bars, not those.
     logger = logging.getLogger("nncf")
     level = logger.level
@@ -224,7 +224,7 @@ class Calibrator:
                 )
                 return self.fp32, "fp32", reason, results
             try:
-                with _quiet_nncf():
+                with quiet_nncf():
                     model = self.compress(rung)
             except _SkipError as skip:
                 results.append(
