@@ -227,31 +227,13 @@ class Calibrator:
                 with quiet_nncf():
                     model = self.compress(rung)
             except _SkipError as skip:
-                results.append(
-                    RungResult(
-                        rung=rung,
-                        metric_after=0.0,
-                        drop=1.0,
-                        passed=False,
-                        reason=f"skipped: {skip}",
-                        seconds=0.0,
-                    )
-                )
+                results.append(_failed(rung, f"skipped: {skip}", 0.0))
                 continue
             except (nncf.InternalError, nncf.ValidationError, nncf.ParameterNotSupportedError,
                     RuntimeError, ValueError) as exc:  # fmt: skip
                 # A rung NNCF cannot do on this model is a failed rung, not a failed calibration.
                 reason = f"NNCF failed: {str(exc).splitlines()[0][:200]}"
-                results.append(
-                    RungResult(
-                        rung=rung,
-                        metric_after=0.0,
-                        drop=1.0,
-                        passed=False,
-                        reason=reason,
-                        seconds=time.perf_counter() - started,
-                    )
-                )
+                results.append(_failed(rung, reason, time.perf_counter() - started))
                 continue
             score = self.evaluate(model)
             drop = 1.0 - score
@@ -281,6 +263,13 @@ class Calibrator:
             if passed:
                 return model, rung, reason, results
         return self.fp32, "fp32", "no rung passed the gate; FP32 kept", results
+
+
+def _failed(rung: Rung, reason: str, seconds: float) -> RungResult:
+    """A rung that produced no model to gate: skipped, or NNCF could not do it."""
+    return RungResult(
+        rung=rung, metric_after=0.0, drop=1.0, passed=False, reason=reason, seconds=seconds
+    )
 
 
 class _SkipError(Exception):
