@@ -2,21 +2,71 @@
 
 Everything a user can get wrong (a path, a model name, a device, a corrupt
 file) is raised as `EdgeAgentError` at the boundary where it is detected, with
-a `fix` that says what to do. The CLI prints it as one line and exits non-zero;
-the agent will answer a command with it. Anything else is a bug and keeps its
-traceback.
+a `fix` that says what to do and a stable `code` for machines. The CLI prints
+it as one line and exits non-zero; the agent answers a command with its code
+and message. Anything else is a bug and keeps its traceback.
+
+Codes are dotted, `area.what`, and never change meaning once published: the
+fleet console and scripts match on them. `CODES` lists every one in use, so
+docs/PROTOCOL.md can be generated from it and a typo fails a test.
 """
 
 from __future__ import annotations
 
+CODES: dict[str, str] = {
+    "error": "An operator-fixable problem with no more specific code.",
+    "input.invalid": "An argument, file or message field is malformed or out of range.",
+    "input.not_found": "A named input file or folder does not exist.",
+    "input.unreadable": "An input exists but cannot be decoded (image, WAV, video).",
+    "model.not_found": "No model by that name or path.",
+    "model.corrupt": "A model file cannot be read or does not match its digest.",
+    "model.shape": "The model cannot take the requested input shape or batch.",
+    "model.incompatible": "The model does not fit this use (engine, task, outputs).",
+    "model.fetch_failed": "A reference model could not be downloaded or verified.",
+    "device.unavailable": "No requested device could compile the model.",
+    "device.invalid": "A device request names a device that does not exist.",
+    "inference.failed": "The engine raised while running the model.",
+    "source.unreachable": "A camera, stream or file source cannot be opened.",
+    "source.failed": "A source failed for good mid-stream (truncated, gone, stalled).",
+    "sink.failed": "A sink cannot write where it was told to.",
+    "path.unwritable": "An output, cache or state folder cannot be written.",
+    "config.invalid": "A config, spec, manifest or recipe file is invalid.",
+    "calibration.failed": "Calibration could not produce or judge a model.",
+    "release.invalid": "A model release is malformed.",
+    "release.signature": "A release is unsigned, wrongly signed or signed by an untrusted key.",
+    "release.expired": "A release is past its expires-at.",
+    "release.rollback": "A release is older than the installed version of that model.",
+    "store.path": "A name or path would escape the model store.",
+    "store.not_found": "The store has no such model or version.",
+    "store.quota": "The store is over its disk quota and nothing can be evicted.",
+    "store.corrupt": "Bytes in the store no longer match their digest.",
+    "transfer.failed": "A model transfer did not complete.",
+    "transfer.digest": "Transferred bytes do not match the release.",
+    "health.failed": "A model failed the health gate on activation and was rolled back.",
+    "command.invalid": "A command envelope or its arguments are malformed.",
+    "command.unknown": "The command type is not known to this agent.",
+    "command.expired": "The command arrived after its expires_at.",
+    "command.too_large": "The command payload is over the size limit.",
+    "command.cancelled": "The command was cancelled before it finished.",
+    "command.busy": "A conflicting job is already running.",
+    "pipeline.not_found": "No running pipeline has that id.",
+    "pipeline.exists": "A pipeline with that id is already running.",
+    "broker.unreachable": "The MQTT broker cannot be reached.",
+    "internal": "A bug: the agent kept serving; the log has the traceback.",
+}
+
 
 class EdgeAgentError(Exception):
-    """A problem the operator can fix, with the fix."""
+    """A problem the operator can fix, with the fix and a stable machine-readable code."""
 
-    def __init__(self, problem: str, fix: str = "") -> None:
+    def __init__(self, problem: str, fix: str = "", code: str = "error") -> None:
         super().__init__(problem)
+        if code not in CODES:
+            # A typo in a code is a bug in edge-agent, caught by the first test that raises it.
+            raise ValueError(f"unknown error code {code!r}")
         self.problem = problem
         self.fix = fix
+        self.code = code
 
     def __str__(self) -> str:
         return f"{self.problem}; {self.fix}" if self.fix else self.problem
