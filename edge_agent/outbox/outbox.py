@@ -1,0 +1,263 @@
+"""The outbox: every message the agent publishes goes through here first.
+
+While the broker is away, results and telemetry wait on disk up to a byte
+quota; once it is back they are sent in the order they were made, each with
+the timestamp it was made at (the payload carries it; the outbox never
+rewrites a payload). It is the one owner of "what gets published, and when it
+is dropped":
+
+- order: one sequence over every message, so a result never overtakes the
+  event it caused;
+- what is dropped over the quota: telemetry first (the next interval says it
+  again), then results, and command answers and events only when nothing else
+  is left to drop. Every drop is counted by priority, and the counts survive
+  restarts so `state` and telemetry can report them.
+
+sqlite in WAL mode: a crash loses at most the message being written, never
+the file; `synchronous=NORMAL` keeps a put at tens of microseconds, and WAL
+makes it durable against a process crash (the box losing power can lose the
+last transactions, which for telemetry is the right trade).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.errors import EdgeAgentError
+
+
+class Priority(enum.IntEnum):
+    """What may be dropped first: the higher the number, the sooner."""
+
+    CRITICAL = 0
+    """Command answers, events, state: dropped only when nothing else is left."""
+    RESULT = 1
+    """Decoded results per frame."""
+    TELEMETRY = 2
+    """Interval telemetry: the next interval repeats what it says."""
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """One message waiting to be published."""
+
+    seq: int
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    priority: Priority
+    created_at: float
+
+
+class OutboxStats(BaseModel):
+    """What the outbox holds and what it had to drop, for telemetry and `state`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    depth: int = Field(ge=0, description="Messages waiting.")
+    bytes: int = Field(ge=0, description="Payload and topic bytes waiting.")
+    quota_bytes: int = Field(ge=0, description="The byte quota.")
+    dropped_critical: int = Field(ge=0, description="Answers and events dropped, ever.")
+    dropped_result: int = Field(ge=0, description="Results dropped over the quota, ever.")
+    dropped_telemetry: int = Field(ge=0, description="Telemetry dropped over the quota, ever.")
+    oldest_age_s: float = Field(ge=0.0, description="Age of the oldest waiting message.")
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    qos INTEGER NOT NULL,
+    retain INTEGER NOT NULL,
+    priority INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    size INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_priority ON messages (priority, seq);
+CREATE TABLE IF NOT EXISTS dropped (
+    priority INTEGER PRIMARY KEY,
+    count INTEGER NOT NULL
+);
+"""
+
+
+class Outbox:
+    """A persistent FIFO with a byte quota and priority-aware dropping. Thread-safe.
+
+    Args:
+        path: The sqlite file (Layout.outbox); its folder is created.
+        quota_bytes: Most topic+payload bytes kept while the broker is away.
+        clock: Wall-clock seconds, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        quota_bytes: int = 64 * 1024 * 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if quota_bytes <= 0:
+            raise EdgeAgentError(
+                f"outbox quota {quota_bytes} is not positive",
+                "set outbox_quota_mb to a positive size",
+                code="config.invalid",
+            )
+        self.path = path
+        self.quota_bytes = quota_bytes
+        self._clock = clock
+        self._lock = threading.Lock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # check_same_thread=False: the lock above serialises every use.
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise EdgeAgentError(
+                f"cannot open the outbox at {path}: {exc}",
+                "check that the state directory is writable and not full",
+                code="path.unwritable",
+            ) from None
+        self._bytes = self._sum_bytes()
+
+    def _sum_bytes(self) -> int:
+        (total,) = self._db.execute("SELECT COALESCE(SUM(size), 0) FROM messages").fetchone()
+        return int(total)
+
+    def put(
+        self,
+        topic: str,
+        payload: bytes,
+        priority: Priority,
+        qos: int = 1,
+        retain: bool = False,
+    ) -> int | None:
+        """Queue a message; drop older, lower-priority ones if the quota needs room.
+
+        Returns:
+            The message's sequence number, or None when the message itself was dropped
+            (counted) because everything waiting is worth more.
+        """
+        size = len(topic) + len(payload)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._make_room(size, priority)
+                cursor = self._db.execute(
+                    "INSERT INTO messages (topic, payload, qos, retain, priority, created_at, size)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (topic, payload, qos, int(retain), int(priority), self._clock(), size),
+                )
+                self._db.execute("COMMIT")
+            except _DroppedError:
+                # Keep the evictions and the drop count: they happened.
+                self._db.execute("COMMIT")
+                self._bytes = self._sum_bytes()
+                return None
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                self._bytes = self._sum_bytes()
+                raise
+            self._bytes += size
+            seq = cursor.lastrowid
+            assert seq is not None
+            return seq
+
+    def _make_room(self, size: int, priority: Priority) -> None:
+        # Inside the caller's transaction. Drop the least valuable first: telemetry,
+        # then results, oldest first; answers and events only when nothing else is left.
+        if self._bytes + size <= self.quota_bytes:
+            return
+        (evictable,) = self._db.execute(
+            "SELECT COALESCE(SUM(size), 0) FROM messages WHERE priority >= ?", (int(priority),)
+        ).fetchone()
+        if self._bytes - evictable + size > self.quota_bytes:
+            # Even dropping everything cheaper would not make room: the new message is the drop,
+            # and nothing is evicted for nothing.
+            self._count_drop(priority)
+            raise _DroppedError
+        while self._bytes + size > self.quota_bytes:
+            row = self._db.execute(
+                "SELECT seq, size, priority FROM messages ORDER BY priority DESC, seq ASC LIMIT 1"
+            ).fetchone()
+            if row is None or row[2] < priority:
+                # Everything left is worth more than the new message: it is the drop.
+                self._count_drop(priority)
+                raise _DroppedError
+            seq, dropped_size, dropped_priority = row
+            self._db.execute("DELETE FROM messages WHERE seq = ?", (seq,))
+            self._bytes -= dropped_size
+            self._count_drop(Priority(dropped_priority))
+
+    def _count_drop(self, priority: Priority) -> None:
+        self._db.execute(
+            "INSERT INTO dropped (priority, count) VALUES (?, 1)"
+            " ON CONFLICT(priority) DO UPDATE SET count = count + 1",
+            (int(priority),),
+        )
+
+    def peek(self, limit: int = 100, after: int = 0) -> list[Queued]:
+        """The oldest waiting messages after sequence `after`, in order; nothing is removed."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, topic, payload, qos, retain, priority, created_at FROM messages"
+                " WHERE seq > ? ORDER BY seq LIMIT ?",
+                (after, limit),
+            ).fetchall()
+        return [
+            Queued(seq, topic, bytes(payload), qos, bool(retain), Priority(priority), created)
+            for seq, topic, payload, qos, retain, priority, created in rows
+        ]
+
+    def ack(self, seqs: list[int]) -> None:
+        """Forget messages the broker has acknowledged."""
+        if not seqs:
+            return
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            marks = ",".join("?" * len(seqs))
+            (freed,) = self._db.execute(
+                f"SELECT COALESCE(SUM(size), 0) FROM messages WHERE seq IN ({marks})", seqs
+            ).fetchone()
+            self._db.execute(f"DELETE FROM messages WHERE seq IN ({marks})", seqs)
+            self._db.execute("COMMIT")
+            self._bytes -= freed
+
+    def stats(self) -> OutboxStats:
+        """Depth, bytes, the drop counters and the oldest message's age."""
+        with self._lock:
+            depth, oldest = self._db.execute(
+                "SELECT COUNT(*), MIN(created_at) FROM messages"
+            ).fetchone()
+            drops = dict(self._db.execute("SELECT priority, count FROM dropped").fetchall())
+            held = self._bytes
+        return OutboxStats(
+            depth=depth,
+            bytes=held,
+            quota_bytes=self.quota_bytes,
+            dropped_critical=drops.get(int(Priority.CRITICAL), 0),
+            dropped_result=drops.get(int(Priority.RESULT), 0),
+            dropped_telemetry=drops.get(int(Priority.TELEMETRY), 0),
+            oldest_age_s=max(0.0, self._clock() - oldest) if oldest is not None else 0.0,
+        )
+
+    def close(self) -> None:
+        """Close the database; safe to call twice."""
+        with self._lock, contextlib.suppress(sqlite3.Error):
+            self._db.close()
+
+
+class _DroppedError(Exception):
+    """Internal: the message being put was itself the one to drop."""

@@ -1,0 +1,97 @@
+"""The outbox keeps order, survives restarts and drops telemetry before answers."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from edge_agent.errors import EdgeAgentError
+from edge_agent.outbox import Outbox, Priority
+
+
+def test_messages_come_back_in_order_and_ack_removes_them(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite")
+    for i in range(5):
+        box.put(f"t/{i}", f"{i}".encode(), Priority.RESULT)
+    queued = box.peek(10)
+    assert [q.topic for q in queued] == [f"t/{i}" for i in range(5)]
+    assert [q.payload for q in queued] == [b"0", b"1", b"2", b"3", b"4"]
+    box.ack([queued[0].seq, queued[1].seq])
+    assert [q.payload for q in box.peek(10)] == [b"2", b"3", b"4"]
+    assert box.stats().depth == 3
+    assert box.peek(10, after=queued[3].seq)[0].payload == b"4"
+
+
+def test_survives_a_restart_with_bytes_and_drop_counts(tmp_path: Path) -> None:
+    path = tmp_path / "o.sqlite"
+    box = Outbox(path, quota_bytes=100, clock=lambda: 1000.0)
+    for _ in range(4):
+        box.put("tele", b"x" * 40, Priority.TELEMETRY)
+    before = box.stats()
+    box.close()
+    again = Outbox(path, quota_bytes=100, clock=lambda: 1010.0)
+    after = again.stats()
+    assert after.depth == before.depth == 2
+    assert after.bytes == before.bytes
+    assert after.dropped_telemetry == 2
+    assert after.oldest_age_s == pytest.approx(10.0)
+    assert [q.created_at for q in again.peek()] == [1000.0, 1000.0]
+
+
+def test_telemetry_goes_first_then_results_never_answers(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite", quota_bytes=300)
+    box.put("resp", b"a" * 90, Priority.CRITICAL)
+    box.put("tele", b"t" * 90, Priority.TELEMETRY)
+    box.put("res", b"r" * 90, Priority.RESULT)
+    # Room for one more answer: the telemetry goes, the result and the answer stay.
+    box.put("resp", b"b" * 90, Priority.CRITICAL)
+    assert [q.topic for q in box.peek()] == ["resp", "res", "resp"]
+    # Another: the result goes.
+    box.put("resp", b"c" * 90, Priority.CRITICAL)
+    assert [q.topic for q in box.peek()] == ["resp", "resp", "resp"]
+    # Telemetry into a box full of answers is itself the drop; nothing is evicted for it.
+    assert box.put("tele", b"t" * 90, Priority.TELEMETRY) is None
+    stats = box.stats()
+    assert [q.payload[:1] for q in box.peek()] == [b"a", b"b", b"c"]
+    assert (stats.dropped_telemetry, stats.dropped_result, stats.dropped_critical) == (2, 1, 0)
+    # Only when nothing else is left does an old answer make room for a new one.
+    box.put("resp", b"d" * 90, Priority.CRITICAL)
+    assert [q.payload[:1] for q in box.peek()] == [b"b", b"c", b"d"]
+    assert box.stats().dropped_critical == 1
+
+
+def test_a_message_larger_than_the_quota_is_dropped_without_evicting(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite", quota_bytes=100)
+    box.put("tele", b"t" * 50, Priority.TELEMETRY)
+    assert box.put("resp", b"x" * 500, Priority.CRITICAL) is None
+    assert [q.topic for q in box.peek()] == ["tele"]
+    assert box.stats().dropped_critical == 1
+
+
+def test_concurrent_puts_keep_one_order(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite")
+
+    def writer(name: str) -> None:
+        for i in range(200):
+            box.put(name, str(i).encode(), Priority.RESULT)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in ("a", "b", "c")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    queued = box.peek(1000)
+    assert len(queued) == 600
+    for name in ("a", "b", "c"):
+        assert [int(q.payload) for q in queued if q.topic == name] == list(range(200))
+    assert [q.seq for q in queued] == sorted(q.seq for q in queued)
+
+
+def test_unwritable_location_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(EdgeAgentError) as info:
+        Outbox(blocker / "o.sqlite")
+    assert info.value.code == "path.unwritable"
