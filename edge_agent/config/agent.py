@@ -1,0 +1,256 @@
+"""The agent's configuration: one TOML file, environment overrides, secrets from files.
+
+The smallest file that works names a device and a broker:
+
+    device_id = "dock-7"
+    [mqtt]
+    host = "broker.plant.lan"
+
+Everything else has a default a box can run on. Overrides come from the
+environment as `EDGE_AGENT_<KEY>` for top-level keys and `EDGE_AGENT_MQTT_<KEY>`
+for `[mqtt]` keys (e.g. EDGE_AGENT_MQTT_HOST), so a unit drop-in or a
+container can change the broker without editing the file. Secrets are never
+inline: a password comes from `password_file` or from a systemd credential
+(`password_credential`, read from `$CREDENTIALS_DIRECTORY`) and is held as a
+SecretStr, so it never reaches a log, a repr or the `state` message.
+
+Models here do no I/O; `load_agent_config` is the one function that reads
+files and the environment, and it is handed the environment to read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from edge_agent.errors import EdgeAgentError
+from edge_agent.paths import Layout, is_safe_name
+
+
+class TlsConfig(BaseModel):
+    """TLS to the broker; mutual TLS when a client certificate is given."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ca_file: Path | None = Field(
+        default=None, description="CA bundle that signed the broker; None uses the system's."
+    )
+    cert_file: Path | None = Field(default=None, description="Client certificate (mutual TLS).")
+    key_file: Path | None = Field(default=None, description="Client private key (mutual TLS).")
+    insecure: bool = Field(
+        default=False, description="Skip hostname verification (test brokers only)."
+    )
+
+
+class MqttConfig(BaseModel):
+    """How to reach the fleet's broker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(description="Broker host name or address.")
+    port: int = Field(default=1883, ge=1, le=65535, description="Broker port.")
+    version: Literal["5", "3.1.1"] = Field(
+        default="5", description="MQTT protocol version; 3.1.1 for brokers without v5."
+    )
+    keepalive: int = Field(
+        default=30, ge=5, le=3600, description="Seconds; the broker declares us gone at 1.5x."
+    )
+    session_expiry_s: int = Field(
+        default=7 * 24 * 3600,
+        ge=0,
+        description="MQTT 5 session expiry: QoS 1 commands sent while offline wait this long.",
+    )
+    client_id: str | None = Field(
+        default=None, description="MQTT client id; default edge-agent-<device_id>."
+    )
+    username: str | None = Field(default=None, description="Broker user name.")
+    password_file: Path | None = Field(
+        default=None, description="File holding the broker password (first line)."
+    )
+    password_credential: str | None = Field(
+        default=None, description="systemd credential name holding the password."
+    )
+    password: SecretStr | None = Field(
+        default=None,
+        description="Filled in from password_file or the credential at load; never set inline.",
+        exclude=True,
+    )
+    tls: TlsConfig | None = Field(default=None, description="TLS settings; None is plain TCP.")
+    reconnect_min_s: float = Field(default=1.0, gt=0, description="First reconnect delay.")
+    reconnect_max_s: float = Field(default=60.0, gt=0, description="Longest reconnect delay.")
+
+
+class AgentConfig(BaseModel):
+    """The whole agent config file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device_id: str = Field(description="This box's id: the `<device_id>` in every topic.")
+    group: str | None = Field(
+        default=None, description="Fleet group; commands to edge/v1/group/<group>/cmd apply."
+    )
+    state_dir: Path | None = Field(
+        default=None, description="Must-survive state; default $STATE_DIRECTORY, else XDG."
+    )
+    cache_dir: Path | None = Field(
+        default=None, description="Rebuildable cache; default $CACHE_DIRECTORY, else XDG."
+    )
+    trusted_keys: list[Path] = Field(
+        default_factory=list,
+        description="Ed25519 public keys (PEM) releases must be signed by; empty: unverified.",
+    )
+    topic_prefix: str = Field(default="edge/v1", description="Prefix of every topic.")
+    telemetry_interval_s: float = Field(
+        default=10.0, ge=1.0, le=3600.0, description="Seconds between telemetry messages."
+    )
+    results: Literal["all", "detections", "events"] = Field(
+        default="detections",
+        description="Which frames go to results/<pipeline>: every frame, frames with results, "
+        "or none (events only).",
+    )
+    outbox_quota_mb: float = Field(
+        default=64.0, gt=0, description="Disk the outbox may hold while the broker is away."
+    )
+    max_command_bytes: int = Field(
+        default=256 * 1024, ge=1024, description="Larger command payloads are refused."
+    )
+    mqtt: MqttConfig = Field(description="The broker.")
+
+    @field_validator("device_id", "group")
+    @classmethod
+    def _one_topic_level(cls, value: str | None) -> str | None:
+        # Ids become topic levels and file names: no wildcards, separators or '..'.
+        if value is not None and not is_safe_name(value):
+            raise ValueError("use letters, digits, '-', '_' and '.', starting with a letter/digit")
+        return value
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value or any(c in value for c in "#+\0") or value.startswith("/"):
+            raise ValueError("a topic prefix has no wildcards and does not start with '/'")
+        return value.rstrip("/")
+
+    def layout(self, env: Mapping[str, str]) -> Layout:
+        """Where this agent keeps its cache and state."""
+        return Layout.from_env(env, cache=self.cache_dir, state=self.state_dir)
+
+    def config_hash(self) -> str:
+        """A short digest of the effective config (secrets excluded), for `state`."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_TOP_LEVEL_ENV = {
+    "device_id",
+    "group",
+    "state_dir",
+    "cache_dir",
+    "topic_prefix",
+    "telemetry_interval_s",
+    "results",
+    "outbox_quota_mb",
+}
+_MQTT_ENV = {"host", "port", "version", "keepalive", "client_id", "username", "password_file"}
+
+
+def _overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    merged = dict(data)
+    for key in _TOP_LEVEL_ENV:
+        value = env.get(f"EDGE_AGENT_{key.upper()}")
+        if value:
+            merged[key] = value
+    mqtt = dict(merged.get("mqtt") or {})
+    for key in _MQTT_ENV:
+        value = env.get(f"EDGE_AGENT_MQTT_{key.upper()}")
+        if value:
+            mqtt[key] = value
+    if mqtt:
+        merged["mqtt"] = mqtt
+    return merged
+
+
+def _read_secret(path: Path, what: str) -> SecretStr:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EdgeAgentError(
+            f"cannot read the {what} from {path}: {exc.strerror}",
+            "check the file exists and the agent's user can read it",
+            code="config.invalid",
+        ) from None
+    lines = text.splitlines()
+    return SecretStr(lines[0] if lines else "")
+
+
+def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
+    """Read, override from `env`, validate, and resolve secrets.
+
+    Raises:
+        EdgeAgentError: code config.invalid, naming the file and the first bad field.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EdgeAgentError(
+            f"agent config {path} does not exist",
+            "write one (see systemd/agent.example.toml) or pass --config",
+            code="config.invalid",
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise EdgeAgentError(
+            f"agent config {path} is unreadable: {exc}",
+            "fix the TOML syntax",
+            code="config.invalid",
+        ) from None
+    data = _overrides(data, env)
+    if isinstance(data.get("mqtt"), dict) and "password" in data["mqtt"]:
+        raise EdgeAgentError(
+            f"agent config {path} has an inline mqtt.password",
+            "put the password in a file named by mqtt.password_file, or a systemd credential "
+            "(mqtt.password_credential)",
+            code="config.invalid",
+        )
+    try:
+        config = AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise EdgeAgentError(
+            f"agent config {path} is invalid at {where}: {first['msg']}",
+            "see the config reference in the README",
+            code="config.invalid",
+        ) from None
+    return _with_password(config, env)
+
+
+def _with_password(config: AgentConfig, env: Mapping[str, str]) -> AgentConfig:
+    mqtt = config.mqtt
+    secret: SecretStr | None = None
+    if mqtt.password_file is not None:
+        secret = _read_secret(mqtt.password_file, "mqtt password")
+    elif mqtt.password_credential is not None:
+        folder = env.get("CREDENTIALS_DIRECTORY")
+        if not folder:
+            raise EdgeAgentError(
+                f"mqtt.password_credential is {mqtt.password_credential!r} but "
+                "$CREDENTIALS_DIRECTORY is not set",
+                "run under systemd with LoadCredential=, or use mqtt.password_file",
+                code="config.invalid",
+            )
+        if not is_safe_name(mqtt.password_credential):
+            raise EdgeAgentError(
+                f"bad credential name {mqtt.password_credential!r}",
+                "use the name given to LoadCredential=",
+                code="config.invalid",
+            )
+        secret = _read_secret(Path(folder) / mqtt.password_credential, "mqtt credential")
+    if secret is None:
+        return config
+    return config.model_copy(update={"mqtt": mqtt.model_copy(update={"password": secret})})

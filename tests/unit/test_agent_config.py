@@ -1,0 +1,84 @@
+"""The agent config: the smallest file works, env overrides, secrets stay secret."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edge_agent.config.agent import load_agent_config
+from edge_agent.errors import EdgeAgentError
+
+SMALLEST = """
+device_id = "dock-7"
+state_dir = "/var/lib/edge-agent"
+trusted_keys = ["/etc/edge-agent/fleet.pub"]
+[mqtt]
+host = "broker.plant.lan"
+port = 1883
+keepalive = 30
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_smallest_config_loads_with_defaults(tmp_path: Path) -> None:
+    config = load_agent_config(_write(tmp_path, SMALLEST), {})
+    assert config.device_id == "dock-7"
+    assert config.mqtt.version == "5"
+    assert config.telemetry_interval_s == 10.0
+    assert config.layout({}).state == Path("/var/lib/edge-agent")
+    assert config.layout({"CACHE_DIRECTORY": "/var/cache/edge-agent"}).cache == Path(
+        "/var/cache/edge-agent"
+    )
+
+
+def test_environment_overrides_the_file(tmp_path: Path) -> None:
+    env = {"EDGE_AGENT_MQTT_HOST": "10.0.0.9", "EDGE_AGENT_MQTT_PORT": "8883"}
+    config = load_agent_config(_write(tmp_path, SMALLEST), env)
+    assert (config.mqtt.host, config.mqtt.port) == ("10.0.0.9", 8883)
+
+
+def test_password_comes_from_a_credential_and_never_shows(tmp_path: Path) -> None:
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "mqtt").write_text("hunter2\n")
+    text = SMALLEST + 'username = "dock"\npassword_credential = "mqtt"\n'
+    config = load_agent_config(_write(tmp_path, text), {"CREDENTIALS_DIRECTORY": str(creds)})
+    assert config.mqtt.password is not None
+    assert config.mqtt.password.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(config)
+    assert "hunter2" not in config.model_dump_json()
+    assert "hunter2" not in config.config_hash()
+
+
+def test_inline_password_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(EdgeAgentError) as info:
+        load_agent_config(_write(tmp_path, SMALLEST + 'password = "hunter2"\n'), {})
+    assert info.value.code == "config.invalid"
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (SMALLEST.replace('"dock-7"', '"dock/7"'), "device_id"),
+        (SMALLEST.replace("1883", "70000"), "mqtt.port"),
+        (SMALLEST + "colour = 3\n", "mqtt.colour"),
+        ('device_id = "a"\n', "mqtt"),
+    ],
+)
+def test_bad_fields_are_named(tmp_path: Path, text: str, where: str) -> None:
+    with pytest.raises(EdgeAgentError) as info:
+        load_agent_config(_write(tmp_path, text), {})
+    assert f"at {where}" in str(info.value)
+    assert info.value.code == "config.invalid"
+
+
+def test_missing_file_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(EdgeAgentError, match="does not exist"):
+        load_agent_config(tmp_path / "nope.toml", {})
