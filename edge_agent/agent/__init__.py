@@ -1,0 +1,1 @@
+"""The agent: command handlers, the supervisor of pipelines and jobs, and the service."""

@@ -1,0 +1,163 @@
+"""What the agent must remember across restarts, in small files written atomically.
+
+- `commands.sqlite`: the final answer of every command id seen recently, so a
+  command the broker delivers twice (QoS 1 allows it) runs once and its stored
+  answer is sent again. Bounded by count; the oldest ids are forgotten first.
+- `agent.json`: the connection sequence number (the bdSeq of `state`), the
+  telemetry interval set by command, and the pipelines that were running, so a
+  restart or a reboot brings them back without the fleet resending anything.
+
+Every JSON file is written as temp file, fsync, rename, fsync of the folder:
+a crash leaves the old or the new file, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger(__name__)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves the old or the new content."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AgentRecord(BaseModel):
+    """The agent's own must-survive settings and running pipelines."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int = Field(default=0, ge=0, description="Last connection sequence number used.")
+    telemetry_interval_s: float | None = Field(
+        default=None, description="Interval set by set_telemetry; None: the config's."
+    )
+    pipelines: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Specs of the pipelines to run, by id."
+    )
+
+
+class AgentRecords:
+    """Load and save `AgentRecord`; thread-safe."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "agent.json"
+        self._lock = threading.Lock()
+        self.record = self._load()
+
+    def _load(self) -> AgentRecord:
+        try:
+            return AgentRecord.model_validate_json(self.path.read_bytes())
+        except FileNotFoundError:
+            return AgentRecord()
+        except (OSError, ValidationError) as exc:
+            # A damaged record must not stop the agent: keep it aside for the operator and
+            # start clean (the pipelines then wait for the fleet; seq stays monotonic, below).
+            aside = self.path.with_suffix(f".damaged-{int(time.time())}")
+            with contextlib.suppress(OSError):
+                self.path.replace(aside)
+            log.error(
+                "event=agent_record_damaged path=%s kept_as=%s detail=%r",
+                self.path,
+                aside.name,
+                str(exc).splitlines()[0],
+            )
+            return AgentRecord()
+
+    def update(self, **changes: Any) -> AgentRecord:
+        """Apply `changes` and persist; returns the new record."""
+        with self._lock:
+            data = self.record.model_dump()
+            data.update(changes)
+            record = AgentRecord.model_validate(data)
+            write_atomically(self.path, record.model_dump_json(indent=1).encode())
+            self.record = record
+            return record
+
+    def next_seq(self) -> int:
+        """The next connection sequence number, persisted before it is used.
+
+        Never below the wall clock in seconds, so it keeps going up even if the record
+        was lost; +1 covers restarts within one second.
+        """
+        return self.update(seq=max(self.record.seq + 1, int(time.time()))).seq
+
+
+class CommandLog:
+    """Final answers by command id, for idempotency. Thread-safe.
+
+    Args:
+        path: The sqlite file.
+        keep: How many ids to remember.
+    """
+
+    def __init__(self, path: Path, keep: int = 10_000) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS answers ("
+            " n INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,"
+            " answer BLOB, ts REAL NOT NULL)"
+        )
+
+    def claim(self, command_id: str) -> tuple[bool, bytes | None]:
+        """Record that `command_id` is being run.
+
+        Returns:
+            (True, None) the first time: run it. (False, answer) after: do not run it
+            again; `answer` is its stored final answer, or None while it still runs.
+        """
+        with self._lock:
+            row = self._db.execute(
+                "SELECT answer FROM answers WHERE id = ?", (command_id,)
+            ).fetchone()
+            if row is not None:
+                return False, None if row[0] is None else bytes(row[0])
+            self._db.execute(
+                "INSERT INTO answers (id, answer, ts) VALUES (?, NULL, ?)",
+                (command_id, time.time()),
+            )
+            self._db.execute(
+                "DELETE FROM answers WHERE n <= (SELECT MAX(n) FROM answers) - ?", (self._keep,)
+            )
+            return True, None
+
+    def finish(self, command_id: str, answer: bytes) -> None:
+        """Store the final answer of a claimed command."""
+        with self._lock:
+            self._db.execute("UPDATE answers SET answer = ? WHERE id = ?", (answer, command_id))
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+
+def dumps(data: Any) -> bytes:
+    """Compact JSON bytes, as published."""
+    return json.dumps(data, separators=(",", ":")).encode()

@@ -1,0 +1,49 @@
+"""What the agent remembers across restarts: command answers, seq, pipelines."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from edge_agent.agent.records import AgentRecords, CommandLog
+
+
+def test_a_command_id_runs_once_and_its_answer_is_kept(tmp_path: Path) -> None:
+    log = CommandLog(tmp_path / "commands.sqlite")
+    assert log.claim("c1") == (True, None)
+    assert log.claim("c1") == (False, None)  # still running: no answer yet
+    log.finish("c1", b'{"status":"ok"}')
+    log.close()
+    again = CommandLog(tmp_path / "commands.sqlite")
+    assert again.claim("c1") == (False, b'{"status":"ok"}')
+    assert again.claim("c2") == (True, None)
+    again.close()
+
+
+def test_the_log_forgets_the_oldest_ids_beyond_its_bound(tmp_path: Path) -> None:
+    log = CommandLog(tmp_path / "commands.sqlite", keep=10)
+    for i in range(25):
+        log.claim(f"c{i}")
+    assert log.claim("c24")[0] is False
+    assert log.claim("c0")[0] is True  # forgotten, so it would run again
+    log.close()
+
+
+def test_seq_goes_up_across_restarts_and_after_a_lost_record(tmp_path: Path) -> None:
+    records = AgentRecords(tmp_path)
+    first = records.next_seq()
+    second = AgentRecords(tmp_path).next_seq()
+    assert second > first >= int(time.time()) - 1
+    (tmp_path / "agent.json").write_text("{not json")
+    damaged = AgentRecords(tmp_path)
+    assert damaged.record.pipelines == {}
+    assert list(tmp_path.glob("agent.damaged-*")), "the damaged record is kept for the operator"
+    assert damaged.next_seq() >= int(time.time())
+
+
+def test_pipelines_survive_a_restart(tmp_path: Path) -> None:
+    AgentRecords(tmp_path).update(pipelines={"cam1": {"id": "cam1"}}, telemetry_interval_s=5.0)
+    back = AgentRecords(tmp_path).record
+    assert back.pipelines == {"cam1": {"id": "cam1"}}
+    assert back.telemetry_interval_s == 5.0
+    assert not list(tmp_path.glob(".agent.json.*.tmp"))
