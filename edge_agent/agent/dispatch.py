@@ -1,0 +1,305 @@
+"""Commands in, answers out: the layer between the wire and the supervisor.
+
+Every payload that reaches a command topic gets an answer, a malformed one
+included, and nothing in a payload can stop the agent:
+- too large, not JSON, not an envelope: `error` with code and the field;
+- a duplicate id: not run again; its stored final answer is sent again;
+- past `expires_at`: `error` command.expired, not run;
+- an unknown type or bad args: `error` naming the field;
+- a short command runs on a small worker pool (a slow compile never delays a
+  ping); a long one (deploy, calibrate) answers `accepted` at once, then
+  `progress`, then `ok` or `error`, and can be cancelled by id.
+
+Handlers hold no logic: validate, call the supervisor, answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from edge_agent.agent.jobs import JobContext, Jobs
+from edge_agent.agent.records import CommandLog
+from edge_agent.errors import EdgeAgentError
+from edge_agent.protocol.agent import (
+    COMMAND_ARGS,
+    LONG_COMMANDS,
+    Command,
+    ErrorBody,
+    Progress,
+    Response,
+)
+
+log = logging.getLogger(__name__)
+
+Answer = Callable[[Response], None]
+"""Publishes an answer (through the outbox)."""
+
+
+class Supervisor(Protocol):
+    """What the commands act on; `agent.supervisor.AgentSupervisor` is the real one."""
+
+    def run_command(self, kind: str, args: BaseModel, job: JobContext) -> dict[str, Any]:
+        """Carry out one validated command and return its result."""
+        ...
+
+
+def _field_of(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return (f"{prefix}{where}" if where else prefix.rstrip(".")), first["msg"]
+
+
+class Dispatcher:
+    """Turns command payloads into supervisor calls and answers.
+
+    Args:
+        device_id: Put in every answer.
+        supervisor: Carries the commands out.
+        answer: Publishes an answer.
+        commands: Idempotency log.
+        max_bytes: Larger payloads are refused unread.
+        clock: Unix seconds, injectable.
+    """
+
+    def __init__(
+        self,
+        device_id: str,
+        supervisor: Supervisor,
+        answer: Answer,
+        commands: CommandLog,
+        max_bytes: int = 256 * 1024,
+        clock: Callable[[], float] = time.time,
+        workers: int = 4,
+    ) -> None:
+        self.device_id = device_id
+        self._supervisor = supervisor
+        self._answer = answer
+        self._commands = commands
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cmd")
+        self.jobs = Jobs()
+        self._closed = threading.Event()
+
+    def handle(self, payload: bytes) -> None:
+        """Take one command payload; never raises. Called from the comms worker thread."""
+        try:
+            self._handle(payload)
+        except Exception:  # a bug must cost one answer, not the agent
+            log.exception("event=command_crashed")
+            self._error("", EdgeAgentError("the agent failed on this command", code="internal"))
+
+    def _handle(self, payload: bytes) -> None:
+        if len(payload) > self._max_bytes:
+            self._error(
+                self._sniff_id(payload[:4096]),
+                EdgeAgentError(
+                    f"command of {len(payload)} bytes is over the {self._max_bytes}-byte limit",
+                    "send large data (models) through deploy_model, not inside a command",
+                    code="command.too_large",
+                ),
+            )
+            return
+        try:
+            raw = json.loads(payload)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._error(
+                "",
+                EdgeAgentError(
+                    f"command is not JSON: {exc}", "send a JSON object", code="command.invalid"
+                ),
+            )
+            return
+        if not isinstance(raw, dict):
+            self._error(
+                "",
+                EdgeAgentError(
+                    f"command is JSON but not an object ({type(raw).__name__})",
+                    "send an envelope {id, type, args, sent_at}",
+                    code="command.invalid",
+                ),
+            )
+            return
+        command_id = raw.get("id", "")
+        command_id = command_id if isinstance(command_id, str) else ""
+        try:
+            command = Command.model_validate(raw)
+        except ValidationError as exc:
+            where, message = _field_of(exc)
+            self._error(
+                command_id[:128],
+                EdgeAgentError(
+                    f"bad command envelope at {where}: {message}",
+                    "see docs/PROTOCOL.md",
+                    code="command.invalid",
+                ),
+                field=where,
+            )
+            return
+        fresh, stored = self._commands.claim(command.id)
+        if not fresh:
+            log.info("event=duplicate_command command_id=%s", command.id)
+            if stored is not None:
+                self._answer(Response.model_validate_json(stored))
+            return
+        if command.expires_at is not None and self._clock() > command.expires_at:
+            self._finish(
+                command.id,
+                error=EdgeAgentError(
+                    f"command {command.id} expired at {command.expires_at}",
+                    "send it again with a later expires_at",
+                    code="command.expired",
+                ),
+            )
+            return
+        arg_model = COMMAND_ARGS.get(command.type)
+        if arg_model is None:
+            self._finish(
+                command.id,
+                error=EdgeAgentError(
+                    f"unknown command type {command.type!r}",
+                    f"use one of: {', '.join(sorted(COMMAND_ARGS))}",
+                    code="command.unknown",
+                ),
+                field="type",
+            )
+            return
+        try:
+            args = arg_model.model_validate(command.args)
+        except ValidationError as exc:
+            where, message = _field_of(exc, "args.")
+            self._finish(
+                command.id,
+                error=EdgeAgentError(
+                    f"bad arguments for {command.type} at {where}: {message}",
+                    "see docs/PROTOCOL.md",
+                    code="command.invalid",
+                ),
+                field=where,
+            )
+            return
+        if command.type == "cancel":
+            self._cancel(command, args)
+            return
+        if command.type in LONG_COMMANDS:
+            self._send(Response(id=command.id, status="accepted", **self._base()))
+            self.jobs.start(
+                command.id, lambda job: self._run(command, args, job), self._progress(command.id)
+            )
+        else:
+            self._pool.submit(self._run, command, args, JobContext.detached())
+
+    def _run(self, command: Command, args: BaseModel, job: JobContext) -> None:
+        log.info("event=command_started command_id=%s type=%s", command.id, command.type)
+        try:
+            result = self._supervisor.run_command(command.type, args, job)
+        except EdgeAgentError as exc:
+            self._finish(command.id, error=exc)
+        except Exception:
+            log.exception("event=command_crashed command_id=%s", command.id)
+            self._finish(
+                command.id,
+                error=EdgeAgentError(
+                    f"{command.type} failed inside the agent",
+                    "see the agent's log; the agent keeps serving",
+                    code="internal",
+                ),
+            )
+        else:
+            if job.cancelled:
+                self._finish(
+                    command.id,
+                    error=EdgeAgentError(f"{command.id} was cancelled", code="command.cancelled"),
+                )
+            else:
+                self._finish(command.id, result=result)
+
+    def _cancel(self, command: Command, args: BaseModel) -> None:
+        target = getattr(args, "id", "")
+        found = self.jobs.cancel(target)
+        if found:
+            self._finish(command.id, result={"cancelled": target})
+        else:
+            self._finish(
+                command.id,
+                error=EdgeAgentError(
+                    f"no running command {target!r} to cancel",
+                    "list what runs with get_status",
+                    code="command.invalid",
+                ),
+                field="args.id",
+            )
+
+    def _progress(self, command_id: str) -> Callable[[str, float], None]:
+        def report(stage: str, fraction: float) -> None:
+            progress = Progress(stage=stage, fraction=min(1.0, max(0.0, fraction)))
+            self._send(
+                Response(id=command_id, status="progress", progress=progress, **self._base())
+            )
+
+        return report
+
+    def _finish(
+        self,
+        command_id: str,
+        result: dict[str, Any] | None = None,
+        error: EdgeAgentError | None = None,
+        field: str | None = None,
+    ) -> None:
+        if error is not None:
+            response = self._error_response(command_id, error, field)
+        else:
+            response = Response(id=command_id, status="ok", result=result or {}, **self._base())
+        self._commands.finish(command_id, response.model_dump_json().encode())
+        self._send(response)
+
+    def _error(self, command_id: str, error: EdgeAgentError, field: str | None = None) -> None:
+        # No claim: an envelope we could not read has no id to be idempotent on.
+        self._send(self._error_response(command_id, error, field))
+
+    def _error_response(
+        self, command_id: str, error: EdgeAgentError, field: str | None
+    ) -> Response:
+        log.warning(
+            "event=command_failed command_id=%s code=%s detail=%r", command_id, error.code, error
+        )
+        body = ErrorBody(code=error.code, message=str(error), field=field or None)
+        return Response(id=command_id, status="error", error=body, **self._base())
+
+    def _send(self, response: Response) -> None:
+        try:
+            self._answer(response)
+        except Exception:
+            log.exception("event=answer_failed command_id=%s", response.id)
+
+    def _base(self) -> dict[str, Any]:
+        return {"device_id": self.device_id, "ts": self._clock()}
+
+    @staticmethod
+    def _sniff_id(head: bytes) -> str:
+        # An oversized command still deserves an answer the console can match, if its id
+        # comes early; never parse the rest.
+        text = head.decode("utf-8", "replace")
+        marker = text.find('"id"')
+        if marker < 0:
+            return ""
+        rest = text[marker + 4 :].lstrip(" :")
+        if not rest.startswith('"'):
+            return ""
+        end = rest.find('"', 1)
+        value = rest[1:end] if end > 0 else ""
+        return value if 0 < len(value) <= 128 and value.isprintable() else ""
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Cancel jobs, stop taking work; waits up to `timeout` for running commands."""
+        self.jobs.cancel_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.jobs.join(timeout)

@@ -1,0 +1,167 @@
+"""Long commands as jobs: one at a time, with progress, cancel and a deadline.
+
+Deploys and calibrations change what a box runs, so they are serialised: one
+runs, the rest wait in order. A job that fails frees the queue at once; a job
+that hangs past its deadline is cancelled and abandoned (its thread is a
+daemon and is told to stop at its next check), and the next job starts on a
+fresh worker, so a stuck deployment never blocks the next one (the bug
+Greengrass users report as aws-greengrass-nucleus #1203).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from edge_agent.errors import EdgeAgentError
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, float], None]
+
+
+@dataclass
+class JobContext:
+    """What a running command sees: a progress reporter and a cancel flag."""
+
+    progress: ProgressFn
+    _cancel: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def detached(cls) -> JobContext:
+        """For short commands: progress goes nowhere, nothing cancels them."""
+        return cls(lambda _stage, _fraction: None)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once cancel was asked for."""
+        return self._cancel.is_set()
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        """The flag itself, for code that waits on it."""
+        return self._cancel
+
+    def check(self) -> None:
+        """Raise command.cancelled if cancel was asked for; call between steps."""
+        if self._cancel.is_set():
+            raise EdgeAgentError("cancelled", code="command.cancelled")
+
+
+@dataclass
+class _Job:
+    id: str
+    run: Callable[[JobContext], None]
+    context: JobContext
+    started: float = 0.0
+
+
+class Jobs:
+    """A serial queue of long commands.
+
+    Args:
+        deadline_s: A job running longer is cancelled and the queue moves on.
+    """
+
+    def __init__(self, deadline_s: float = 1800.0) -> None:
+        self.deadline_s = deadline_s
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._running: _Job | None = None
+        self._worker: threading.Thread | None = None
+        self._closed = False
+
+    def start(self, job_id: str, run: Callable[[JobContext], None], progress: ProgressFn) -> None:
+        """Queue a job; it runs after those before it."""
+        with self._lock:
+            self._queue.append(_Job(job_id, run, JobContext(progress)))
+            self._ensure_worker()
+            self._wake.notify_all()
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._loop, name="jobs", daemon=True)
+            self._worker.start()
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._wake.wait(timeout=1.0)
+                    if self._worker is not me:
+                        return
+                if self._closed or self._worker is not me:
+                    return
+                job = self._queue.popleft()
+                job.started = time.monotonic()
+                self._running = job
+            watchdog = threading.Timer(self.deadline_s, self._expire, args=(job, me))
+            watchdog.daemon = True
+            watchdog.start()
+            try:
+                job.run(job.context)
+            except Exception:
+                # run() answers the command itself; anything escaping is a bug, logged here.
+                log.exception("event=job_crashed command_id=%s", job.id)
+            finally:
+                watchdog.cancel()
+            with self._lock:
+                if self._worker is not me:
+                    return  # abandoned after its deadline: a fresh worker owns the queue
+                self._running = None
+
+    def _expire(self, job: _Job, worker: threading.Thread) -> None:
+        with self._lock:
+            if self._running is not job:
+                return
+            log.error("event=job_deadline command_id=%s deadline_s=%.0f", job.id, self.deadline_s)
+            job.context.cancel_event.set()
+            self._running = None
+            self._worker = None
+            if self._queue:
+                self._ensure_worker()
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a queued or running job; False if there is none by that id."""
+        with self._lock:
+            if self._running is not None and self._running.id == job_id:
+                self._running.context.cancel_event.set()
+                return True
+            for job in self._queue:
+                if job.id == job_id:
+                    # It still runs, to answer its command, but sees the flag at once.
+                    job.context.cancel_event.set()
+                    return True
+        return False
+
+    def running(self) -> list[str]:
+        """Ids of the running job and the queued ones, in order."""
+        with self._lock:
+            head = [self._running.id] if self._running is not None else []
+            return head + [job.id for job in self._queue]
+
+    def cancel_all(self) -> None:
+        """Cancel every job, running and queued."""
+        with self._lock:
+            if self._running is not None:
+                self._running.context.cancel_event.set()
+            for job in self._queue:
+                job.context.cancel_event.set()
+
+    def join(self, timeout: float) -> None:
+        """Stop the worker once the queue is empty, waiting at most `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._running is None and not self._queue:
+                    break
+            time.sleep(0.02)
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()

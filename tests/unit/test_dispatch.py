@@ -1,0 +1,200 @@
+"""Every command payload gets an answer, and none can stop the dispatcher."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from edge_agent.agent.dispatch import Dispatcher
+from edge_agent.agent.jobs import JobContext, Jobs
+from edge_agent.agent.records import CommandLog
+from edge_agent.errors import EdgeAgentError
+from edge_agent.protocol.agent import Response
+
+
+class _Supervisor:
+    """Counts runs; deploy_model steps through progress and honours cancel."""
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+        self.release = threading.Event()
+
+    def run_command(self, kind: str, args: BaseModel, job: JobContext) -> dict[str, Any]:
+        self.runs.append(kind)
+        if kind == "ping":
+            return {"pong": True}
+        if kind == "get_status":
+            raise RuntimeError("a bug")
+        if kind == "list_models":
+            raise EdgeAgentError("store is gone", "reinstall", code="store.not_found")
+        if kind == "deploy_model":
+            for step in range(4):
+                job.progress("pull", step / 4)
+                if self.release.wait(0.05) or job.cancelled:
+                    break
+            job.check()
+            return {"installed": getattr(args, "name", "")}
+        return {}
+
+
+class _Harness:
+    def __init__(self, tmp_path: Path, now: float = 1000.0) -> None:
+        self.answers: list[Response] = []
+        self.lock = threading.Lock()
+        self.supervisor = _Supervisor()
+        self.log = CommandLog(tmp_path / "c.sqlite")
+        self.dispatcher = Dispatcher(
+            "dock-7",
+            self.supervisor,
+            self._answer,
+            self.log,
+            max_bytes=64 * 1024,
+            clock=lambda: now,
+        )
+
+    def _answer(self, response: Response) -> None:
+        with self.lock:
+            self.answers.append(response)
+
+    def send(self, payload: bytes | dict[str, Any]) -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.dispatcher.handle(data)
+
+    def final(self, command_id: str, timeout: float = 5.0) -> Response:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                done = [
+                    a for a in self.answers if a.id == command_id and a.status in ("ok", "error")
+                ]
+            if done:
+                return done[-1]
+            time.sleep(0.01)
+        raise AssertionError(f"no final answer for {command_id}: {self.answers}")
+
+    def close(self) -> None:
+        self.dispatcher.close(1.0)
+        self.log.close()
+
+
+def _cmd(cid: str, kind: str, args: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"id": cid, "type": kind, "args": args or {}, "sent_at": 999.0, **extra}
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Any:
+    h = _Harness(tmp_path)
+    yield h
+    h.close()
+
+
+def test_ping_answers_ok(harness: _Harness) -> None:
+    harness.send(_cmd("c1", "ping"))
+    answer = harness.final("c1")
+    assert (answer.status, answer.result, answer.device_id) == ("ok", {"pong": True}, "dock-7")
+
+
+@pytest.mark.parametrize(
+    ("payload", "code", "field", "cid"),
+    [
+        (b"{not json", "command.invalid", None, ""),
+        (b"[1, 2]", "command.invalid", None, ""),
+        (json.dumps({"id": "c2", "type": "ping"}).encode(), "command.invalid", "sent_at", "c2"),
+        (json.dumps(_cmd("c3", "fly")).encode(), "command.unknown", "type", "c3"),
+        (
+            json.dumps(_cmd("c4", "deploy_model", {"name": "m", "version": "newest"})).encode(),
+            "command.invalid",
+            "args.version",
+            "c4",
+        ),
+        (json.dumps(_cmd("c5", "ping", expires_at=10.0)).encode(), "command.expired", None, "c5"),
+        (json.dumps(_cmd("c6", "ping", colour=1)).encode(), "command.invalid", "colour", "c6"),
+    ],
+)
+def test_bad_commands_get_an_error_naming_the_field(
+    harness: _Harness, payload: bytes, code: str, field: str | None, cid: str
+) -> None:
+    harness.send(payload)
+    answer = harness.final(cid)
+    assert answer.error is not None
+    assert (answer.status, answer.error.code, answer.error.field) == ("error", code, field)
+    assert harness.supervisor.runs == []
+    harness.send(_cmd("after", "ping"))
+    assert harness.final("after").status == "ok"
+
+
+def test_a_ten_megabyte_payload_is_refused_unread_with_its_id(harness: _Harness) -> None:
+    payload = b'{"id": "big", "type": "ping", "args": {"x": "' + b"x" * 10_000_000 + b'"}}'
+    harness.send(payload)
+    answer = harness.final("big")
+    assert answer.error is not None
+    assert answer.error.code == "command.too_large"
+
+
+def test_a_duplicate_runs_once_and_gets_the_same_answer(harness: _Harness) -> None:
+    harness.send(_cmd("dup", "ping"))
+    first = harness.final("dup")
+    harness.send(_cmd("dup", "ping"))
+    time.sleep(0.1)
+    assert harness.supervisor.runs == ["ping"]
+    assert [a for a in harness.answers if a.id == "dup"] == [first, first]
+
+
+def test_bugs_and_operator_errors_are_answered_and_serving_goes_on(harness: _Harness) -> None:
+    harness.send(_cmd("bug", "get_status"))
+    harness.send(_cmd("op", "list_models"))
+    bug, op = harness.final("bug"), harness.final("op")
+    assert bug.error is not None
+    assert bug.error.code == "internal"
+    assert op.error is not None
+    assert op.error.code == "store.not_found"
+    assert "reinstall" in op.error.message
+    harness.send(_cmd("next", "ping"))
+    assert harness.final("next").status == "ok"
+
+
+def test_long_commands_go_accepted_progress_ok(harness: _Harness) -> None:
+    harness.send(_cmd("d1", "deploy_model", {"name": "person-det"}))
+    final = harness.final("d1")
+    kinds = [a.status for a in harness.answers if a.id == "d1"]
+    assert kinds[0] == "accepted"
+    assert kinds[-1] == "ok"
+    assert "progress" in kinds
+    assert final.result == {"installed": "person-det"}
+
+
+def test_cancel_stops_a_long_command(harness: _Harness) -> None:
+    harness.supervisor.release.clear()
+    harness.send(_cmd("d2", "deploy_model", {"name": "m"}))
+    time.sleep(0.06)
+    harness.send(_cmd("x", "cancel", {"id": "d2"}))
+    assert harness.final("x").status == "ok"
+    final = harness.final("d2")
+    assert final.error is not None
+    assert final.error.code == "command.cancelled"
+    harness.send(_cmd("y", "cancel", {"id": "nothing"}))
+    assert harness.final("y").status == "error"
+
+
+def test_a_stuck_job_past_its_deadline_does_not_block_the_next() -> None:
+    jobs = Jobs(deadline_s=0.2)
+    done: list[str] = []
+    hang = threading.Event()
+
+    def stuck(job: JobContext) -> None:
+        hang.wait(10)
+
+    jobs.start("stuck", stuck, lambda s, f: None)
+    jobs.start("next", lambda job: done.append("next"), lambda s, f: None)
+    deadline = time.monotonic() + 3
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.02)
+    hang.set()
+    assert done == ["next"]
+    jobs.join(1.0)
