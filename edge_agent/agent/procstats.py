@@ -1,0 +1,46 @@
+"""The agent's own CPU, memory and the box's temperature, from /proc and /sys (Linux).
+
+No psutil: three small files tell all of it, and reading them costs microseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident memory of a process (this one by default), from /proc/PID/statm."""
+    statm = Path(f"/proc/{pid or os.getpid()}/statm")
+    try:
+        resident_pages = int(statm.read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def hottest_celsius(root: Path = Path("/sys/class/thermal")) -> float | None:
+    """The hottest thermal zone in degrees C, or None where the box exposes none."""
+    readings = []
+    for zone in root.glob("thermal_zone*/temp"):
+        try:
+            readings.append(int(zone.read_text().strip()) / 1000.0)
+        except (OSError, ValueError):
+            continue
+    return max(readings) if readings else None
+
+
+class CpuMeter:
+    """Process CPU over the interval since the last call: 100 means one core busy."""
+
+    def __init__(self) -> None:
+        self._last_cpu = time.process_time()
+        self._last_wall = time.monotonic()
+
+    def percent(self) -> float:
+        """CPU percent since the previous call (or since construction)."""
+        cpu, wall = time.process_time(), time.monotonic()
+        used, spent = cpu - self._last_cpu, wall - self._last_wall
+        self._last_cpu, self._last_wall = cpu, wall
+        return max(0.0, 100.0 * used / spent) if spent > 0 else 0.0
