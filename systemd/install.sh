@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install edge-agent as a systemd service on a Debian/Ubuntu box. Run as root from a source
+# checkout or with a wheel: `sudo bash systemd/install.sh [path/to/edge_agent-*.whl]`.
+# Idempotent: re-running upgrades the package and keeps the config, keys and state.
+set -euo pipefail
+[ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root (sudo)" >&2; exit 1; }
+here="$(cd "$(dirname "$0")" && pwd)"
+source_dir="$(dirname "$here")"
+package="${1:-$source_dir}"
+prefix=/opt/edge-agent
+
+# A system user with no login, in the groups that open GPUs, NPUs and cameras.
+getent group render >/dev/null || groupadd --system render
+getent group video >/dev/null || groupadd --system video
+if ! id edge-agent >/dev/null 2>&1; then
+  useradd --system --home-dir /var/lib/edge-agent --no-create-home \
+    --shell /usr/sbin/nologin --groups render,video edge-agent
+fi
+
+command -v python3 >/dev/null || apt-get install -y --no-install-recommends python3 python3-venv
+[ -x "$prefix/bin/python" ] || python3 -m venv "$prefix"
+"$prefix/bin/python" -m pip install --quiet --upgrade pip
+"$prefix/bin/python" -m pip install --quiet --upgrade "$package"
+
+install -d -m 0750 -o root -g edge-agent /etc/edge-agent
+if [ ! -e /etc/edge-agent/agent.toml ]; then
+  install -m 0640 -o root -g edge-agent "$here/agent.example.toml" /etc/edge-agent/agent.toml
+  echo "install.sh: wrote /etc/edge-agent/agent.toml: set device_id and [mqtt].host" >&2
+fi
+# The unit names a credential file; an empty one means "no password".
+[ -e /etc/edge-agent/mqtt-password ] || install -m 0600 /dev/null /etc/edge-agent/mqtt-password
+
+install -m 0644 "$here/edge-agent.service" /etc/systemd/system/edge-agent.service
+systemctl daemon-reload
+systemctl enable edge-agent.service
+echo "install.sh: installed. Start with: systemctl start edge-agent; logs: journalctl -u edge-agent" >&2
