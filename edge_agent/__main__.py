@@ -1,3 +1,5 @@
-from edge_agent.cli.main import main
+"""`python -m edge_agent`: the same as the `edge-agent` command."""
 
-raise SystemExit(main())
+from edge_agent.cli.main import entry
+
+entry()

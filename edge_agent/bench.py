@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.catalog.manifest import ImageInput, Manifest
+from edge_agent.errors import EdgeAgentError
 from edge_agent.runtime.base import CompiledModel, CompileReport, Tensor, Tensors
 
 Progress = Callable[[float], None]
@@ -31,8 +32,11 @@ class BenchResult(BaseModel):
     compile: CompileReport = Field(description="How and where the model was compiled.")
     first_inference_ms: float = Field(description="First run after compile, in ms.")
     iterations: int = Field(description="Requests completed in the timed part.")
+    batch: int = Field(default=1, description="Frames (or inputs) per request.")
     seconds: float = Field(description="Duration of the timed part.")
-    throughput_fps: float = Field(description="Completed requests per second.")
+    throughput_fps: float = Field(
+        description="Frames per second: completed requests times the batch, over the time."
+    )
     latency_ms: dict[str, float] = Field(description="p50, p95, p99, min, max, in ms.")
 
 
@@ -44,7 +48,8 @@ def bench_inputs(manifest: Manifest, report: CompileReport) -> dict[str, Tensor]
     for name, shape in report.inputs.items():
         if isinstance(spec, ImageInput) and name == spec.name:
             model_spec = spec.with_shape(report.model_shape)
-            size = (1, model_spec.height, model_spec.width, 3)
+            # N frames for a model compiled with batch N (bench --shape 2,3,224,224).
+            size = (model_spec.shape[0], model_spec.height, model_spec.width, 3)
             feeds[name] = rng.integers(0, 256, size, dtype=np.uint8)
         else:
             feeds[name] = rng.standard_normal([max(d, 1) for d in shape]).astype(np.float32)
@@ -57,8 +62,19 @@ def run_bench(
     seconds: float,
     progress: Progress | None = None,
 ) -> BenchResult:
-    """Keep every infer request busy for `seconds` and measure."""
+    """Keep every infer request busy for `seconds` and measure.
+
+    Raises:
+        EdgeAgentError: `seconds` is not positive (input.invalid), or the model fails.
+    """
+    if not seconds > 0:  # also refuses NaN
+        raise EdgeAgentError(
+            f"benchmark time must be positive, not {seconds}",
+            "pass --time in seconds, e.g. --time 10",
+            code="input.invalid",
+        )
     feeds = bench_inputs(manifest, model.report)
+    batch = _batch(manifest, model.report)
     started = time.perf_counter()
     model.infer(feeds)
     first_ms = (time.perf_counter() - started) * 1e3
@@ -82,14 +98,19 @@ def run_bench(
     elapsed = time.perf_counter() - begin
     if progress is not None:
         progress(1.0)
+    if not latencies:  # a time shorter than one submit: measure at least one run
+        model.submit(feeds, done, None)
+        model.wait()
+        elapsed = time.perf_counter() - begin
     ms = np.asarray(latencies, dtype=np.float64) * 1e3
     return BenchResult(
         model=manifest.name,
         compile=model.report,
         first_inference_ms=first_ms,
         iterations=len(latencies),
+        batch=batch,
         seconds=elapsed,
-        throughput_fps=len(latencies) / elapsed,
+        throughput_fps=len(latencies) * batch / elapsed,
         latency_ms={
             "p50": float(np.percentile(ms, 50)),
             "p95": float(np.percentile(ms, 95)),
@@ -98,3 +119,11 @@ def run_bench(
             "max": float(ms.max()),
         },
     )
+
+
+def _batch(manifest: Manifest, report: CompileReport) -> int:
+    spec = manifest.input
+    if isinstance(spec, ImageInput):
+        return spec.with_shape(report.model_shape).shape[0]
+    first = report.inputs.get(spec.name, (1,))
+    return max(1, first[0]) if first else 1

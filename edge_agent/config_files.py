@@ -29,12 +29,20 @@ def load_validated(path: Path, model: type[Model], what: str, fix: str = "") -> 
         text = path.read_text(encoding="utf-8")
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except FileNotFoundError:
-        raise EdgeAgentError(f"{what} {path} does not exist", "check the path") from None
+        raise EdgeAgentError(
+            f"{what} {path} does not exist", "check the path", code="input.not_found"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise EdgeAgentError(f"{what} {path} is unreadable: {exc}") from None
+        raise EdgeAgentError(
+            f"{what} {path} is unreadable: {exc}",
+            "check it is UTF-8 TOML (.toml) or JSON (.json)",
+            code="config.invalid",
+        ) from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise EdgeAgentError(f"{what} {path} is invalid at {where}: {first['msg']}", fix) from None
+        raise EdgeAgentError(
+            f"{what} {path} is invalid at {where}: {first['msg']}", fix, code="config.invalid"
+        ) from None

@@ -1,4 +1,4 @@
-"""What this box can run: engines, devices, GPU/NPU access, and the model cache.
+"""What this box can run: engines, devices, GPU/NPU access, and the cache and state folders.
 
 Collected as data so the CLI prints it and, later, the agent publishes it.
 """
@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import grp
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.paths import Layout
 
 _DEVICE_PROPERTIES = ("FULL_DEVICE_NAME", "OPTIMIZATION_CAPABILITIES", "DEVICE_ARCHITECTURE")
 
@@ -38,18 +41,48 @@ class DoctorReport(BaseModel):
     dri_nodes: list[str] = Field(description="/dev/dri render and card nodes.")
     render_access: bool = Field(description="This user can open a render node (iGPU inference).")
     npu_driver: bool = Field(description="/dev/accel nodes of an NPU driver exist.")
-    cache_dir: str = Field(description="Model cache folder.")
+    cache_dir: str = Field(description="Model cache folder (rebuildable files).")
+    cache_writable: bool = Field(description="Files can be created in the cache folder.")
     cache_bytes: int = Field(description="Bytes in the model cache.")
     cached_models: list[str] = Field(description="Fetched model files.")
+    state_dir: str = Field(description="State folder (files that must survive).")
+    state_writable: bool = Field(description="Files can be created in the state folder.")
 
     @property
     def usable(self) -> bool:
         return bool(self.devices) or bool(self.onnxruntime)
 
 
-def collect(cache_dir: Path, core: Any | None = None) -> DoctorReport:
-    """Look at the engines, devices and cache. Never raises on a broken engine: reports it."""
+def probe_writable(path: Path) -> str | None:
+    """Why files cannot be created in `path`; None when they can.
+
+    Tries, rather than asking `os.access`, which says yes to root on a read-only
+    mount. Leaves nothing behind: a folder that does not exist yet is probed at
+    its nearest existing ancestor, where it would be created.
+    """
+    target = path
+    while not target.exists() and target.parent != target:
+        target = target.parent
+    if not target.is_dir():
+        return f"{target} is not a folder"
+    try:
+        probe = tempfile.mkdtemp(prefix=".edge-agent-probe-", dir=target)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    Path(probe).rmdir()
+    return None
+
+
+def collect(layout: Layout, core: Any | None = None) -> DoctorReport:
+    """Look at the engines, devices and folders. Never raises on a broken engine: reports it."""
     problems: list[str] = []
+    writable: dict[str, bool] = {}
+    for name, folder in (("cache", layout.cache), ("state", layout.state)):
+        why = probe_writable(folder)
+        writable[name] = why is None
+        if why is not None:
+            problems.append(f"{name} folder {folder} is not writable: {why}")
+    cache_dir = layout.cache
     ov_version: str | None = None
     devices: list[DeviceFacts] = []
     try:
@@ -89,8 +122,8 @@ def collect(cache_dir: Path, core: Any | None = None) -> DoctorReport:
         )
     npu = Path("/dev/accel").is_dir() and any(Path("/dev/accel").iterdir())
     files = (
-        [p for p in (cache_dir / "models").rglob("*") if p.is_file() and ".fetch-" not in str(p)]
-        if (cache_dir / "models").is_dir()
+        [p for p in layout.fetched.rglob("*") if p.is_file() and ".fetch-" not in str(p)]
+        if layout.fetched.is_dir()
         else []
     )
     total = (
@@ -108,8 +141,11 @@ def collect(cache_dir: Path, core: Any | None = None) -> DoctorReport:
         render_access=render_access,
         npu_driver=npu,
         cache_dir=str(cache_dir),
+        cache_writable=writable["cache"],
         cache_bytes=total,
-        cached_models=sorted(str(p.relative_to(cache_dir / "models")) for p in files),
+        cached_models=sorted(str(p.relative_to(layout.fetched)) for p in files),
+        state_dir=str(layout.state),
+        state_writable=writable["state"],
     )
 
 

@@ -52,6 +52,7 @@ CODES: dict[str, str] = {
     "pipeline.not_found": "No running pipeline has that id.",
     "pipeline.exists": "A pipeline with that id is already running.",
     "broker.unreachable": "The MQTT broker cannot be reached.",
+    "install.incomplete": "edge-agent's install lacks a file or an optional package it needs.",
     "internal": "A bug: the agent kept serving; the log has the traceback.",
 }
 

@@ -1,7 +1,9 @@
 """One-shot inference on a file: an image through a frame head, a WAV through the VAD.
 
-The CLI's `infer` and the tests use this; pipelines (streams, many frames)
-build on the same pieces.
+The manifest's `task` decides which: a `vad` model reads a WAV file, every
+other task an image (the manifest itself checks that its input and head fit
+its task). The CLI's `infer` and the tests use this; pipelines (streams, many
+frames) build on the same pieces.
 """
 
 from __future__ import annotations
@@ -21,34 +23,52 @@ from edge_agent.heads.registry import build_frame_head
 from edge_agent.heads.vad import VadConfig, VadSegmenter, audio_windows
 from edge_agent.quiet import native_stderr_held
 from edge_agent.runtime.base import CompiledModel
+from edge_agent.runtime.preprocess import input_geometry
 from edge_agent.runtime.stateful import StatefulVad
+from edge_agent.vision.mapping import to_frame
 
 AUDIO_SUFFIXES = {".wav", ".wave"}
 
 
 def read_image(path: Path) -> npt.NDArray[np.uint8]:
     """Read an image file as uint8 BGR, or say clearly why not."""
-    if not path.is_file():
-        raise EdgeAgentError(f"input file {path} does not exist", "check the path")
+    _check_file(path)
     with native_stderr_held():
         frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
         if frame is None:  # raised inside, so OpenCV's own warning is dropped
             raise EdgeAgentError(
                 f"cannot decode image {path}",
                 "the file is corrupt or not an image OpenCV reads (JPEG, PNG, BMP, TIFF, WebP)",
+                code="input.unreadable",
             )
     return np.asarray(frame, dtype=np.uint8)
 
 
 def read_audio(path: Path, rate: int) -> npt.NDArray[np.float32]:
     """Read a WAV file as mono float32 at `rate`."""
-    if not path.is_file():
-        raise EdgeAgentError(f"input file {path} does not exist", "check the path")
+    _check_file(path)
     try:
         samples, source_rate = read_wav(path)
     except WavError as exc:
-        raise EdgeAgentError(f"cannot read {path}: {exc}") from None
+        raise EdgeAgentError(
+            f"cannot read {path}: {exc}",
+            "convert it to PCM WAV with `sox IN -r 16000 -c 1 out.wav`",
+            code="input.unreadable",
+        ) from None
     return resample(to_mono(samples), source_rate, rate)
+
+
+def _check_file(path: Path) -> None:
+    if path.is_dir():
+        raise EdgeAgentError(
+            f"input {path} is a folder, not a file",
+            "pass one image or WAV file; run-pipeline takes a folder source",
+            code="input.invalid",
+        )
+    if not path.is_file():
+        raise EdgeAgentError(
+            f"input file {path} does not exist", "check the path", code="input.not_found"
+        )
 
 
 def infer_frame(
@@ -56,13 +76,17 @@ def infer_frame(
 ) -> list[Result]:
     """Run one uint8 BGR frame and decode it."""
     spec = manifest.input
-    if not isinstance(spec, ImageInput):
+    if manifest.task == "vad" or not isinstance(spec, ImageInput):
         raise EdgeAgentError(
-            f"{manifest.name} takes audio, not an image", "pass a .wav file as --input"
+            f"{manifest.name} takes audio, not an image",
+            "pass a .wav file as --input",
+            code="model.incompatible",
         )
-    outputs = model.infer({spec.name: frame[None]})
     height, width = frame.shape[:2]
-    return build_frame_head(manifest.head).decode(outputs, (width, height))
+    geometry = input_geometry(spec.with_shape(model.report.model_shape), (width, height))
+    outputs = model.infer({spec.name: geometry.prepare(frame)[None]})
+    found = build_frame_head(manifest.head).decode(outputs, geometry.model_size)
+    return to_frame(found, geometry)
 
 
 def infer_speech(
@@ -70,8 +94,12 @@ def infer_speech(
 ) -> list[SpeechSegment]:
     """Run a whole clip through a stateful VAD and return its speech segments."""
     head = manifest.head
-    if not isinstance(head, VadConfig) or not isinstance(manifest.input, AudioInput):
-        raise EdgeAgentError(f"{manifest.name} is not a VAD model", "pass an image as --input")
+    if manifest.task != "vad" or not isinstance(head, VadConfig):
+        raise EdgeAgentError(
+            f"{manifest.name} is not a VAD model",
+            "pass an image as --input",
+            code="model.incompatible",
+        )
     segmenter = VadSegmenter(head)
     vad = StatefulVad(model, head)
     found: list[SpeechSegment] = []
@@ -86,22 +114,37 @@ def read_input(manifest: Manifest, path: Path) -> npt.NDArray[np.generic]:
 
     Called before compiling, so a bad input fails fast.
     """
-    if isinstance(manifest.input, AudioInput):
+    if manifest.task == "vad":
         if path.suffix.lower() not in AUDIO_SUFFIXES:
             raise EdgeAgentError(
                 f"{manifest.name} takes audio; {path.name} is not a .wav file",
                 "convert it with `sox IN -r 16000 -c 1 out.wav`",
+                code="input.invalid",
             )
-        return read_audio(path, manifest.input.sample_rate)
+        return read_audio(path, _audio(manifest).sample_rate)
     if path.suffix.lower() in AUDIO_SUFFIXES:
-        raise EdgeAgentError(f"{manifest.name} takes images, not audio", "pass an image file")
+        raise EdgeAgentError(
+            f"{manifest.name} takes images, not audio", "pass an image file", code="input.invalid"
+        )
     return read_image(path)
+
+
+def _audio(manifest: Manifest) -> AudioInput:
+    # The manifest's validator pairs the vad task with audio input; this keeps mypy told.
+    spec = manifest.input
+    if not isinstance(spec, AudioInput):
+        raise EdgeAgentError(
+            f"{manifest.name} is a vad model without audio input",
+            "fix the manifest",
+            code="config.invalid",
+        )
+    return spec
 
 
 def infer_input(
     model: CompiledModel, manifest: Manifest, data: npt.NDArray[np.generic]
 ) -> list[Result]:
     """Infer on what `read_input` returned."""
-    if isinstance(manifest.input, AudioInput):
+    if manifest.task == "vad":
         return list(infer_speech(model, manifest, data.astype(np.float32, copy=False)))
     return infer_frame(model, manifest, data.astype(np.uint8, copy=False))

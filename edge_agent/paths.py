@@ -52,6 +52,14 @@ def default_state_dir(env: Mapping[str, str]) -> Path:
     return (Path(xdg) if xdg else _home(env) / ".local" / "state") / "edge-agent"
 
 
+def default_fleet_repo(env: Mapping[str, str]) -> Path:
+    """edge-fleet's published releases: $EDGE_FLEET_REPO, then the XDG data folder."""
+    if env.get("EDGE_FLEET_REPO"):
+        return Path(env["EDGE_FLEET_REPO"])
+    xdg = env.get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else _home(env) / ".local" / "share") / "edge-fleet"
+
+
 def is_safe_name(name: str) -> bool:
     """True for a name that can be one path component: no separators, no dots-only, no `..`."""
     return bool(_SAFE_NAME.match(name)) and ".." not in name

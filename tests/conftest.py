@@ -17,16 +17,48 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
-import skimage.data
+from hypothesis import HealthCheck, settings
 
 from edge_agent.catalog.catalog import Catalog, ResolvedModel, default_models_dir
+
+# Re-exported (mypy strict wants it said): many tests import their photos from here.
+from edge_agent.clips import bgr as bgr
+from edge_agent.clips import sample as sample
 from edge_agent.privacy import disable_usage_telemetry
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import CompiledModel, RuntimeOptions
 
 REPO = Path(__file__).resolve().parents[1]
 
+pytest_plugins = ["tests.broker"]
+
 disable_usage_telemetry()
+
+# Hypothesis profiles. "ci": the same examples on every run and no example database, so a red
+# CI is a real defect that reproduces, not a flake; print_blob gives the exact failing example
+# to replay with @reproduce_failure. Timing checks are off because the CI box is shared.
+# "fuzz": many fresh random examples, run by hand with `make fuzz`; whatever it finds becomes
+# an explicit test. Without either, developers get Hypothesis' defaults (random, with the
+# database in .hypothesis/).
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "2000")),
+    derandomize=False,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") == "true" else "default")
+)
 
 
 @pytest.fixture(scope="session")
@@ -75,17 +107,6 @@ def compiled(resolve: Callable[[str], ResolvedModel], cache_dir: Path) -> Compil
         return done[key]
 
     return _compile
-
-
-def sample(name: str) -> npt.NDArray[np.uint8]:
-    """A scikit-image sample photo (RGB, or grey for `page`), typed."""
-    image = getattr(skimage.data, name)()
-    return np.asarray(image, dtype=np.uint8)
-
-
-def bgr(rgb: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    """skimage gives RGB; cameras and cv2 give BGR."""
-    return np.ascontiguousarray(rgb[:, :, ::-1])
 
 
 @pytest.fixture(scope="session")

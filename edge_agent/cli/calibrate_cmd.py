@@ -1,23 +1,27 @@
-"""`edge-agent calibrate`: INT8 on this device's own data, gated on accuracy."""
+"""`edge-agent calibrate`: INT8 on this device's own data, gated on accuracy.
+
+stdout carries only the result (the table, or one JSON object with --json);
+progress lines and NNCF's bars and logs go to stderr, so the output can be piped.
+NNCF and OpenVINO are imported when the command runs, not when the CLI starts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.table import Table
 
-from edge_agent.catalog.manifest import AudioInput
-from edge_agent.cli.common import catalog
-from edge_agent.quantize.api import calibrate
-from edge_agent.quantize.calibrate import CalibrationData
-from edge_agent.quantize.data import load_clips, load_frames, resolve_data
-from edge_agent.quantize.recipe import CalibrationReport, Recipe, load_recipe
+    from edge_agent.catalog.catalog import ResolvedModel
+    from edge_agent.quantize.calibrate import Progress
+    from edge_agent.quantize.recipe import CalibrationReport
 
 
 def register(commands: Any) -> None:
@@ -29,32 +33,58 @@ def register(commands: Any) -> None:
         "--data", required=True, help="image folder, video, WAV (or folder), or pipeline:<id>"
     )
     parser.add_argument(
-        "--recipe", type=Path, help="recipe TOML (default: calibration/<model>.toml)"
+        "--recipe", type=Path, help="recipe TOML (default: the model's reference recipe)"
     )
-    parser.add_argument("--device", default="CPU", help="device to measure throughput on")
     parser.add_argument(
-        "--out", type=Path, help="output folder (default: <cache>/calibrated/<model>)"
+        "--device",
+        default="CPU",
+        help="device the model will run on: the gate scores and measures it there (default: CPU)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="output folder, replaced whole on success (default: <state>/calibrated/<model>)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.set_defaults(run=run)
 
 
-def default_recipe(model: str) -> Path:
-    return Path(__file__).resolve().parents[2] / "calibration" / f"{model}.toml"
-
-
 def run(args: argparse.Namespace) -> int:
-    cat = catalog(args)
-    resolved = cat.resolve(args.model)
-    recipe_path = args.recipe or default_recipe(resolved.manifest.name)
-    recipe = load_recipe(recipe_path) if recipe_path.is_file() or args.recipe else Recipe()
-    source = resolve_data(args.data, cat.cache)
-    spec = resolved.manifest.input
-    if isinstance(spec, AudioInput):
-        data = CalibrationData([], load_clips(source, spec.sample_rate))
+    from edge_agent.cli.common import catalog, layout
+    from edge_agent.quantize.data import calibration_data, recipe_for, resolve_data
+    from edge_agent.quantize.output import check_output
+    from edge_agent.quantize.recipe import load_recipe
+
+    # Every argument that can be wrong is checked before the model is fetched or a frame read.
+    if args.out is not None:
+        check_output(args.out)
+    places = layout(args)
+    source = resolve_data(args.data, places)
+    recipe = load_recipe(args.recipe) if args.recipe is not None else None
+    resolved = catalog(args).resolve(args.model)
+    out: Path = args.out or places.calibrated / resolved.manifest.name
+    if args.out is None:
+        check_output(out)
+    if recipe is None:
+        recipe = recipe_for(resolved.manifest)
+    with _stdout_to_stderr():
+        # NNCF and OpenVINO load here: seconds of imports the rest of the CLI does not pay.
+        from edge_agent.quantize.api import calibrate
+
+        data = calibration_data(source, resolved.manifest, recipe)
+        path, report = calibrate(resolved, data, recipe, out, args.device, _progress(resolved))
+    if args.json:
+        print(json.dumps(summary(report, path)), flush=True)
     else:
-        data = CalibrationData(load_frames(source, recipe.max_samples), [])
-    out = args.out or cat.cache / "calibrated" / resolved.manifest.name
+        from rich.console import Console
+
+        Console().print(render(report, path))
+    return 0
+
+
+def _progress(resolved: ResolvedModel) -> Progress:
+    from rich.console import Console
+
     console = Console(stderr=True)
     last = [""]
 
@@ -63,23 +93,38 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[bold]calibrate[/] {resolved.manifest.name}: {stage}")
             last[0] = stage
 
-    # NNCF draws its own progress bars on stdout; keep stdout for the JSON report.
-    redirect = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
-    with redirect:
-        path, report = calibrate(resolved, data, recipe, out, args.device, progress)
-    if args.json:
-        print(json.dumps(summary(report, path)))
-    else:
-        Console().print(render(report, path))
-    return 0
+    return progress
 
 
-def summary(report: CalibrationReport, path: Path | None) -> dict[str, Any]:
-    """The report as one JSON object, with the output path."""
-    return {**report.model_dump(mode="json"), "path": str(path) if path else None}
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to stdout meanwhile to stderr, at both levels.
+
+    NNCF draws rich progress bars on sys.stdout and logs through a handler bound to
+    the original sys.stdout at import; native code writes to fd 1. Redirecting fd 1
+    catches all of them; redirect_stdout catches Python writers that look it up late.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        with contextlib.suppress(ValueError, OSError):
+            sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
-def render(report: CalibrationReport, path: Path | None) -> Table:
+def summary(report: CalibrationReport, path: Path) -> dict[str, Any]:
+    """The report as one JSON object, with the output model's path."""
+    return {**report.model_dump(mode="json"), "path": str(path)}
+
+
+def render(report: CalibrationReport, path: Path) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"calibration of {report.model}: {report.mode}", show_header=False)
     table.add_row("result", report.reason)
     for rung in report.rungs:
@@ -91,6 +136,11 @@ def render(report: CalibrationReport, path: Path | None) -> Table:
     table.add_row("samples", f"{report.samples} calibration, {report.holdout_samples} held out "
                   f"(of {report.samples_available} read)")  # fmt: skip
     table.add_row(
+        "precision",
+        f"{report.precision} on {report.device}"
+        + (" (pinned in the manifest)" if report.precision_pinned else " (device default)"),
+    )
+    table.add_row(
         "throughput",
         f"f32 {report.throughput_before:.1f} FPS, default ({report.default_precision}) "
         f"{report.throughput_default:.1f} FPS, after {report.throughput_after:.1f} FPS",
@@ -99,6 +149,6 @@ def render(report: CalibrationReport, path: Path | None) -> Table:
         "speedup", f"{report.speedup:.2f}x over f32, {report.speedup_vs_default:.2f}x over default"
     )
     table.add_row("size", f"{report.size_before / 1e6:.1f} MB -> {report.size_after / 1e6:.1f} MB")
-    table.add_row("output", str(path) if path else "none (FP32 kept)")
+    table.add_row("output", str(path))
     table.add_row("duration", f"{report.duration_s:.0f} s")
     return table

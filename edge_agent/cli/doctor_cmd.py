@@ -4,26 +4,34 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-from edge_agent.doctor import DoctorReport, collect
+from edge_agent.cli.common import layout
 from edge_agent.errors import EdgeAgentError
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from edge_agent.doctor import DoctorReport
 
 
 def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
-        "doctor", help="list engines, devices, GPU/NPU access and the model cache"
+        "doctor",
+        help="list engines, devices, GPU/NPU access, and check the cache and state folders",
+        description="Exits non-zero when no engine works or a folder edge-agent writes "
+        "to is not writable.",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    report = collect(Path(args.cache_dir))
+    from rich.console import Console
+
+    from edge_agent.doctor import collect
+
+    report = collect(layout(args))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
     else:
@@ -32,11 +40,21 @@ def run(args: argparse.Namespace) -> int:
         raise EdgeAgentError(
             "no usable inference engine or device found: " + "; ".join(report.problems),
             "reinstall with `make install` and check `pip show openvino onnxruntime`",
+            code="device.unavailable",
+        )
+    if not (report.cache_writable and report.state_writable):
+        raise EdgeAgentError(
+            "; ".join(p for p in report.problems if "not writable" in p),
+            "fix the folder's permissions, or point --cache-dir/--state-dir "
+            "($EDGE_AGENT_CACHE/$EDGE_AGENT_STATE_DIR) at folders you can write",
+            code="path.unwritable",
         )
     return 0
 
 
 def render(report: DoctorReport) -> Table:
+    from rich.table import Table
+
     table = Table(title="edge-agent doctor", show_header=False)
     table.add_row("OpenVINO", report.openvino or "[red]missing[/]")
     table.add_row(
@@ -52,9 +70,16 @@ def render(report: DoctorReport) -> Table:
     table.add_row("/dev/dri", ", ".join(report.dri_nodes) or "none (no iGPU exposed)")
     table.add_row("render access", "yes" if report.render_access else "no")
     table.add_row("NPU driver", "present" if report.npu_driver else "absent (/dev/accel)")
-    table.add_row("model cache", f"{report.cache_dir} ({report.cache_bytes / 1e6:.1f} MB)")
+    table.add_row(
+        "model cache",
+        f"{report.cache_dir} ({report.cache_bytes / 1e6:.1f} MB"
+        + (")" if report.cache_writable else ", [red]not writable[/])"),
+    )
     for name in report.cached_models:
         table.add_row("", name)
+    table.add_row(
+        "state", report.state_dir + ("" if report.state_writable else " ([red]not writable[/])")
+    )
     for problem in report.problems:
         table.add_row("[red]problem[/]", problem)
     return table

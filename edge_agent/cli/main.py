@@ -1,44 +1,46 @@
 """`edge-agent`: the local command line, for running models on the box with no broker.
 
-Every user mistake ends as one line on stderr and a non-zero exit: an
-`EdgeAgentError` carries its own fix; argparse errors exit 2 as usual.
+Every user mistake ends as one line on stderr and exit 2: an `EdgeAgentError`
+carries its own fix and code, and argparse's own errors use the same shape.
+
+Start-up is kept cheap: building the parser imports argparse-level modules
+only; each command imports its engine, numpy, rich and so on when it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from edge_agent import __version__
+from edge_agent.cli.common import CliParser
 from edge_agent.errors import EdgeAgentError
-from edge_agent.privacy import disable_usage_telemetry
+from edge_agent.paths import Layout
 
 EXIT_USER_ERROR = 2
 
-
-def default_cache_dir() -> Path:
-    """$EDGE_AGENT_CACHE, else the XDG cache folder; read when the CLI starts, not at import."""
-    explicit = os.environ.get("EDGE_AGENT_CACHE")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "edge-agent"
+COMMANDS = (
+    "infer_cmd",
+    "bench_cmd",
+    "doctor_cmd",
+    "models_cmd",
+    "pipeline_cmd",
+    "calibrate_cmd",
+    "agent_cmd",
+    "demo_cmd",
+)
+"""Modules under edge_agent.cli, each with a `register(subparsers)`."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from edge_agent.cli import (
-        bench_cmd,
-        calibrate_cmd,
-        doctor_cmd,
-        infer_cmd,
-        models_cmd,
-        pipeline_cmd,
-    )
-
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="edge-agent", description="Inference runtime and agent for Intel edge boxes."
     )
     parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
@@ -46,30 +48,87 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-dir",
         type=Path,
         default=None,
-        help="fetched models, prepared IR and compiled blobs (default: $EDGE_AGENT_CACHE "
+        help="rebuildable files: fetched models, prepared IR, compiled blobs (default: "
+        "$EDGE_AGENT_CACHE, then $CACHE_DIRECTORY, then $XDG_CACHE_HOME/edge-agent "
         "or ~/.cache/edge-agent)",
     )
     parser.add_argument(
-        "--models-dir", type=Path, default=None, help="folder of model manifests (*.toml)"
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="files that must survive: the model store, captures, calibrated models "
+        "(default: $EDGE_AGENT_STATE_DIR, then $STATE_DIRECTORY, then "
+        "$XDG_STATE_HOME/edge-agent or ~/.local/state/edge-agent)",
+    )
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        default=None,
+        help="folder of model manifests (*.toml) (default: the reference models)",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log more on stderr: -v for INFO (source live, model swapped), -vv for DEBUG",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["kv", "json"],
+        default="kv",
+        help="log lines as key=value pairs or as JSON objects",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (infer_cmd, bench_cmd, doctor_cmd, models_cmd, pipeline_cmd, calibrate_cmd):
-        module.register(commands)
+    for name in COMMANDS:
+        importlib.import_module(f"edge_agent.cli.{name}").register(commands)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def error_line(exc: EdgeAgentError) -> str:
+    """The one line an operator sees: problem; fix [code]."""
+    return f"edge-agent: error: {exc} [{exc.code}]"
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; an operator's mistake becomes one line and exit 2."""
+    from edge_agent.logs import setup_logging
+    from edge_agent.privacy import disable_usage_telemetry
+
+    setup_logging(args.verbose, args.log_format, sys.stderr)
     disable_usage_telemetry()
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.cache_dir is None:
-        args.cache_dir = default_cache_dir()
+    args.layout = Layout.from_env(os.environ, cache=args.cache_dir, state=args.state_dir)
     try:
         code: int = args.run(args)
     except EdgeAgentError as exc:
-        print(f"edge-agent: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("edge-agent: interrupted", file=sys.stderr)
         return 130
     return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse and run one command; returns the exit code (callable in-process, e.g. by tests)."""
+    return run_command(build_parser().parse_args(argv))
+
+
+def entry() -> NoReturn:
+    """The `edge-agent` and `python -m edge_agent` entry point: main(), then leave at once.
+
+    Once a command has run, everything it opened is closed; its output is
+    flushed here and the process ends with os._exit, skipping interpreter
+    teardown. That teardown races OpenVINO's engine threads: a request's
+    completion wrapper takes the GIL again just after our callback has returned,
+    and a thread that asks for the GIL during finalization is ended with
+    pthread_exit, which through C++ frames is std::terminate ("terminate called
+    without an active exception", exit 134). --help and usage errors exit in
+    parse_args, normally, before any engine is loaded.
+    """
+    code = main()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe has nothing to flush to
+            stream.flush()
+    os._exit(code)

@@ -3,11 +3,18 @@
 A recurrent model's state links each window to the one before, so windows run
 one after another (no parallel requests); at 512 samples a window the model
 costs well under a millisecond, far inside the 32 ms each window lasts.
+
+A reader thread takes windows from the source into a short queue, so `stop()`
+ends `run()` promptly even while a microphone read (or the source's close) is
+blocked. Event rules follow the VAD's speech timeline, not the closing of
+segments, so "appeared" and "gone" come as soon as the hysteresis decides,
+stamped with the times speech started and ended.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 
@@ -15,24 +22,86 @@ import numpy as np
 
 from edge_agent.catalog.manifest import Manifest
 from edge_agent.errors import EdgeAgentError
-from edge_agent.heads.base import Result
-from edge_agent.heads.vad import VadConfig, VadSegmenter
-from edge_agent.pipelines.base import AudioSource, Event, FrameResult, Sink, SourceError
+from edge_agent.heads.base import Result, SpeechSegment
+from edge_agent.heads.vad import SpeechMark, VadConfig, VadSegmenter
+from edge_agent.logs import error_text, log_event
+from edge_agent.pipelines.base import (
+    AudioChunk,
+    AudioSource,
+    Event,
+    FrameResult,
+    Sink,
+    SourceError,
+)
 from edge_agent.pipelines.events import EventTracker
+from edge_agent.pipelines.stopping import POLL_S, StopFlag
 from edge_agent.runtime.base import CompiledModel
 from edge_agent.runtime.stateful import StatefulVad
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 
 log = logging.getLogger(__name__)
 
+# Windows read ahead of the model: half a second at 32 ms a window.
+_READ_AHEAD = 16
+# How long a stopping `run()` waits for the source to close before leaving it to finish
+# on its own; with the poll above, well inside the 2 s a stop may take.
+_CLOSE_WAIT_S = 1.0
+# A failing sink is logged at most this often, so a broken disk is one line a minute.
+_SINK_LOG_EVERY_S = 60.0
+# The tracker only asks whether speech is present, not where.
+_SPEAKING: list[Result] = [SpeechSegment(start=0.0, end=0.0)]
+
 
 def vad_config(manifest: Manifest) -> VadConfig:
     """The VAD head of an audio model, or a clear error for any other model."""
     if not isinstance(manifest.head, VadConfig):
         raise EdgeAgentError(
-            f"{manifest.name} is not an audio model", "use a video or image source with it"
+            f"{manifest.name} is not an audio model",
+            "use a video or image source with it",
+            code="model.incompatible",
         )
     return manifest.head
+
+
+_Item = AudioChunk | BaseException | None
+
+
+class _Reader:
+    """Reads a source on its own thread into a bounded queue, until the end or `halt()`."""
+
+    def __init__(self, source: AudioSource, name: str) -> None:
+        self.queue: queue.Queue[_Item] = queue.Queue(maxsize=_READ_AHEAD)
+        self._source = source
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"read-{name}", daemon=True)
+        self._thread.start()
+
+    def halt(self) -> int:
+        """Stop reading; returns how many windows were read but never taken."""
+        self._halt.set()
+        left = 0
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                return left
+            left += isinstance(item, AudioChunk)
+
+    def _run(self) -> None:
+        while not self._halt.is_set():
+            item: _Item
+            try:
+                item = self._source.read()
+            except BaseException as exc:  # handed to run(), which raises what is not a SourceError
+                item = exc
+            while not self._halt.is_set():
+                try:
+                    self.queue.put(item, timeout=POLL_S)
+                    break
+                except queue.Full:
+                    continue
+            if not isinstance(item, AudioChunk):
+                return
 
 
 class AudioPipeline:
@@ -53,84 +122,163 @@ class AudioPipeline:
         self.source = source
         self.telemetry = telemetry
         self.error: SourceError | None = None
+        self.failures = 0
+        """Sink calls that raised."""
         self._model = model
         self._config = vad_config(manifest)
         self._label = manifest.name
         self._sinks = sinks
         self._events = events
         self._max_frames = max_frames
-        self._stop = threading.Event()
+        self._stop = StopFlag()
+        self._sink_logged: dict[int, float] = {}
 
     def stop(self) -> None:
-        """Return from `run` after the current window; thread-safe."""
+        """Make `run` return within about a second, whatever the source does.
+
+        Thread-safe, and safe to call from a signal handler.
+
+        The window being processed finishes; windows read but not yet processed are
+        counted as dropped.
+        """
         self._stop.set()
 
     def run(self) -> PipelineStats:
-        """Process windows until the source ends, `max_frames`, `stop()` or a source error."""
+        """Process windows until the source ends, `max_frames`, `stop()` or a source error.
+
+        Raises:
+            Exception: a bug in the source (anything but a SourceError), after cleaning up.
+        """
         c = self._config
         segmenter = VadSegmenter(c)
         vad = StatefulVad(self._model, c)
         context = np.zeros(c.context, dtype=np.float32)
-        ts = 0.0
+        end_ts = 0.0
         count = 0
+        bug: BaseException | None = None
         self.telemetry.reset()
+        reader = _Reader(self.source, self.name)
         try:
             while not self._stop.is_set() and (
                 self._max_frames is None or count < self._max_frames
             ):
                 try:
-                    chunk = self.source.read()
-                except SourceError as exc:
-                    self.error = exc
+                    item = reader.queue.get(timeout=POLL_S)
+                except queue.Empty:
+                    continue
+                if item is None:
                     break
-                if chunk is None:
+                if isinstance(item, SourceError):
+                    self.error = item
+                    break
+                if isinstance(item, BaseException):
+                    bug = item
                     break
                 t0 = time.perf_counter()
-                window = np.concatenate([context, chunk.samples])
-                context = chunk.samples[-c.context :]
+                window = np.concatenate([context, item.samples])
+                context = item.samples[-c.context :] if c.context else context
                 t1 = time.perf_counter()
                 probability = vad.step(window)
                 t2 = time.perf_counter()
-                results: list[Result] = list(segmenter.push(probability))
-                ts = chunk.ts
-                self._emit(chunk.index, ts, results, t0, t1, t2, chunk.read_s)
+                step = segmenter.step(probability)
+                events = self._timeline(step.marks)
+                end_ts = item.ts + len(item.samples) / c.sample_rate
+                self._emit(item, list(step.closed), events, t0, t1, t2)
                 count += 1
         finally:
-            self.source.close()
-        tail: list[Result] = list(segmenter.flush())
-        if tail:
-            now = time.perf_counter()
-            self._emit(count, ts, tail, now, now, now, 0.0)
+            unread = reader.halt()
+            if self._stop.is_set():
+                # Read ahead but cut off by the stop; after max_frames they were never wanted.
+                self.telemetry.count("dropped_on_stop", unread)
+            self._close_source()
+        # The stream has ended for this pipeline, however it ended: close the open
+        # segment and let absence clocks run to the end.
+        tail = segmenter.finish()
+        events = self._timeline(tail.marks) + self._events.flush(end_ts)
+        if tail.closed or events:
+            # A segment cut off by the end belongs to no window: it gets the next number.
+            index = count if tail.closed else -1
+            self._send(
+                FrameResult(self.name, index, end_ts, list(tail.closed), events, {}, self._label)
+            )
         if self.error is not None:
-            event = Event(kind="source_error", ts=ts, detail=str(self.error))
-            log.error("pipeline=%s event=source_error detail=%s", self.name, self.error)
-            self._send(FrameResult(self.name, count, ts, [], [event], {}, self._label))
+            event = Event(kind="source_error", ts=end_ts, detail=str(self.error))
+            log_event(
+                log,
+                logging.ERROR,
+                "source_error",
+                pipeline=self.name,
+                code=self.error.code,
+                detail=str(self.error),
+            )
+            self._send(FrameResult(self.name, -1, end_ts, [], [event], {}, self._label))
+        if bug is not None:
+            raise bug
         return self.telemetry.snapshot()
+
+    def _timeline(self, marks: list[SpeechMark]) -> list[Event]:
+        events: list[Event] = []
+        for mark in marks:
+            events += self._events.update(mark.ts, _SPEAKING if mark.speaking else [])
+        return events
+
+    def _close_source(self) -> None:
+        # A microphone's close waits for arecord to exit; do not let it hold up a stop.
+        closer = threading.Thread(target=self.source.close, name=f"close-{self.name}", daemon=True)
+        closer.start()
+        closer.join(_CLOSE_WAIT_S)
+        if closer.is_alive():
+            log_event(log, logging.WARNING, "source_close_pending", pipeline=self.name)
 
     def _emit(
         self,
-        index: int,
-        ts: float,
+        chunk: AudioChunk,
         results: list[Result],
+        events: list[Event],
         t0: float,
         t1: float,
         t2: float,
-        read_s: float,
     ) -> None:
-        events = self._events.update(ts, results)
         t3 = time.perf_counter()
-        self._send(FrameResult(self.name, index, ts, results, events, {}, self._label))
+        timings = {
+            "read": chunk.read_s,
+            "preprocess": t1 - t0,
+            "infer": t2 - t1,
+            "postprocess": t3 - t2,
+        }
+        self._send(
+            FrameResult(self.name, chunk.index, chunk.ts, results, events, timings, self._label)
+        )
         t4 = time.perf_counter()
         t = self.telemetry
-        t.record("read", read_s)
+        t.record("read", chunk.read_s)
         t.record("preprocess", t1 - t0)
         t.record("queue", 0.0)
         t.record("infer", t2 - t1)
         t.record("postprocess", t3 - t2)
         t.record("sink", t4 - t3)
-        t.record("end_to_end", t4 - t0 + read_s)
+        t.record("end_to_end", t4 - t0 + chunk.read_s)
         t.frame_done()
 
     def _send(self, result: FrameResult) -> None:
         for sink in self._sinks:
-            sink.emit(result)
+            try:
+                sink.emit(result)
+            except Exception as exc:
+                # The runner guards every sink; this is the backstop for a pipeline built
+                # without it: one broken sink must neither stop the audio nor starve the rest.
+                self.failures += 1
+                self.telemetry.count("sink_failures")
+                now = time.monotonic()
+                last = self._sink_logged.get(id(sink))
+                if last is None or now - last >= _SINK_LOG_EVERY_S:
+                    self._sink_logged[id(sink)] = now
+                    log_event(
+                        log,
+                        logging.WARNING,
+                        "sink_failed",
+                        pipeline=self.name,
+                        sink=type(sink).__name__,
+                        failures=self.failures,
+                        error=error_text(exc),
+                    )

@@ -22,7 +22,8 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.audio.resample import resample
-from edge_agent.audio.wav import WavError, read_wav, to_mono
+from edge_agent.audio.wav import WavError, load_wav, to_mono
+from edge_agent.logs import log_event
 from edge_agent.pipelines.base import AudioChunk, AudioSource, SourceError
 
 log = logging.getLogger(__name__)
@@ -125,26 +126,49 @@ class WavSource:
             SourceError: the file is missing or is not a WAV this reader decodes.
         """
         try:
-            samples, rate = read_wav(path)
+            wav = load_wav(path)
         except FileNotFoundError:
-            raise SourceError(f"WAV file {path} does not exist", fix="check the path") from None
+            raise SourceError(
+                f"WAV file {path} does not exist", fix="check the path", code="source.unreachable"
+            ) from None
         except OSError as exc:
-            raise SourceError(f"cannot read WAV file {path}: {exc.strerror}") from None
+            raise SourceError(
+                f"cannot read WAV file {path}: {exc.strerror}",
+                fix="check the file's permissions",
+                code="source.unreachable",
+            ) from None
         except WavError as exc:
             raise SourceError(
                 f"cannot decode WAV file {path}: {exc}",
                 fix="re-export it as PCM WAV, e.g. `sox in.wav -e signed -b 16 out.wav`",
+                code="input.unreadable",
             ) from None
-        self._audio = resample(to_mono(samples), rate, sample_rate)
+        self._path = path
+        self._missing_s = wav.missing_s
+        self._audio = resample(to_mono(wav.samples), wav.rate, sample_rate)
         self._rate = sample_rate
         self._hop = hop
         self._index = 0
 
     def read(self) -> AudioChunk | None:
-        """The next `hop` samples (the last chunk padded with zeros); None at the end."""
+        """The next `hop` samples (the last chunk padded with zeros); None at the end.
+
+        Raises:
+            SourceError: once, after the last chunk, when the file is shorter than its
+                header says (a copy interrupted, a recorder killed mid-write).
+        """
         start = time.perf_counter()
         begin = self._index * self._hop
         if begin >= len(self._audio):
+            if self._missing_s > 0:
+                missing, self._missing_s = self._missing_s, 0.0  # raise once, then end
+                raise SourceError(
+                    f"WAV file {self._path} ends {missing:.2f} s short of what its header "
+                    f"declares, after {len(self._audio) / self._rate:.2f} s: it is truncated",
+                    fix="re-copy the file, or re-export what is left with "
+                    f"`sox --ignore-length {self._path} fixed.wav`",
+                    code="source.failed",
+                )
             return None
         samples = self._audio[begin : begin + self._hop]
         if len(samples) < self._hop:
@@ -174,7 +198,9 @@ class MicSource:
         """
         exe = shutil.which("arecord")
         if exe is None:
-            raise SourceError("arecord is not installed", fix=_ARECORD_FIX)
+            raise SourceError(
+                "arecord is not installed", fix=_ARECORD_FIX, code="source.unreachable"
+            )
         self._device = device
         self._rate = sample_rate
         self._hop = hop
@@ -194,7 +220,9 @@ class MicSource:
             )
         except OSError as exc:
             self._stderr.close()
-            raise SourceError(f"cannot start {exe}: {exc.strerror}", fix=_ARECORD_FIX) from None
+            raise SourceError(
+                f"cannot start {exe}: {exc.strerror}", fix=_ARECORD_FIX, code="source.unreachable"
+            ) from None
         self._thread = threading.Thread(target=self._pump, name=f"mic:{device}", daemon=True)
         self._thread.start()
 
@@ -221,7 +249,7 @@ class MicSource:
                 before = self._ring.overwritten
                 self._ring.write(samples)
                 if self._ring.overwritten > before and before == 0:
-                    log.warning("source=mic device=%s event=overrun", self._device)
+                    log_event(log, logging.WARNING, "mic_overrun", device=self._device)
                 self._cond.notify()
         with self._cond:
             self._ended = True
@@ -262,6 +290,7 @@ class MicSource:
             return SourceError(
                 f"no audio from ALSA device {self._device!r} for {self._stall_s:g} s",
                 fix="check the device with `arecord -l` and that nothing else holds it",
+                code="source.failed",
             )
         # Its output closes a moment before it exits; wait for the code and message.
         try:
@@ -274,6 +303,7 @@ class MicSource:
         return SourceError(
             f"arecord exited with code {code} on device {self._device!r}: {why}",
             fix=f"check the device with `arecord -l`; if arecord is missing, {_ARECORD_FIX}",
+            code="source.failed",
         )
 
     def close(self) -> None:

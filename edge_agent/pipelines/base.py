@@ -32,7 +32,13 @@ class Frame:
     image: npt.NDArray[np.uint8]
     """H x W x 3, BGR, as OpenCV decodes it."""
     read_s: float
-    """Seconds spent reading and decoding this frame."""
+    """Seconds spent reading and decoding this frame; for a realtime file also the time it
+    waited to be taken, so that end-to-end latency counts from its capture."""
+    source: str | None = None
+    """The file the frame came from, for image folders; None for videos and live feeds."""
+    scale: int = 1
+    """The JPEG reduction it was decoded at (1, 2, 4, 8): its pixels times this are the
+    camera's. Only above 1 when the pipeline passed the source a `min_size`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +97,13 @@ class Event(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["appeared", "gone", "source_error", "source_reconnecting", "model_swapped"] = (
-        Field(description="What happened.")
+    kind: Literal[
+        "appeared", "gone", "source_error", "source_reconnecting", "model_swapped", "pipeline_error"
+    ] = Field(
+        description=(
+            "What happened; pipeline_error: the stream ended for a reason other than its "
+            "source (the engine refused a frame)."
+        )
     )
     rule: str = Field(default="", description="Name of the rule that fired, if any.")
     label: str = Field(default="", description="Label concerned, for appeared/gone.")
@@ -106,18 +117,25 @@ class FrameResult:
 
     pipeline: str
     frame: int
+    """The frame's index in its source; -1 for a result that only carries events."""
     ts: float
     results: list[Result]
     events: list[Event]
     timings: dict[str, float]
-    """Seconds per stage: read, preprocess, queue, infer, postprocess (sink is measured after)."""
+    """Seconds per stage: read, preprocess, queue, infer, postprocess (sink is measured after);
+    empty for results that carry only events (`frame` -1)."""
     model: str
     image: npt.NDArray[np.uint8] | None = field(default=None, repr=False)
     """The frame itself, for snapshot sinks; never serialised."""
+    source: str | None = None
+    """The file the frame came from (image folders); see `Frame.source`."""
+    calls: int = 1
+    """Model calls this frame took: 1 in mode "frame", one per tile or region otherwise
+    (0 when a still scene needed none); not serialised, telemetry reports the mean."""
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON-lines form: `frame`, `ts`, results, events (no image)."""
-        return {
+        """The JSON-lines form: `frame`, `ts`, `source` if known, results, events (no image)."""
+        line: dict[str, Any] = {
             "pipeline": self.pipeline,
             "frame": self.frame,
             "ts": round(self.ts, 6),
@@ -125,6 +143,9 @@ class FrameResult:
             "results": [r.model_dump(mode="json") for r in self.results],
             "events": [e.model_dump(mode="json", exclude_defaults=False) for e in self.events],
         }
+        if self.source is not None:
+            line["source"] = self.source
+        return line
 
 
 class Sink(Protocol):

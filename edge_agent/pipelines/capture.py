@@ -6,11 +6,19 @@ frame offered so far in a fixed number of slots; frames are offered at most
 every `min_interval_s` so near-identical neighbours don't crowd the sample.
 A slot file is replaced atomically, and a byte quota stops the sink from
 writing before the disk fills.
+
+The sample survives restarts: the number of frames offered so far is kept in
+`reservoir.json` beside the slots. Without it a restarted pipeline would treat
+its full reservoir as a sample of a few frames and overwrite most of it within
+minutes; with it, 200 new frames after 5,000 replace about 50 * 200 / 5,200 = 2
+slots, as a uniform sample of all 5,200 should.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
 from pathlib import Path
 from typing import Literal
@@ -18,14 +26,16 @@ from typing import Literal
 import cv2
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.logs import error_text, log_event
 from edge_agent.pipelines.base import FrameResult
 
 log = logging.getLogger(__name__)
 
+STATE_FILE = "reservoir.json"
 
-def capture_folder(cache: Path, pipeline: str) -> Path:
-    """Where pipeline `pipeline` keeps its captured frames by default."""
-    return cache / "captures" / pipeline
+SAVE_EVERY = 100
+"""Offers between two saves of the count: a crash forgets at most these, which biases a
+sample of thousands by a few percent at worst, at one small fsync per 100 offers."""
 
 
 class CaptureSinkSpec(BaseModel):
@@ -35,7 +45,8 @@ class CaptureSinkSpec(BaseModel):
 
     type: Literal["capture"] = Field(default="capture", description="Sink selector.")
     folder: Path | None = Field(
-        default=None, description="Where to keep frames; None: <cache>/captures/<pipeline id>."
+        default=None,
+        description="Where to keep frames; None: the pipeline's captures folder in the state dir.",
     )
     frames: int = Field(default=300, ge=1, le=100_000, description="Reservoir size.")
     min_interval_s: float = Field(
@@ -46,36 +57,82 @@ class CaptureSinkSpec(BaseModel):
 
 
 class CaptureSink:
-    """Sink that keeps a reservoir sample of frames as JPEG files."""
+    """Sink that keeps a reservoir sample of frames as JPEG files.
+
+    Raises (from `emit` and `close`): OSError when the folder cannot be written;
+    the pipeline's guard counts it and the sample carries on with the next frame.
+    """
 
     def __init__(self, spec: CaptureSinkSpec, folder: Path) -> None:
         self.spec = spec
         self.folder = folder
-        self.offered = 0
         self.kept = 0
         self.over_quota = 0
-        self._random = random.Random(spec.seed)
         self._last_ts: float | None = None
         folder.mkdir(parents=True, exist_ok=True)
         # Resume: a restarted pipeline keeps filling the sample it had.
-        self._slots = len(list(folder.glob("slot-*.jpg")))
+        self._slots = min(len(list(folder.glob("slot-*.jpg"))), spec.frames)
+        self.offered = self._load_offered()
+        self._saved = self.offered
+        # A fixed seed must not replay the first run's draws after a restart.
+        resumed = spec.seed is not None and self.offered > 0
+        self._random = random.Random(f"{spec.seed}:{self.offered}" if resumed else spec.seed)
 
     def emit(self, result: FrameResult) -> None:
+        """Offer the frame to the reservoir, if enough stream time has passed."""
         if result.image is None or result.frame < 0:
             return
         if self._last_ts is not None and result.ts - self._last_ts < self.spec.min_interval_s:
             return
         self._last_ts = result.ts
         self.offered += 1
+        slot: int | None
         if self._slots < self.spec.frames:
             slot = self._slots
             self._slots += 1
         else:
             pick = self._random.randrange(self.offered)
-            if pick >= self.spec.frames:
-                return
-            slot = pick
-        self._write(slot, result)
+            slot = pick if pick < self.spec.frames else None
+        if slot is not None:
+            self._write(slot, result)
+        if self.offered - self._saved >= SAVE_EVERY:
+            self._save()
+
+    def close(self) -> None:
+        """Save the count of frames offered, so the next run resumes the sample."""
+        if self.offered != self._saved:
+            self._save()
+
+    def _load_offered(self) -> int:
+        path = self.folder / STATE_FILE
+        try:
+            offered = int(json.loads(path.read_text(encoding="utf-8"))["offered"])
+        except FileNotFoundError:
+            if self._slots:
+                # Slots from a version that kept no count: the least it can have been.
+                log_event(log, logging.INFO, "capture_count_missing", folder=str(self.folder))
+            return self._slots
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log_event(
+                log,
+                logging.WARNING,
+                "capture_count_unreadable",
+                folder=str(self.folder),
+                error=error_text(exc),
+            )
+            return self._slots
+        return max(offered, self._slots)
+
+    def _save(self) -> None:
+        path = self.folder / STATE_FILE
+        tmp = path.with_name(f".{STATE_FILE}.tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            json.dump({"offered": self.offered, "frames": self.spec.frames}, f)
+            f.flush()
+            # Edge boxes lose power; without fsync the rename can outlive the data.
+            os.fsync(f.fileno())
+        tmp.replace(path)
+        self._saved = self.offered
 
     def _write(self, slot: int, result: FrameResult) -> None:
         assert result.image is not None
@@ -87,17 +144,20 @@ class CaptureSink:
         if used + len(data) > self.spec.max_mb * 1e6:
             self.over_quota += 1
             if self.over_quota == 1:
-                log.warning(
-                    "capture=%s event=quota_reached folder=%s", result.pipeline, self.folder
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "capture_quota_reached",
+                    pipeline=result.pipeline,
+                    folder=str(self.folder),
+                    max_mb=self.spec.max_mb,
                 )
             return
         tmp = target.with_suffix(".tmp")
         try:
             tmp.write_bytes(data.tobytes())
             tmp.replace(target)
-            self.kept += 1
-        except OSError as exc:
-            log.warning("capture=%s event=write_failed detail=%s", result.pipeline, exc)
-
-    def close(self) -> None:
-        pass
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        self.kept += 1

@@ -6,7 +6,7 @@ file gives the same events on every run and tests can script a sequence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +19,9 @@ from edge_agent.pipelines.base import Event
 _TS_SLACK = 1e-9
 
 SPEECH_LABEL = "speech"
+
+STREAM_ENDED = "stream ended"
+"""Detail of a "gone" fired because the stream ended with the label still present."""
 
 
 class EventRule(BaseModel):
@@ -43,6 +46,10 @@ class EventRule(BaseModel):
         default=5.0,
         ge=0.0,
         description='Stream seconds without the label before "gone" fires.',
+    )
+    zone: str | None = Field(
+        default=None,
+        description="Only detections whose bottom centre is in this [[zones]] entry count.",
     )
 
 
@@ -89,12 +96,19 @@ class EventTracker:
         self._states = [_RuleState() for _ in self.rules]
         self._last_ts: float | None = None
 
-    def update(self, ts: float, results: Sequence[Result]) -> list[Event]:
+    def update(
+        self,
+        ts: float,
+        results: Sequence[Result],
+        zoned: Mapping[str, Sequence[Result]] | None = None,
+    ) -> list[Event]:
         """Feed one frame's results.
 
         Args:
             ts: Stream time of the frame, in seconds.
             results: What the head found in it.
+            zoned: Per zone name, the detections in it; a rule naming a zone sees only
+                those (none when the zone is missing here).
 
         Returns:
             Events fired by this frame, in rule order.
@@ -109,7 +123,8 @@ class EventTracker:
         scores = label_scores(results)
         events: list[Event] = []
         for rule, state in zip(self.rules, self._states, strict=True):
-            if scores.get(rule.label, -1.0) >= rule.min_score:
+            seen = scores if rule.zone is None else label_scores((zoned or {}).get(rule.zone, ()))
+            if seen.get(rule.label, -1.0) >= rule.min_score:
                 state.streak += 1
                 state.last_seen = ts
                 if not state.present and state.streak >= rule.appear_frames:
@@ -121,20 +136,27 @@ class EventTracker:
         return events
 
     def flush(self, ts: float) -> list[Event]:
-        """End of stream at `ts`: fire "gone" for labels already absent long enough, then reset.
+        """End of stream at `ts`: close every open presence with a "gone", then reset.
 
-        A label still in view at the end gets no "gone": the stream stopped,
-        the object did not leave, and an invented departure would be a false
-        record. A label that left and stayed away for `gone_after_s` by `ts`
-        does get its "gone", though no frame came after to notice it.
+        A label that left and stayed away for `gone_after_s` by `ts` gets its
+        ordinary "gone", though no frame came after to notice it. A label still
+        in view (or not away long enough) gets a "gone" with detail
+        `STREAM_ENDED`: the record then pairs every "appeared" with a "gone", so
+        whoever counts presence (a dashboard, the fleet's state) never keeps an
+        object present forever after its camera stopped, and the detail says
+        the observation ended rather than that the object left.
 
         Returns:
             The "gone" events, in rule order.
         """
         events: list[Event] = []
         for rule, state in zip(self.rules, self._states, strict=True):
-            if state.streak == 0:
-                events.extend(self._check_gone(rule, state, ts))
+            left = self._check_gone(rule, state, ts) if state.streak == 0 else []
+            if not left and state.present:
+                left = [
+                    Event(kind="gone", rule=rule.name, label=rule.label, ts=ts, detail=STREAM_ENDED)
+                ]
+            events.extend(left)
         self._states = [_RuleState() for _ in self.rules]
         self._last_ts = None
         return events

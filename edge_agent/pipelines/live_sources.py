@@ -8,17 +8,29 @@ pipeline what is happening through `status` and the `on_state` callback.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Self
+from urllib.parse import urlsplit
 
 import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from edge_agent.logs import log_event
 from edge_agent.pipelines.base import Frame, SourceError
+from edge_agent.pipelines.decode import (
+    Decoding,
+    JpegDecoder,
+    capture_size,
+    hw_in_use,
+    is_packet,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +79,10 @@ class LiveSource:
     give-up time: the reader reconnects on loss or stall with exponential backoff,
     and reports "failed" (and `read()` raises) after `give_up_after_s` without a frame.
     `on_state` is called from the reader thread; it must not block.
+
+    A feed switched to JPEG packets (`decode.read_packets`) hands over the packet, and
+    `read()` decodes it with `decoder` at its reduced scale, on the consumer's thread,
+    so frames that are replaced before they are taken are never decoded.
     """
 
     def __init__(
@@ -76,8 +92,13 @@ class LiveSource:
         spec: LiveSpec,
         fix: str,
         on_state: StateCallback | None = None,
+        decoder: JpegDecoder | None = None,
+        hw_decode: bool = False,
     ) -> None:
         self._name = name
+        self._decoder = decoder or JpegDecoder(None)
+        self._hw_decode = hw_decode
+        self._hw, self._hw_note, self._packets = "cpu", "", False
         self._connect = connect
         self._spec = spec
         self._fix = fix
@@ -115,12 +136,41 @@ class LiveSource:
         """One of connecting, live, reconnecting, failed."""
         return self._status
 
+    @property
+    def decoding(self) -> Decoding:
+        """Where and at what scale the current connection's frames are decoded."""
+        return Decoding(self._hw, self._hw_note, self._decoder.scale if self._packets else 1)
+
     def read(self) -> Frame | None:
         """The latest frame, waiting for one if need be; None once closed.
 
         Raises:
             SourceError: no frame for give_up_after_s; the source has stopped trying.
         """
+        while True:
+            frame = self._take()
+            if frame is None:
+                break
+            if not is_packet(frame.image):
+                return frame
+            start = time.perf_counter()
+            image = self._decoder.decode(frame.image)
+            if image is not None:
+                read_s = frame.read_s + time.perf_counter() - start
+                return dataclasses.replace(
+                    frame, image=image, read_s=read_s, scale=self._decoder.scale
+                )
+            with self._cond:
+                self._dropped += 1  # a corrupt packet: lost, as a late frame is
+        if self._closed:
+            return None
+        if self._error is None:
+            self._fail(f"reader blocked in the backend; last problem: {self._detail}")
+        assert self._error is not None
+        raise self._error
+
+    def _take(self) -> Frame | None:
+        """The frame (or packet) in the slot, waiting for one; None when closed or failed."""
         # Backstop for a reader wedged in a native call that ignores its timeout.
         grace = self._spec.stall_timeout_s + 2.0
         with self._cond:
@@ -132,12 +182,7 @@ class LiveSource:
             if self._closed:
                 return None
             frame, self._latest = self._latest, None
-            if frame is not None:
-                return frame
-        if self._error is None:
-            self._fail(f"reader blocked in the backend; last problem: {self._detail}")
-        assert self._error is not None
-        raise self._error
+            return frame
 
     def close(self) -> None:
         """Stop the reader thread and release the device; safe to call twice."""
@@ -151,7 +196,13 @@ class LiveSource:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=_JOIN_S)
             if self._thread.is_alive():
-                log.warning("source=%s event=close_pending reason=read_blocked", self._name)
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "source_close_pending",
+                    source=self._name,
+                    reason="read_blocked",
+                )
 
     def _set_state(self, state: str, detail: str) -> None:
         with self._cond:
@@ -159,18 +210,20 @@ class LiveSource:
                 return
             self._status = state
         level = logging.INFO if state == "live" else logging.WARNING
-        log.log(level, "source=%s event=%s detail=%s", self._name, state, detail)
+        log_event(log, level, f"source_{state}", source=self._name, detail=detail)
         if self._on_state is not None:
             try:
                 self._on_state(state, detail)
             except Exception:
                 # A broken listener must not stop the video; its bug keeps its traceback.
-                log.exception("source=%s event=on_state_failed", self._name)
+                log.exception("source=%s on_state listener failed", self._name)
 
     def _fail(self, detail: str) -> None:
         error = SourceError(
             f"{self._name}: no frame for {self._spec.give_up_after_s:g} s, giving up ({detail})",
             fix=self._fix,
+            # Never a frame: it could not be reached. Frames, then none: it failed.
+            code="source.failed" if self._received else "source.unreachable",
         )
         self._stop.set()
         # State first, so a listener hears "failed" before read() raises.
@@ -223,6 +276,7 @@ class LiveSource:
         interval = 1.0 / self._spec.fps_cap if self._spec.fps_cap else 0.0
         due = 0.0
         got = False
+        self._hw, self._hw_note = hw_in_use(cap, self._hw_decode)
         while not self._stop.is_set():
             start = time.perf_counter()
             try:
@@ -230,7 +284,9 @@ class LiveSource:
             except cv2.error as exc:
                 # Corrupt packets can surface as exceptions in some backends: a loss too.
                 ok, image = False, None
-                log.warning("source=%s event=read_error detail=%s", self._name, exc)
+                log_event(
+                    log, logging.WARNING, "source_read_error", source=self._name, error=str(exc)
+                )
             read_s = time.perf_counter() - start
             if not ok or image is None:
                 self._detail = (
@@ -248,7 +304,9 @@ class LiveSource:
                 got = True
                 if self._status == "reconnecting" and self._received > 1:
                     self._reconnects += 1
-                self._set_state("live", f"frames flowing ({image.shape[1]}x{image.shape[0]})")
+                self._packets = is_packet(image)
+                width, height = capture_size(cap) if self._packets else image.shape[1::-1]
+                self._set_state("live", f"frames flowing ({width}x{height})")
             if interval:
                 if now < due:
                     self._capped += 1
@@ -264,3 +322,28 @@ class LiveSource:
                 self._latest = frame
                 self._cond.notify()
         return got
+
+
+_DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "http": 80, "https": 443}
+
+
+def why_unreachable(url: str, timeout_s: float) -> str:
+    """Why FFmpeg could not open `url`, in words, from one TCP connect (its log is muted)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower(), 80)
+    except ValueError:
+        return "the URL's port is not a number"
+    try:
+        with socket.create_connection((host, port), timeout=min(timeout_s, 2.0)):
+            pass
+    except socket.gaierror:
+        return f"host {host!r} does not resolve"
+    except TimeoutError:
+        return f"no answer from {host}:{port} (host down or firewalled)"
+    except OSError as exc:
+        if exc.errno == errno.ECONNREFUSED:
+            return f"connection refused by {host}:{port} (nothing listening there)"
+        return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
+    return f"{host}:{port} answers, but sends no stream FFmpeg reads (check the path and format)"

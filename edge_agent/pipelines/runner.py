@@ -2,26 +2,33 @@
 
 Many pipelines can run in one process; a shared `ModelPool` gives pipelines on
 the same model one compiled model. `PipelineHandle.swap_model` compiles a new
-model in the background and switches between frames.
+model in the background and switches between frames. Every sink is wrapped in a
+`guard.GuardedSink` here, so no sink can stop or hang a pipeline, vision or audio.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from edge_agent.catalog.manifest import AudioInput
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import error_text, log_event
+from edge_agent.paths import Layout
+from edge_agent.pipelines.active import ActiveModel
 from edge_agent.pipelines.audio import AudioPipeline, vad_config
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec, open_audio_source
-from edge_agent.pipelines.base import Event, Sink
-from edge_agent.pipelines.capture import capture_folder
+from edge_agent.pipelines.base import Event, FrameSource, Sink
+from edge_agent.pipelines.detect import Detector
 from edge_agent.pipelines.events import EventTracker
-from edge_agent.pipelines.sinks import build_sink
+from edge_agent.pipelines.guard import GuardedSink, guard_sinks
+from edge_agent.pipelines.sinks import SinkSpec, build_sink, sink_name
 from edge_agent.pipelines.sources import open_source
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
-from edge_agent.pipelines.vision import ActiveModel, VisionPipeline
+from edge_agent.pipelines.vision import VisionPipeline
 from edge_agent.runtime.base import CompiledModel, RuntimeOptions
 from edge_agent.runtime.pool import ModelPool
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
@@ -35,35 +42,68 @@ def runtime_options(ref: ModelRef, pool: ModelPool) -> RuntimeOptions:
     )
 
 
+def _open_sink(spec: SinkSpec, captures: Path) -> Sink:
+    try:
+        return build_sink(spec, captures)
+    except OSError as exc:
+        raise EdgeAgentError(
+            f"sink {sink_name(spec)} cannot be opened: {exc.strerror or exc}",
+            "check that the path exists and is writable, or change the spec's sinks",
+            code="sink.failed",
+        ) from None
+
+
 class PipelineHandle:
-    """A built pipeline: run it, stop it, swap its model."""
+    """A built pipeline: run it, stop it, swap its model.
+
+    Args:
+        spec: What to build.
+        pool: Where compiled models come from (and go back to).
+        extra_sinks: Sinks besides the spec's (the CLI's stdout, a test's callback).
+        layout: Where capture sinks keep frames (`Layout.captures(spec.id)`); by
+            default the layout the environment gives, with the pool's cache.
+        frames: A video source to use instead of opening `spec.source` (tests, the soak).
+    """
 
     def __init__(
         self,
         spec: PipelineSpec,
         pool: ModelPool,
-        extra_sinks: list[Sink] | None = None,
+        extra_sinks: Sequence[Sink] | None = None,
+        *,
+        layout: Layout | None = None,
+        frames: FrameSource | None = None,
     ) -> None:
         self.spec = spec
         self.pool = pool
-        captures = capture_folder(pool.catalog.cache, spec.id)
-        sinks = [build_sink(s, captures) for s in spec.sinks] + list(extra_sinks or [])
-        self.sinks = sinks
+        self.layout = layout or Layout.from_env(os.environ, cache=pool.catalog.cache)
         self.telemetry = PipelineTelemetry(spec.id)
         self.telemetry.enabled = spec.telemetry
-        model, resolved = pool.acquire(
-            spec.model.name, spec.model.backend, runtime_options(spec.model, pool)
-        )
-        self.model = model
-        self._held = [model]
-        tracker = EventTracker(list(spec.events))
-        source_spec = spec.source
+        self._lock = threading.Lock()
+        self._held: list[CompiledModel] = []
+        self.sinks: list[GuardedSink] = []
         try:
+            captures = self.layout.captures(spec.id)
+            for sink_spec in spec.sinks:
+                sink = _open_sink(sink_spec, captures)
+                name = sink_name(sink_spec)
+                self.sinks.append(GuardedSink(sink, name, spec.id, self._sink_failed))
+            extra = list(extra_sinks or [])
+            names = [f"{type(s).__name__}#{i}" for i, s in enumerate(extra)]
+            self.sinks += guard_sinks(extra, spec.id, self._sink_failed, names)
+            model, resolved = pool.acquire(
+                spec.model.name, spec.model.backend, runtime_options(spec.model, pool)
+            )
+            self.model = model
+            self._held.append(model)
+            tracker = EventTracker(list(spec.events))
+            source_spec = spec.source
             if isinstance(source_spec, WavSourceSpec | MicSourceSpec):
                 if not isinstance(resolved.manifest.input, AudioInput):
                     raise EdgeAgentError(
                         f"{resolved.manifest.name} takes images, but the source is audio",
                         "use a video, camera, stream or folder source with it",
+                        code="model.incompatible",
                     )
                 head = vad_config(resolved.manifest)
                 audio = open_audio_source(source_spec, head.sample_rate, head.window)
@@ -72,69 +112,119 @@ class PipelineHandle:
                     audio,
                     model,
                     resolved.manifest,
-                    sinks,
+                    list(self.sinks),
                     self.telemetry,
                     tracker,
                     spec.max_frames,
                 )
             else:
                 active = ActiveModel.build(model, resolved.manifest, spec.model.name)
-                frames = open_source(source_spec, on_state=self._source_state)
+                if frames is None:
+                    frames = open_source(source_spec, on_state=self._source_state)
                 self.pipeline = VisionPipeline(
                     spec.id,
                     frames,
                     active,
-                    sinks,
+                    list(self.sinks),
                     self.telemetry,
                     tracker,
                     spec.max_frames,
                     on_retire=self._retire,
+                    detector=Detector(
+                        spec.detect, spec.zones, spec.masks, self.layout.regions(spec.id)
+                    ),
                 )
         except BaseException:
             self.close()
             raise
 
     def run(self) -> PipelineStats:
+        """Run until the source ends or `stop()`; the summary of the run."""
         return self.pipeline.run()
 
     def stop(self) -> None:
+        """End `run()` within 2 s; safe from any thread and from a signal handler."""
         self.pipeline.stop()
 
     def swap_model(
         self, ref: ModelRef, on_error: Callable[[EdgeAgentError], None] | None = None
     ) -> threading.Thread:
-        """Compile `ref` in the background, then switch to it between two frames."""
+        """Compile `ref` in the background, then switch to it between two frames.
+
+        Args:
+            ref: The model to run next.
+            on_error: Called, on the swap's thread, when the swap fails; a failure that
+                is not an EdgeAgentError (a bug) arrives as one with code "internal".
+        """
         pipeline = self.pipeline
         if not isinstance(pipeline, VisionPipeline):
-            raise EdgeAgentError("hot swap is supported on vision pipelines only")
+            raise EdgeAgentError(
+                "hot swap is supported on vision pipelines only",
+                "stop the audio pipeline and start it with the new model",
+                code="model.incompatible",
+            )
 
         def _compile() -> None:
             try:
                 model, resolved = self.pool.acquire(
                     ref.name, ref.backend, runtime_options(ref, self.pool)
                 )
-                self._held.append(model)
-                pipeline.request_swap(ActiveModel.build(model, resolved.manifest, ref.name))
-            except EdgeAgentError as exc:
-                log.error("pipeline=%s event=swap_failed detail=%s", self.spec.id, exc)
+                try:
+                    active = ActiveModel.build(model, resolved.manifest, ref.name)
+                except BaseException:
+                    self.pool.release(model)
+                    raise
+                with self._lock:
+                    self._held.append(model)
+                pipeline.request_swap(active)
+            except Exception as exc:
+                error = (
+                    exc
+                    if isinstance(exc, EdgeAgentError)
+                    else EdgeAgentError(
+                        f"model swap to {ref.name} failed: {error_text(exc)}",
+                        "see the agent's log for the traceback",
+                        code="internal",
+                    )
+                )
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "swap_failed",
+                    pipeline=self.spec.id,
+                    model=ref.name,
+                    code=error.code,
+                    error=str(error),
+                )
+                if error is not exc:
+                    # A bug keeps its traceback, for whoever asked for debug output.
+                    log.debug("swap_traceback", exc_info=exc)
                 if on_error is not None:
-                    on_error(exc)
+                    on_error(error)
 
         thread = threading.Thread(target=_compile, name=f"swap-{self.spec.id}", daemon=True)
         thread.start()
         return thread
 
     def close(self) -> None:
+        """Close the sinks (their errors are counted) and give the models back to the pool."""
         for sink in self.sinks:
             sink.close()
-        for model in self._held:
+        with self._lock:
+            held, self._held = self._held, []
+        for model in held:
             self.pool.release(model)
-        self._held.clear()
+
+    def _sink_failed(self) -> None:
+        self.telemetry.count("sink_failures")
 
     def _retire(self, model: CompiledModel) -> None:
-        if model in self._held:
+        # Called by the pipeline once the model's last frame is out.
+        with self._lock:
+            if model not in self._held:
+                return
             self._held.remove(model)
-            self.pool.release(model)
+        self.pool.release(model)
 
     def _source_state(self, state: str, detail: str) -> None:
         # Live sources report loss from their reader thread; the pipeline hands it to the sinks.

@@ -1,8 +1,9 @@
 """Sinks: JSON lines, a callback, and annotated JPEG snapshots on events.
 
-A sink runs on the pipeline's thread, so none of them may raise out of
-`emit` for a problem of their own making (a bad callback, a full disk): the
-pipeline keeps running and the sink counts its `errors`.
+A sink may raise when it cannot do its job (a bad callback, a full disk). The
+pipeline wraps every sink in a `guard.GuardedSink`, the one place that turns a
+failure into a count and a rate-limited log line, so the other sinks are still
+served and the pipeline runs on.
 """
 
 from __future__ import annotations
@@ -126,47 +127,34 @@ class JsonLinesSink:
             self._stream.flush()
 
     def close(self) -> None:
-        """Flush, and close the file if this sink opened it."""
+        """Flush, and close the file if this sink opened it.
+
+        Raises:
+            OSError: the last lines could not be written; an owned file is closed anyway.
+        """
         if self._closed:
             return
         self._closed = True
-        self._stream.flush()
         if self._owned:
+            # close() flushes, and releases the file even when that flush fails.
             self._stream.close()
+        else:
+            self._stream.flush()
 
 
 class CallbackSink:
-    """Hands each frame's result to a function; its exceptions are counted, not raised.
+    """Hands each frame's result to a function, on the pipeline's thread.
 
     Args:
-        fn: Called once per frame, on the pipeline's thread.
+        fn: Called once per frame; what it raises is counted by the pipeline's guard.
     """
-
-    # Log the first failure in full, then one line per this many, so a callback
-    # that always fails cannot flood the journal at 30 frames a second.
-    LOG_EVERY = 100
 
     def __init__(self, fn: Callable[[FrameResult], None]) -> None:
         self._fn = fn
-        self.errors = 0
 
     def emit(self, result: FrameResult) -> None:
-        """Call the function; count and log what it raises."""
-        try:
-            self._fn(result)
-        except Exception:
-            self.errors += 1
-            if self.errors == 1:
-                _log.exception(
-                    "callback_sink_error pipeline=%s frame=%d", result.pipeline, result.frame
-                )
-            elif self.errors % self.LOG_EVERY == 0:
-                _log.error(
-                    "callback_sink_error pipeline=%s frame=%d errors=%d",
-                    result.pipeline,
-                    result.frame,
-                    self.errors,
-                )
+        """Call the function."""
+        self._fn(result)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -207,13 +195,16 @@ class SnapshotSink:
         self.min_interval_s = min_interval_s
         self.kinds = frozenset(kinds)
         self.max_files = max_files
-        self.errors = 0
         self.written = 0
         self._last_ts: float | None = None
         folder.mkdir(parents=True, exist_ok=True)
 
     def emit(self, result: FrameResult) -> None:
-        """Write a snapshot if the frame has a triggering event and the rate limit allows."""
+        """Write a snapshot if the frame has a triggering event and the rate limit allows.
+
+        Raises:
+            OSError: the JPEG could not be written (the next one is still rate-limited).
+        """
         event = next((e for e in result.events if e.kind in self.kinds), None)
         if event is None or result.image is None:
             return
@@ -226,17 +217,8 @@ class SnapshotSink:
         # Counted as taken even if the write fails: a full disk should not be
         # retried on every event frame.
         self._last_ts = result.ts
-        try:
-            self._write(self._name(result, event), annotate(result.image, result.results))
-            self._enforce_quota()
-        except OSError as exc:
-            self.errors += 1
-            _log.error(
-                "snapshot_write_failed pipeline=%s frame=%d error=%s",
-                result.pipeline,
-                result.frame,
-                exc,
-            )
+        self._write(self._name(result, event), annotate(result.image, result.results))
+        self._enforce_quota()
 
     def close(self) -> None:
         """Nothing to release: every snapshot is complete on disk when `emit` returns."""
@@ -323,6 +305,13 @@ class SnapshotSinkSpec(BaseModel):
 SinkSpec = Annotated[
     JsonLinesSinkSpec | SnapshotSinkSpec | CaptureSinkSpec, Field(discriminator="type")
 ]
+
+
+def sink_name(spec: JsonLinesSinkSpec | SnapshotSinkSpec | CaptureSinkSpec) -> str:
+    """How logs and counts name a sink: its type and where it writes."""
+    if isinstance(spec, JsonLinesSinkSpec):
+        return f"jsonl:{spec.path or 'stdout'}"
+    return f"{spec.type}:{spec.folder or 'default'}"
 
 
 def build_sink(

@@ -2,12 +2,14 @@
 
 Kept as a function that takes a progress callback and returns a report as
 data, so the agent's `calibrate` command can call it as the CLI does and send
-progress responses; its output directory is a model version the store can take.
+progress responses; its output directory is a model version the store can take:
+`model.xml`/`.bin`, its manifest `model.toml` and `model.report.json`.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -15,22 +17,23 @@ from edge_agent.bench import run_bench
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import Manifest, QuantizationInfo
 from edge_agent.quantize.calibrate import CalibrationData, Calibrator, Progress, save_ir, versions
-from edge_agent.quantize.recipe import CalibrationReport, Recipe
+from edge_agent.quantize.output import REPORT, begin_output, discard, publish
+from edge_agent.quantize.recipe import CalibrationReport, Precision, Recipe
 from edge_agent.runtime.base import RuntimeOptions
 from edge_agent.runtime.openvino_backend import OpenVinoBackend
 
-REPORT = "model.report.json"
+MODEL = "model.xml"
 
 
 def _throughput(
-    path: Path, manifest: Manifest, device: str, precision: str | None, seconds: float
+    path: Path, manifest: Manifest, device: str, precision: Precision | None, seconds: float
 ) -> tuple[float, str]:
     options = RuntimeOptions.model_validate(
         {"device": device, "hint": "throughput", "precision": precision}
     )
-    model = OpenVinoBackend().compile(path, manifest, options)
-    result = run_bench(model, manifest, seconds)
-    return result.throughput_fps, model.report.precision
+    with OpenVinoBackend().compile(path, manifest, options) as model:
+        result = run_bench(model, manifest, seconds)
+        return result.throughput_fps, model.report.precision
 
 
 def calibrate(
@@ -40,41 +43,72 @@ def calibrate(
     out: Path,
     device: str = "CPU",
     progress: Progress | None = None,
-) -> tuple[Path | None, CalibrationReport]:
+) -> tuple[Path, CalibrationReport]:
     """Compress `resolved` on `data` as `recipe` says, gate it, and write it to `out`.
 
+    `out` is built in a sibling folder and renamed into place only when complete,
+    replacing a previous output whole; a failed run leaves `out` as it was.
+
     Returns:
-        The path of the compressed model's IR (None when FP32 was kept) and the
-        report, also written to `out/model.report.json`.
+        The path of the model's IR in `out` (the FP32 one, pinned to f32, when no faster
+        rung passed) and the report, also written to `out/model.report.json`.
+
+    Raises:
+        EdgeAgentError: path.unwritable before any work when `out` cannot be written.
     """
+    staging = begin_output(out)
+    try:
+        report = _calibrate_into(staging, resolved, data, recipe, device, progress)
+        publish(staging, out)
+    except BaseException:
+        discard(staging)
+        raise
+    return out / MODEL, report
+
+
+def _calibrate_into(
+    staging: Path,
+    resolved: ResolvedModel,
+    data: CalibrationData,
+    recipe: Recipe,
+    device: str,
+    progress: Progress | None,
+) -> CalibrationReport:
     started = time.perf_counter()
     tell = progress or (lambda stage, done: None)
     calibrator = Calibrator(resolved, data, recipe, device, tell)
-    model, rung, reason, rungs = calibrator.walk()
-    out.mkdir(parents=True, exist_ok=True)
+    outcome = calibrator.walk()
+    target = calibrator.device
     base = resolved.manifest.model_copy(
-        update={"format": "ir", "source": None, "quantization": None}
+        update={"format": "ir", "source": None, "quantization": None, "precision": None}
     )
-    fp32_path = save_ir(calibrator.fp32, out / ".fp32")
+    compressed = outcome.model is not calibrator.fp32
+    # The FP32 IR is the output itself when nothing was compressed; else a scratch copy
+    # to measure the baseline, dropped before the output is published.
+    fp32_path = save_ir(calibrator.fp32, staging / ".fp32" if compressed else staging)
     tell("benchmark", 0.0)
     seconds = recipe.bench_seconds
-    before, _ = _throughput(fp32_path, base, device, "f32", seconds)
-    default, default_precision = _throughput(fp32_path, base, device, None, seconds)
-    winner_path: Path | None = None
-    after = before
-    size_after = fp32_path.with_suffix(".bin").stat().st_size
-    if rung != "fp32":
-        winner_path = save_ir(model, out)
-        after, _ = _throughput(winner_path, base, device, None, seconds)
+    before, _ = _throughput(fp32_path, base, target, "f32", seconds)
+    default, default_precision = before, "f32"
+    if calibrator.default_precision != "f32":
+        default, default_precision = _throughput(fp32_path, base, target, None, seconds)
+    size_before = fp32_path.with_suffix(".bin").stat().st_size
+    winner_path, after, size_after = fp32_path, default, size_before
+    if outcome.pinned == "f32":
+        after = before
+    if compressed:
+        winner_path = save_ir(outcome.model, staging)
+        after, _ = _throughput(winner_path, base, target, outcome.pinned, seconds)
         size_after = winner_path.with_suffix(".bin").stat().st_size
+        shutil.rmtree(staging / ".fp32")
     tell("benchmark", 1.0)
-    winning = next(r for r in reversed(rungs) if r.rung == rung)
+    winning = outcome.rungs[-1]
     report = CalibrationReport(
         model=resolved.manifest.name,
         recipe=recipe,
-        mode=rung,
-        reason=reason,
-        rungs=rungs,
+        mode=outcome.rung,
+        reason=outcome.reason,
+        rungs=outcome.rungs,
         metric=calibrator.task.metric,
         metric_before=1.0,
         metric_after=winning.metric_after,
@@ -82,7 +116,9 @@ def calibrate(
         samples=calibrator.samples,
         holdout_samples=len(calibrator.task.holdout),
         samples_available=data.count,
-        device=device,
+        device=target,
+        precision=outcome.precision,
+        precision_pinned=outcome.pinned,
         precision_before="f32",
         default_precision=default_precision,
         throughput_before=before,
@@ -90,32 +126,29 @@ def calibrate(
         throughput_after=after,
         speedup=after / before if before else 0.0,
         speedup_vs_default=after / default if default else 0.0,
-        size_before=fp32_path.with_suffix(".bin").stat().st_size,
+        size_before=size_before,
         size_after=size_after,
         duration_s=time.perf_counter() - started,
         versions=versions(),
     )
-    for leftover in (out / ".fp32").iterdir():
-        leftover.unlink()
-    (out / ".fp32").rmdir()
-    (out / REPORT).write_text(json.dumps(report.model_dump(mode="json"), indent=2))
-    if winner_path is not None:
-        manifest = base.model_copy(
-            update={
-                "quantization": QuantizationInfo(
-                    mode=rung,
-                    metric=report.metric,
-                    metric_before=report.metric_before,
-                    metric_after=report.metric_after,
-                    max_drop=report.max_drop,
-                    samples=report.samples,
-                    speedup=report.speedup,
-                    report=REPORT,
-                )
-            }
-        )
-        _write_manifest(manifest, winner_path.with_suffix(".toml"))
-    return winner_path, report
+    (staging / REPORT).write_text(json.dumps(report.model_dump(mode="json"), indent=2))
+    manifest = base.model_copy(
+        update={
+            "precision": outcome.pinned,
+            "quantization": QuantizationInfo(
+                mode=outcome.rung,
+                metric=report.metric,
+                metric_before=report.metric_before,
+                metric_after=report.metric_after,
+                max_drop=report.max_drop,
+                samples=report.samples,
+                speedup=report.speedup,
+                report=REPORT,
+            ),
+        }
+    )
+    _write_manifest(manifest, winner_path.with_suffix(".toml"))
+    return report
 
 
 def _write_manifest(manifest: Manifest, path: Path) -> None:

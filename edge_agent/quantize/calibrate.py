@@ -4,8 +4,14 @@ The gate compares the compressed model's decoded answers on held-out samples
 with the FP32 model's (see tasks). A rung whose drop exceeds `max_drop` is
 never activated; the ladder then tries safer rungs by itself:
 int8 -> int8 with the first and last layers kept in float -> int8 with NNCF's
-accuracy control -> weights-only INT8 -> FP32. The report says which rung won
-and why, so an operator never ships a model that quietly lost its accuracy.
+accuracy control -> weights-only INT8 -> the uncompressed model at the device's
+default precision (bf16 or f16) -> FP32. The report says which rung won and why,
+so an operator never ships a model that quietly lost its accuracy.
+
+Each rung is scored as it will serve: on the device it will run on, at the
+precision the written manifest leaves it (the device default, or f32 pinned
+when only FP32 passed). A bf16 CPU runs an INT8 model's float layers at bf16,
+so a gate at f32 would judge a model other than the one that runs.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParame
 
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import ImageInput
-from edge_agent.quantize.recipe import CalibrationReport, Recipe, Rung, RungResult
+from edge_agent.errors import EdgeAgentError
+from edge_agent.quantize.recipe import CalibrationReport, Precision, Recipe, Rung, RungResult
 from edge_agent.quantize.tasks import Inputs, Outputs, Task, build_task
+from edge_agent.runtime.devices import is_present, parse_request
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +102,72 @@ def _ignored(recipe: Recipe, extra: list[str]) -> nncf.IgnoredScope | None:
     )
 
 
-def ladder(mode: str) -> list[Rung]:
-    """The rungs to try, from the recipe's mode down to FP32."""
+def ladder(mode: str, default_precision: str | None = None) -> list[Rung]:
+    """The rungs to try, from the recipe's mode down to FP32.
+
+    Args:
+        mode: the recipe's first rung.
+        default_precision: the device's default inference precision; bf16 or f16 adds
+            the uncompressed model at that precision as the rung before FP32.
+    """
+    compressed: list[Rung]
     if mode == "weights-int4":
-        return ["weights-int4", "weights-int8", "fp32"]
-    if mode == "weights-int8":
-        return ["weights-int8", "fp32"]
-    if mode == "int8-accuracy":
-        return ["int8-accuracy", "weights-int8", "fp32"]
-    return ["int8", "int8-scope", "int8-accuracy", "weights-int8", "fp32"]
+        compressed = ["weights-int4", "weights-int8"]
+    elif mode == "weights-int8":
+        compressed = ["weights-int8"]
+    elif mode == "int8-accuracy":
+        compressed = ["int8-accuracy", "weights-int8"]
+    else:
+        compressed = ["int8", "int8-scope", "int8-accuracy", "weights-int8"]
+    default: list[Rung] = []
+    if default_precision == "bf16":
+        default = ["bf16"]
+    elif default_precision == "f16":
+        default = ["f16"]
+    return [*compressed, *default, "fp32"]
+
+
+def serving_device(core: ov.Core, request: str) -> str:
+    """The device the runtime will pick for `request`: its first present candidate."""
+    available = list(core.available_devices)
+    for candidate in parse_request(request):
+        if is_present(candidate, available):
+            return candidate
+    raise EdgeAgentError(
+        f"no device in {request!r} is present to calibrate for",
+        "run `edge-agent doctor` to see which devices this box has",
+        code="device.unavailable",
+    )
+
+
+def _precision_of(compiled: Any) -> str:
+    """The precision a compiled model really runs at ('?' when the device does not say)."""
+    try:
+        return str(compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name())
+    except (RuntimeError, AttributeError):  # virtual devices may not answer
+        return "?"
+
+
+def _default_precision(core: ov.Core, device: str) -> str:
+    """The precision `device` runs a model at when none is asked for ('?' if it does not say)."""
+    try:
+        return str(core.get_property(device, "INFERENCE_PRECISION_HINT").get_type_name())
+    except (RuntimeError, AttributeError):  # virtual devices may not answer
+        return "?"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the ladder chose."""
+
+    model: ov.Model
+    rung: Rung
+    reason: str
+    rungs: list[RungResult]
+    precision: str
+    """The precision the gate scored the winner at (what it serves at)."""
+    pinned: Precision | None
+    """The precision to write into the manifest; None keeps the device default."""
 
 
 @contextlib.contextmanager
@@ -117,6 +182,15 @@ def quiet_nncf() -> Iterator[None]:
         logger.setLevel(level)
 
 
+_NNCF_FAILURES = (
+    nncf.InternalError,
+    nncf.ValidationError,
+    nncf.ParameterNotSupportedError,
+    RuntimeError,
+    ValueError,
+)
+
+
 class Calibrator:
     """One calibration run: the FP32 reference, then the rungs."""
 
@@ -126,11 +200,13 @@ class Calibrator:
     ) -> None:  # fmt: skip
         self.resolved = resolved
         self.recipe = recipe
-        self.device = device
         self.progress = progress or (lambda stage, done: None)
         self.core = ov.Core()
+        self.device = serving_device(self.core, device)
         self.fp32 = read_fp32(self.core, resolved)
+        # The reference is FP32 as exactly as this box can compute it: CPU at f32.
         compiled = self.core.compile_model(self.fp32, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        self.default_precision = _default_precision(self.core, self.device)
         shapes = {
             i.get_any_name(): tuple(d.get_length() for d in i.get_partial_shape())
             for i in self.fp32.inputs
@@ -147,12 +223,19 @@ class Calibrator:
             recipe.subset_size or len(self.task.calibration), len(self.task.calibration)
         )
 
-    def evaluate(self, model: ov.Model) -> float:
-        compiled = self.core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-        return self.task.score(self.reference, self.task.run(_runner(compiled), self.task.holdout))
+    def evaluate(self, model: ov.Model, precision: Precision | None) -> tuple[float, str]:
+        """Score `model` as it will serve: on the serving device, at `precision` (None:
+        the device default). Returns the score and the precision the device really used."""
+        config = {} if precision is None else {"INFERENCE_PRECISION_HINT": precision}
+        compiled = self.core.compile_model(model, self.device, config)
+        outputs = self.task.run(_runner(compiled), self.task.holdout)
+        return self.task.score(self.reference, outputs), _precision_of(compiled)
 
     def compress(self, rung: Rung) -> ov.Model:
         r = self.recipe
+        # NNCF's weight compression rewrites the model it is given in place: without a
+        # copy, every later rung (and the FP32 output itself) would be compressed too.
+        fp32 = self.fp32.clone()
         calibration = nncf.Dataset(self.task.calibration)
         preset = nncf.QuantizationPreset(r.preset)
         common: dict[str, Any] = {
@@ -161,10 +244,10 @@ class Calibrator:
             "fast_bias_correction": r.fast_bias_correction,
         }
         if rung == "int8":
-            return nncf.quantize(self.fp32, calibration, ignored_scope=_ignored(r, []), **common)
+            return nncf.quantize(fp32, calibration, ignored_scope=_ignored(r, []), **common)
         if rung == "int8-scope":
-            extra = _first_and_last_layers(self.fp32)
-            return nncf.quantize(self.fp32, calibration, ignored_scope=_ignored(r, extra), **common)
+            extra = _first_and_last_layers(fp32)
+            return nncf.quantize(fp32, calibration, ignored_scope=_ignored(r, extra), **common)
         if rung == "int8-accuracy":
             items = list(enumerate(self.task.holdout))
             reference = self.reference
@@ -184,7 +267,7 @@ class Calibrator:
                     "accuracy control scores windows one by one; a stateful model needs a sequence"
                 )
             return nncf.quantize_with_accuracy_control(
-                self.fp32, calibration, nncf.Dataset(items, lambda item: item[1]), validate,
+                fp32, calibration, nncf.Dataset(items, lambda item: item[1]), validate,
                 max_drop=r.max_drop, drop_type=nncf.DropType.ABSOLUTE,
                 ignored_scope=_ignored(r, []), **common,
                 advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(
@@ -192,84 +275,79 @@ class Calibrator:
                 ),
             )  # fmt: skip
         if rung == "weights-int8":
-            return nncf.compress_weights(self.fp32, mode=nncf.CompressWeightsMode.INT8_ASYM)
+            return nncf.compress_weights(fp32, mode=nncf.CompressWeightsMode.INT8_ASYM)
         # all_layers: small vision and audio models have no embedding to spare; compress all.
-        return nncf.compress_weights(
-            self.fp32, mode=nncf.CompressWeightsMode.INT4_ASYM, all_layers=True
-        )
+        return nncf.compress_weights(fp32, mode=nncf.CompressWeightsMode.INT4_ASYM, all_layers=True)
 
-    def walk(self) -> tuple[ov.Model, Rung, str, list[RungResult]]:
-        rungs = (
-            ladder(self.recipe.mode)
-            if self.recipe.ladder
-            else [ladder(self.recipe.mode)[0], "fp32"]
-        )
+    def walk(self) -> Outcome:
+        full = ladder(self.recipe.mode, self.default_precision)
+        rungs = full if self.recipe.ladder else [full[0], "fp32"]
+        rungs = [r for r in rungs if r not in self.recipe.skip]
         results: list[RungResult] = []
-        for index, rung in enumerate(rungs):
+        for index, rung in enumerate(rungs[:-1]):
             self.progress(f"rung {rung}", index / len(rungs))
             started = time.perf_counter()
-            if rung == "fp32":
-                reason = (
-                    "no compressed rung passed the gate; FP32 kept" if results else "FP32 asked for"
-                )
-                results.append(
-                    RungResult(
-                        rung="fp32",
-                        metric_after=1.0,
-                        drop=0.0,
-                        passed=True,
-                        reason=reason,
-                        seconds=0.0,
-                    )
-                )
-                return self.fp32, "fp32", reason, results
-            try:
-                with quiet_nncf():
-                    model = self.compress(rung)
-            except _SkipError as skip:
-                results.append(_failed(rung, f"skipped: {skip}", 0.0))
-                continue
-            except (nncf.InternalError, nncf.ValidationError, nncf.ParameterNotSupportedError,
-                    RuntimeError, ValueError) as exc:  # fmt: skip
-                # A rung NNCF cannot do on this model is a failed rung, not a failed calibration.
-                reason = f"NNCF failed: {str(exc).splitlines()[0][:200]}"
-                results.append(_failed(rung, reason, time.perf_counter() - started))
-                continue
-            score = self.evaluate(model)
-            drop = 1.0 - score
-            passed = drop <= self.recipe.max_drop + 1e-9
-            verdict = "within" if passed else "exceeds"
-            reason = (
-                f"{self.task.metric} {score:.4f}: drop {drop:.4f} {verdict} "
-                f"max_drop {self.recipe.max_drop}"
-            )
-            results.append(
-                RungResult(
-                    rung=rung,
-                    metric_after=score,
-                    drop=drop,
-                    passed=passed,
-                    reason=reason,
-                    seconds=time.perf_counter() - started,
-                )
-            )
-            log.info(
-                "calibrate model=%s rung=%s metric=%.4f passed=%s",
-                self.resolved.manifest.name,
-                rung,
-                score,
-                passed,
-            )
-            if passed:
-                return model, rung, reason, results
-        return self.fp32, "fp32", "no rung passed the gate; FP32 kept", results
+            if rung in ("bf16", "f16"):
+                model = self.fp32  # no compression: FP32 weights at the device's default
+            else:
+                try:
+                    with quiet_nncf():
+                        model = self.compress(rung)
+                except _SkipError as skip:
+                    results.append(_failed(rung, f"skipped: {skip}", 0.0))
+                    continue
+                except _NNCF_FAILURES as exc:
+                    # A rung NNCF cannot do on this model is a failed rung, not a failed run.
+                    reason = f"NNCF failed: {str(exc).splitlines()[0][:200]}"
+                    results.append(_failed(rung, reason, time.perf_counter() - started))
+                    continue
+            result = self._judge(rung, model, None, started)
+            results.append(result)
+            if result.passed:
+                return Outcome(model, rung, result.reason, results, result.precision, None)
+        # FP32 is the floor: it ships whatever it scores, pinned to f32 so the runtime does
+        # not quietly run it at a default precision the gate has just rejected.
+        self.progress("rung fp32", (len(rungs) - 1) / len(rungs))
+        why = "FP32 asked for" if not results else "no faster rung passed the gate; FP32 kept"
+        result = self._judge("fp32", self.fp32, "f32", time.perf_counter(), floor=why)
+        results.append(result)
+        return Outcome(self.fp32, "fp32", result.reason, results, result.precision, "f32")
+
+    def _judge(
+        self, rung: Rung, model: ov.Model, precision: Precision | None, started: float,
+        floor: str = "",
+    ) -> RungResult:  # fmt: skip
+        score, used = self.evaluate(model, precision)
+        drop = 1.0 - score
+        passed = bool(floor) or drop <= self.recipe.max_drop + 1e-9
+        verdict = "within" if drop <= self.recipe.max_drop + 1e-9 else "exceeds"
+        reason = (
+            f"{self.task.metric} {score:.4f} at {used} on {self.device}: drop {drop:.4f} "
+            f"{verdict} max_drop {self.recipe.max_drop}"
+        )
+        if floor:
+            reason = f"{floor} at f32 ({reason})"
+        log.info(
+            "event=calibrate_rung model=%s rung=%s precision=%s metric=%.4f passed=%s",
+            self.resolved.manifest.name, rung, used, score, passed,
+        )  # fmt: skip
+        return RungResult(
+            rung=rung,
+            precision=used,
+            metric_after=score,
+            drop=drop,
+            passed=passed,
+            reason=reason,
+            seconds=time.perf_counter() - started,
+        )
 
 
 def _failed(rung: Rung, reason: str, seconds: float) -> RungResult:
     """A rung that produced no model to gate: skipped, or NNCF could not do it."""
     return RungResult(
-        rung=rung, metric_after=0.0, drop=1.0, passed=False, reason=reason, seconds=seconds
-    )
+        rung=rung, precision="", metric_after=0.0, drop=1.0, passed=False, reason=reason,
+        seconds=seconds,
+    )  # fmt: skip
 
 
 class _SkipError(Exception):
@@ -292,4 +370,13 @@ def versions() -> dict[str, str]:
     return {"openvino": ov.get_version(), "nncf": nncf.__version__}
 
 
-__all__ = ["CalibrationData", "CalibrationReport", "Calibrator", "ladder", "save_ir", "versions"]
+__all__ = [
+    "CalibrationData",
+    "CalibrationReport",
+    "Calibrator",
+    "Outcome",
+    "ladder",
+    "save_ir",
+    "serving_device",
+    "versions",
+]

@@ -1,14 +1,16 @@
 """Calibration data from files or from what a pipeline captured on this device.
 
 `--data` takes an image folder, a video file, a WAV file or folder of WAVs, or
-`pipeline:<id>`: the frames that pipeline's capture sink kept (see
-pipelines.capture). Long sources are sampled evenly, never just their start,
-so the calibration set sees the whole day rather than its first minute.
+`pipeline:<id>`: the frames that pipeline's capture sink kept, in the state
+folder (`Layout.captures`), where they survive a cache wipe. Long sources are
+sampled evenly, never just their start, so the calibration set sees the whole
+day rather than its first minute.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
@@ -16,29 +18,48 @@ import numpy.typing as npt
 
 from edge_agent.audio.resample import resample
 from edge_agent.audio.wav import WavError, read_wav, to_mono
+from edge_agent.catalog.manifest import AudioInput, Manifest
 from edge_agent.errors import EdgeAgentError
-from edge_agent.pipelines.capture import capture_folder
+from edge_agent.paths import Layout, is_safe_name
+from edge_agent.quantize.recipe import Recipe, load_recipe
 from edge_agent.quiet import native_stderr_held
+
+if TYPE_CHECKING:
+    from edge_agent.quantize.calibrate import CalibrationData
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 VIDEO_SUFFIXES = {".avi", ".mp4", ".mkv", ".mov", ".webm", ".m4v"}
 AUDIO_SUFFIXES = {".wav", ".wave"}
 
 
-def resolve_data(text: str, cache: Path) -> Path:
-    """The path behind a `--data` argument."""
+def resolve_data(text: str, layout: Layout) -> Path:
+    """The path behind a `--data` argument.
+
+    Raises:
+        EdgeAgentError: input.invalid for a bad pipeline id, input.not_found when
+            the path is missing or the pipeline has captured nothing yet.
+    """
     if text.startswith("pipeline:"):
         pipeline = text.partition(":")[2]
-        folder = capture_folder(cache, pipeline)
+        if not is_safe_name(pipeline):
+            raise EdgeAgentError(
+                f"bad pipeline id {pipeline!r} in --data",
+                "write pipeline:<id> with the id from the pipeline's spec",
+                "input.invalid",
+            )
+        folder = layout.captures(pipeline)
         if not folder.is_dir() or not any(folder.iterdir()):
             raise EdgeAgentError(
                 f"pipeline {pipeline!r} has captured nothing yet ({folder})",
                 "add a capture sink to its spec and let it run first",
+                "input.not_found",
             )
         return folder
     path = Path(text)
     if not path.exists():
-        raise EdgeAgentError(f"calibration data {path} does not exist", "check the path")
+        raise EdgeAgentError(
+            f"calibration data {path} does not exist", "check the path", "input.not_found"
+        )
     return path
 
 
@@ -66,6 +87,7 @@ def load_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:
         raise EdgeAgentError(
             f"no readable images or video frames in {path}",
             "pass a folder of images, a video file, or pipeline:<id>",
+            "input.unreadable",
         )
     return frames[:limit]
 
@@ -82,10 +104,16 @@ def load_clips(path: Path, rate: int) -> list[npt.NDArray[np.float32]]:
         try:
             samples, source_rate = read_wav(file)
         except (WavError, OSError) as exc:
-            raise EdgeAgentError(f"cannot read {file}: {exc}") from None
+            raise EdgeAgentError(
+                f"cannot read {file}: {exc}",
+                "replace or remove that file",
+                "input.unreadable",
+            ) from None
         clips.append(resample(to_mono(samples), source_rate, rate))
     if not clips:
-        raise EdgeAgentError(f"no WAV files in {path}", "pass a .wav file or a folder of them")
+        raise EdgeAgentError(
+            f"no WAV files in {path}", "pass a .wav file or a folder of them", "input.not_found"
+        )
     return clips
 
 
@@ -115,3 +143,32 @@ def _video_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:
         return frames
     finally:
         capture.release()
+
+
+def calibration_data(source: Path, manifest: Manifest, recipe: Recipe) -> CalibrationData:
+    """The samples `calibrate` takes, from `source` as the model's input kind needs them.
+
+    One place for the CLI and the agent's `calibrate` command alike.
+    """
+    from edge_agent.quantize.calibrate import CalibrationData  # NNCF loads only here
+
+    spec = manifest.input
+    if isinstance(spec, AudioInput):
+        return CalibrationData([], load_clips(source, spec.sample_rate))
+    return CalibrationData(load_frames(source, recipe.max_samples), [])
+
+
+def reference_recipe(model: str) -> Path:
+    """Where the reference recipe of `model` is (it may not exist)."""
+    from edge_agent.reference import reference_dir
+
+    return reference_dir("calibration") / f"{model}.toml"
+
+
+def recipe_for(manifest: Manifest, explicit: Path | None = None) -> Recipe:
+    """The recipe a calibration uses: `explicit`, else the model's reference recipe, else
+    the defaults."""
+    if explicit is not None:
+        return load_recipe(explicit)
+    reference = reference_recipe(manifest.name)
+    return load_recipe(reference) if reference.is_file() else Recipe()

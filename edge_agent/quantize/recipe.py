@@ -5,12 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge_agent.config_files import load_validated
 
 Mode = Literal["int8", "int8-accuracy", "weights-int8", "weights-int4"]
-Rung = Literal["int8", "int8-scope", "int8-accuracy", "weights-int8", "weights-int4", "fp32"]
+Rung = Literal[
+    "int8", "int8-scope", "int8-accuracy", "weights-int8", "weights-int4", "bf16", "f16", "fp32"
+]
+"""bf16 and f16 are the uncompressed model at the device's default precision."""
+Precision = Literal["f32", "bf16", "f16"]
 MetricChoice = Literal[
     "auto", "detection-f1", "top1-agreement", "text-mask-f1", "frame-agreement", "cosine"
 ]
@@ -65,6 +69,19 @@ class Recipe(_Strict):
     bench_seconds: float = Field(
         default=3.0, gt=0.0, description="Throughput measurement per variant, in seconds."
     )
+    skip: list[Rung] = Field(
+        default_factory=list,
+        description="Rungs of the ladder not to try, say int8-accuracy, whose layer ranking "
+        "compiles the model once per layer group (minutes on a 2-core box). fp32, the floor, "
+        "cannot be skipped.",
+    )
+
+    @field_validator("skip")
+    @classmethod
+    def _floor_stays(cls, skip: list[Rung]) -> list[Rung]:
+        if "fp32" in skip:
+            raise ValueError("fp32 is the ladder's floor and cannot be skipped")
+        return skip
 
 
 def load_recipe(path: Path) -> Recipe:
@@ -80,6 +97,10 @@ class RungResult(_Strict):
     """One rung of the ladder, tried."""
 
     rung: Rung = Field(description="What was tried.")
+    precision: str = Field(
+        description="Precision the gate ran it at on the serving device, as the device "
+        "reported it; empty when no model was made."
+    )
     metric_after: float = Field(description="Gate metric of the compressed model.")
     drop: float = Field(description="metric_before - metric_after.")
     passed: bool = Field(description="drop <= max_drop.")
@@ -102,7 +123,12 @@ class CalibrationReport(_Strict):
     samples: int = Field(description="Calibration samples actually used by NNCF.")
     holdout_samples: int = Field(description="Samples the gate evaluated on.")
     samples_available: int = Field(description="Samples read from the data.")
-    device: str = Field(description="Device the throughput was measured on.")
+    device: str = Field(description="Device the gate scored on and throughput was measured on.")
+    precision: str = Field(description="Precision the winning model runs at, as gated.")
+    precision_pinned: Precision | None = Field(
+        description="Precision written into the manifest (f32 when only FP32 passed); "
+        "None leaves the device default, which is what the gate scored."
+    )
     precision_before: str = Field(description="Precision of the baseline (f32).")
     default_precision: str = Field(description="The device's default inference precision.")
     throughput_before: float = Field(description="FP32 (f32) throughput, FPS.")

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_agent.catalog.manifest import ImageInput, Manifest
+from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Result
 from edge_agent.heads.blazeface import BlazeFaceConfig
 from edge_agent.heads.classification import ClassificationConfig
@@ -48,6 +49,17 @@ def auto_metric(manifest: Manifest) -> str:
     if isinstance(head, VadConfig):
         return "frame-agreement"
     return "cosine"
+
+
+def _check_metric(manifest: Manifest, metric: str) -> None:
+    # Cosine compares raw outputs and fits any model; the others decode with one kind of head.
+    fits = auto_metric(manifest)
+    if metric not in (fits, "cosine"):
+        raise EdgeAgentError(
+            f"recipe metric {metric!r} does not fit {manifest.name}'s {manifest.head.type} head",
+            f'use metric = "{fits}" or "auto" in the recipe',
+            "config.invalid",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +154,7 @@ def build_task(
 ) -> Task:
     """Turn raw frames or audio clips into calibration and held-out model inputs."""
     chosen = auto_metric(manifest) if metric == "auto" else metric
+    _check_metric(manifest, chosen)
     spec = manifest.input
     if isinstance(spec, ImageInput):
         items: list[Inputs] = [{spec.name: frame_tensor(f, spec)} for f in frames]
@@ -149,7 +162,7 @@ def build_task(
         stride = max(2, round(1 / holdout))
         held = items[::stride]
         calib = [x for i, x in enumerate(items) if i % stride]
-        return Task(manifest, chosen, calib, held)
+        return _enough(Task(manifest, chosen, calib, held))
     head = manifest.head
     assert isinstance(head, VadConfig)
     state_shape = input_shapes[head.state_in]
@@ -165,7 +178,18 @@ def build_task(
         split = int(len(calib) * (1 - holdout))
         held = [{head.audio_input: x[head.audio_input]} for x in calib[split:]]
         calib = calib[:split]
-    return Task(manifest, chosen, calib, held, state_shape)
+    return _enough(Task(manifest, chosen, calib, held, state_shape))
+
+
+def _enough(task: Task) -> Task:
+    if not task.calibration or not task.holdout:
+        raise EdgeAgentError(
+            f"too little data to calibrate {task.manifest.name}: {len(task.calibration)} "
+            f"calibration and {len(task.holdout)} held-out samples",
+            "give at least 4 frames (a few hundred is better), or a longer recording",
+            "calibration.failed",
+        )
+    return task
 
 
 def _recorded_windows(

@@ -16,4 +16,6 @@ def create_backend(name: str) -> Backend:
         from edge_agent.runtime.onnxruntime_backend import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend()
-    raise EdgeAgentError(f"unknown backend {name!r}", "use openvino or onnxruntime")
+    raise EdgeAgentError(
+        f"unknown backend {name!r}", "use openvino or onnxruntime", code="input.invalid"
+    )

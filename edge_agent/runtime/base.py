@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal, Protocol
+from types import TracebackType
+from typing import Literal, Protocol, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -72,7 +73,23 @@ class CompileReport(BaseModel):
     requested: str = Field(description="Device string as asked.")
     device: str = Field(description="Device(s) actually executing, as the engine reports them.")
     fallbacks: tuple[Fallback, ...] = Field(default=(), description="Devices passed over.")
-    precision: str = Field(description="Effective inference precision.")
+    precision: str = Field(
+        description=(
+            "Inference precision really used, as the device reports it after compile; "
+            "'CPU:bf16,GPU:f16' when devices under AUTO/MULTI/HETERO differ."
+        )
+    )
+    precision_requested: Precision | None = Field(
+        default=None,
+        description=(
+            "Precision asked for: the option, else the manifest's pin; "
+            "None kept the device default."
+        ),
+    )
+    precision_note: str = Field(
+        default="",
+        description="Why the precision used differs from the one requested; empty when honoured.",
+    )
     hint: Hint = Field(description="Performance hint used.")
     requests: int = Field(description="Parallel infer requests the model runs with.")
     compile_s: float = Field(description="Seconds from file to ready model, preparation included.")
@@ -87,7 +104,12 @@ class CompileReport(BaseModel):
 
 
 class CompiledModel(Protocol):
-    """A model ready to run. `infer` is for one thread; `submit` may be called from one thread."""
+    """A model ready to run, safe to share: `infer`, `submit` and `wait` may be called from
+    any thread at once (the pool hands one model to several pipelines).
+
+    Use it as a context manager, or call `close` when done, as httpx's transports are:
+    a service that swaps models for months must give the engine's memory back.
+    """
 
     report: CompileReport
 
@@ -100,8 +122,29 @@ class CompiledModel(Protocol):
         ...
 
     def wait(self) -> None:
-        """Block until every submitted run has called its `done`."""
+        """Block until every submitted run has called its `done`.
+
+        Raises:
+            EdgeAgentError: a submitted run failed (code inference.failed).
+        """
         ...
+
+    def close(self) -> None:
+        """Wait for runs in flight, then free the engine's requests and memory.
+
+        Idempotent. Afterwards `infer` and `submit` raise EdgeAgentError (inference.failed).
+        Called from inside a `done`, it returns at once and finishes in the background.
+        """
+        ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 
 class Backend(Protocol):

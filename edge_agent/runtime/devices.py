@@ -12,8 +12,28 @@ from edge_agent.errors import EdgeAgentError
 
 _PLAIN = re.compile(r"^(CPU|GPU(\.\d+)?|NPU(\.\d+)?)$")
 # OpenVINO's virtual devices schedule among others themselves; pass them through whole.
-_VIRTUAL = re.compile(r"^(AUTO|MULTI|HETERO)(:[A-Z0-9.,]+)?$")
+_VIRTUAL = re.compile(r"^(AUTO|MULTI|HETERO)(:.*)?$", re.DOTALL)
 _HELP = "use CPU, GPU, NPU, AUTO, or a priority list such as GPU,CPU"
+_VIRTUAL_HELP = "list physical devices after the colon, e.g. AUTO:GPU,CPU or HETERO:GPU,CPU"
+
+# Driver failures as the engine words them, and what they mean to an operator.
+_DRIVER_MESSAGES = (
+    (
+        re.compile(r"libOpenCL\.so[.\d]*: cannot open shared object", re.IGNORECASE),
+        "no OpenCL runtime (libOpenCL.so.1) installed; install intel-opencl-icd",
+    ),
+    (
+        re.compile(r"libze_loader\.so[.\d]*: cannot open shared object", re.IGNORECASE),
+        "no Level Zero runtime (libze_loader.so.1) installed; install level-zero "
+        "and the Intel NPU or GPU driver",
+    ),
+    (
+        re.compile(r"intel_npu\S*\.so[.\d]*: cannot open shared object", re.IGNORECASE),
+        "no NPU driver installed; install the Intel NPU driver (intel-driver-compiler-npu)",
+    ),
+)
+_LIBRARY = re.compile(r'Cannot load library "[^"]*/([^/"]+)": (.*)', re.IGNORECASE)
+_DIRS = re.compile(r"/\S*/")
 
 
 def parse_request(request: str) -> list[str]:
@@ -30,16 +50,55 @@ def parse_request(request: str) -> list[str]:
     """
     text = request.strip().upper()
     if _VIRTUAL.match(text):
+        _check_virtual(text, request)
         return [text, "CPU"]
     names = [part.strip() for part in re.split(r"[,>]", text)]
     if not names or any(not n for n in names):
-        raise EdgeAgentError(f"empty device name in {request!r}", _HELP)
+        raise EdgeAgentError(f"empty device name in {request!r}", _HELP, code="device.invalid")
     for name in names:
-        if not (_PLAIN.match(name) or _VIRTUAL.match(name)):
-            raise EdgeAgentError(f"unknown device {name!r}", _HELP)
+        if not _PLAIN.match(name):
+            raise EdgeAgentError(f"unknown device {name!r}", _HELP, code="device.invalid")
     if "CPU" not in names:
         names.append("CPU")
     return list(dict.fromkeys(names))
+
+
+def _check_virtual(text: str, request: str) -> None:
+    """Hold the devices inside AUTO:/MULTI:/HETERO: to the same names as a plain request."""
+    kind, colon, inner = text.partition(":")
+    if not colon:
+        return  # plain AUTO, MULTI or HETERO: the engine picks among what it has
+    names = [part.strip() for part in inner.split(",")]
+    if any(not n for n in names):
+        raise EdgeAgentError(
+            f"empty device name in {request!r}", _VIRTUAL_HELP, code="device.invalid"
+        )
+    for name in names:
+        # AUTO alone takes "-CPU" to mean "any device but the CPU".
+        bare = name[1:] if kind == "AUTO" and name.startswith("-") else name
+        if not _PLAIN.match(bare):
+            raise EdgeAgentError(
+                f"unknown device {bare!r} in {request!r}", _VIRTUAL_HELP, code="device.invalid"
+            )
+
+
+def explain_failure(message: str) -> str:
+    """An engine's device error in our words, once: what is missing and what to install.
+
+    Args:
+        message: the engine's message, already cut to its useful line.
+
+    Returns:
+        A known driver problem as a sentence with its fix; any other library load
+        failure without the engine's install paths; anything else unchanged.
+    """
+    for pattern, meaning in _DRIVER_MESSAGES:
+        if pattern.search(message):
+            return meaning
+    found = _LIBRARY.search(message)
+    if found:
+        return f"cannot load {found.group(1)}: {_DIRS.sub('', found.group(2)).strip()}"
+    return message
 
 
 def is_present(candidate: str, available: list[str]) -> bool:

@@ -27,7 +27,7 @@ class FakeCore:
     def read_model(self, model: str) -> ov.Model:
         return self._core.read_model(model)
 
-    def compile_model(self, model: str, device_name: str, config: dict[str, Any]) -> Any:
+    def compile_model(self, model: str | ov.Model, device_name: str, config: dict[str, Any]) -> Any:
         if device_name in self._broken:
             raise RuntimeError(self._broken[device_name])
         if device_name in self._working:

@@ -1,8 +1,15 @@
 """ONNX Runtime backend: the second engine, for ONNX files only.
 
-Given its best CPU settings (every graph optimisation, one intra-op thread
-per core) so that comparisons against OpenVINO are fair. Preprocessing runs
-in numpy (runtime.preprocess), the reference for what OpenVINO folds in.
+Set up the way a hand-tuned `InferenceSession` is, per hint, so comparisons
+against OpenVINO are fair:
+- latency: one run at a time, every core working inside it (intra-op threads),
+  sequential execution, every graph optimisation;
+- throughput: one run per core at once on the same session, each single-threaded.
+  ORT's `run` is thread-safe, and on small CNNs parallel single-threaded runs beat
+  one wide run (text-orientation on 2 cores: about 550 against 470 FPS), because a
+  wide run stalls on its threads' barriers between layers.
+Preprocessing runs in numpy (runtime.preprocess), the reference for what OpenVINO
+folds in, on the worker threads so it overlaps with other runs.
 """
 
 from __future__ import annotations
@@ -10,16 +17,36 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import onnxruntime as ort
 
 from edge_agent.catalog.manifest import ImageInput, InputSpec, Manifest
 from edge_agent.errors import EdgeAgentError
-from edge_agent.runtime.base import CompileReport, Done, Fallback, RuntimeOptions, Tensor, Tensors
+from edge_agent.runtime.base import (
+    CompileReport,
+    Fallback,
+    Hint,
+    RuntimeOptions,
+    Tensor,
+    Tensors,
+)
 from edge_agent.runtime.devices import parse_request
-from edge_agent.runtime.preprocess import frame_tensor
+from edge_agent.runtime.preprocess import frames_tensor
+from edge_agent.runtime.runs import ThreadedModel
+
+
+def session_options(hint: Hint, requests: int | None, cores: int) -> tuple[ort.SessionOptions, int]:
+    """ORT's settings for a hint on `cores` cores, and how many runs go at once."""
+    workers = requests or (1 if hint == "latency" else cores)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # The cores are shared out between the runs in flight, never oversubscribed.
+    so.intra_op_num_threads = max(1, cores // workers)
+    so.inter_op_num_threads = 1  # used only by the parallel executor, which CNNs do not gain from
+    so.log_severity_level = 3
+    return so, workers
 
 
 class OnnxRuntimeBackend:
@@ -32,6 +59,7 @@ class OnnxRuntimeBackend:
             raise EdgeAgentError(
                 f"ONNX Runtime cannot read {manifest.name}: it is a {manifest.format} model",
                 "use --backend openvino, which reads ONNX, IR, TFLite and TF",
+                code="model.incompatible",
             )
         started = time.perf_counter()
         # Only the CPU provider ships in the onnxruntime wheel; others are reported fallbacks.
@@ -40,16 +68,14 @@ class OnnxRuntimeBackend:
             for d in parse_request(options.device)
             if d != "CPU"
         )
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = os.cpu_count() or 1
-        so.log_severity_level = 3
+        so, workers = session_options(options.hint, options.requests, os.cpu_count() or 1)
         try:
             session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own Fail/InvalidProtobuf types
             raise EdgeAgentError(
                 f"cannot read model {path}: {str(exc).splitlines()[0][:300]}",
                 "the file is corrupt, truncated or not an ONNX model; fetch it again",
+                code="model.corrupt",
             ) from None
         spec = manifest.input
         if isinstance(spec, ImageInput):
@@ -58,61 +84,86 @@ class OnnxRuntimeBackend:
             i.name: tuple(d if isinstance(d, int) else -1 for d in i.shape)
             for i in session.get_inputs()
         }
+        wanted = spec.shape if isinstance(spec, ImageInput) else options.shape
+        if wanted is not None:
+            _check_shape(manifest.name, spec.name, inputs.get(spec.name), wanted)
+            inputs[spec.name] = wanted
         if isinstance(spec, ImageInput):
-            inputs[spec.name] = (1, spec.height, spec.width, 3)  # frames; the host resizes
+            inputs[spec.name] = (spec.shape[0], spec.height, spec.width, 3)  # frames
         report = CompileReport(
             backend="onnxruntime",
             requested=options.device,
             device="CPU",
             fallbacks=fallbacks,
             precision="f32",
+            precision_requested=options.precision or manifest.precision,
+            precision_note=_precision_note(options.precision or manifest.precision),
             hint=options.hint,
-            requests=1,
+            requests=workers,
             compile_s=time.perf_counter() - started,
             from_cache=False,
             inputs=inputs,
             model_shape=spec.shape if isinstance(spec, ImageInput) else None,
         )
-        return OnnxRuntimeModel(session, spec, report)
+        return OnnxRuntimeModel(session, manifest.name, spec, report)
 
 
-class OnnxRuntimeModel:
-    """A session; `submit` runs on one worker thread (ORT already uses every core per run)."""
+def _precision_note(requested: str | None) -> str:
+    if requested in (None, "f32"):
+        return ""
+    return (
+        f"{requested} requested, onnxruntime runs f32: its CPU provider computes in f32 only "
+        f"(use --backend openvino for {requested})"
+    )
 
-    def __init__(self, session: ort.InferenceSession, spec: InputSpec, report: CompileReport):
+
+def _check_shape(
+    model: str, name: str, fixed: tuple[int, ...] | None, wanted: tuple[int, ...]
+) -> None:
+    """ORT cannot reshape a model: a shape is fine only where the file leaves dims free."""
+    if fixed is None:
+        return
+    clash = len(fixed) != len(wanted) or any(
+        f != -1 and f != w for f, w in zip(fixed, wanted, strict=False)
+    )
+    if clash:
+        free = ",".join("N" if d == -1 else str(d) for d in fixed)
+        raise EdgeAgentError(
+            f"{model}'s ONNX input {name} is fixed at {free}; ONNX Runtime cannot run it "
+            f"at {','.join(map(str, wanted))}",
+            "change only the free (N) dims, or use --backend openvino, which reshapes models",
+            code="model.shape",
+        )
+
+
+class OnnxRuntimeModel(ThreadedModel):
+    """A session shared by any number of threads; `submit` runs on the hint's workers."""
+
+    def __init__(
+        self, session: ort.InferenceSession, name: str, spec: InputSpec, report: CompileReport
+    ) -> None:
+        super().__init__(name, report.requests)
         self.report = report
-        self._session = session
+        self._session: ort.InferenceSession | None = session
         self._spec = spec
         self._output_names = [o.name for o in session.get_outputs()]
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort")
-        self._pending: list[Future[None]] = []
 
-    def _feed(self, inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    def _run(self, inputs: Mapping[str, Tensor]) -> Tensors:
+        session = self._session
+        assert session is not None, "Runs admits no run after close"
         spec = self._spec
-        if isinstance(spec, ImageInput):
-            return {k: frame_tensor(v[0], spec) if k == spec.name else v for k, v in inputs.items()}
-        return dict(inputs)
-
-    def infer(self, inputs: Mapping[str, Tensor]) -> Tensors:
+        feed = dict(inputs)
+        if isinstance(spec, ImageInput) and spec.name in feed:
+            feed[spec.name] = frames_tensor(feed[spec.name], spec)
         try:
-            values = self._session.run(self._output_names, self._feed(inputs))
+            values = session.run(self._output_names, feed)  # thread-safe; releases the GIL
         except Exception as exc:  # ORT raises its own exception types for bad feeds
-            raise EdgeAgentError(f"inference failed: {str(exc).splitlines()[0][:300]}") from None
+            raise EdgeAgentError(
+                f"inference failed: {str(exc).splitlines()[0][:300]}",
+                "check that the inputs match the model (edge-agent models info NAME)",
+                code="inference.failed",
+            ) from None
         return dict(zip(self._output_names, values, strict=True))
 
-    def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
-        def _run() -> None:
-            started = time.perf_counter()
-            outputs = self.infer(inputs)
-            done(outputs, userdata, time.perf_counter() - started)
-
-        self._pending = [f for f in self._pending if not f.done()]
-        # Keep at most two queued so a fast producer cannot grow memory without bound.
-        while len(self._pending) >= 2:
-            self._pending.pop(0).result()
-        self._pending.append(self._pool.submit(_run))
-
-    def wait(self) -> None:
-        for future in self._pending:
-            future.result()
-        self._pending.clear()
+    def _release(self) -> None:
+        self._session = None  # the last reference: ORT frees the session's memory

@@ -4,7 +4,8 @@ Start-up cost matters on a box that restarts: the model file is converted once
 (reshape + PrePostProcessor) into an IR in the cache, keyed by the file's
 digest and the input spec, and OpenVINO's CACHE_DIR keeps the compiled blob.
 A second start compiles straight from the IR path, which lets OpenVINO load
-the blob without reading the model at all.
+the blob without reading the model at all. Without a cache the converted
+model is compiled from memory: nothing is written, so nothing can leak.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,18 +28,19 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.quiet import native_stderr_held
 from edge_agent.runtime.base import (
     CompileReport,
-    Done,
     Fallback,
     RuntimeOptions,
     Tensor,
     Tensors,
 )
-from edge_agent.runtime.devices import is_present, parse_request
-from edge_agent.runtime.preprocess import fit_frame
+from edge_agent.runtime.devices import explain_failure, is_present, parse_request
+from edge_agent.runtime.precision import combine, precision_note
+from edge_agent.runtime.preprocess import fit_frames
+from edge_agent.runtime.runs import Slots, ThreadedModel
 
 _PRECISION = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 # Bumped whenever what `_convert` produces changes, so old cached IRs are not reused.
-_PREPARED_LAYOUT = 2
+_PREPARED_LAYOUT = 3
 
 
 class CoreLike(Protocol):
@@ -50,7 +51,9 @@ class CoreLike(Protocol):
 
     def read_model(self, model: str) -> ov.Model: ...
 
-    def compile_model(self, model: str, device_name: str, config: dict[str, Any]) -> Any: ...
+    def compile_model(
+        self, model: str | ov.Model, device_name: str, config: dict[str, Any]
+    ) -> Any: ...
 
     def get_property(self, device_name: str, name: str) -> Any: ...
 
@@ -65,12 +68,16 @@ class OpenVinoBackend:
 
     def compile(self, path: Path, manifest: Manifest, options: RuntimeOptions) -> OpenVinoModel:
         started = time.perf_counter()
+        candidates = parse_request(options.device)  # a bad name fails before any work
         spec = manifest.input
         model_shape = spec.with_shape(options.shape).shape if isinstance(spec, ImageInput) else None
         prepared = self._prepare(path, manifest, options)
         config: dict[str, Any] = {"PERFORMANCE_HINT": options.hint.upper()}
-        if options.precision is not None:
-            config["INFERENCE_PRECISION_HINT"] = _PRECISION[options.precision]
+        # An explicit request wins, then the manifest's pin (calibration pins f32 when only
+        # FP32 passed its accuracy gate), then the device default.
+        precision = options.precision or manifest.precision
+        if precision is not None:
+            config["INFERENCE_PRECISION_HINT"] = _PRECISION[precision]
         if options.requests is not None:
             config["PERFORMANCE_HINT_NUM_REQUESTS"] = options.requests
         if options.cache_dir is not None:
@@ -78,27 +85,37 @@ class OpenVinoBackend:
         available = list(self.core.available_devices)
         fallbacks: list[Fallback] = []
         compiled: Any = None
-        for candidate in parse_request(options.device):
+        for candidate in candidates:
             if not is_present(candidate, available):
-                fallbacks.append(Fallback(device=candidate, reason="not present on this machine"))
+                fallbacks.append(Fallback(device=candidate, reason=self._absent(candidate)))
                 continue
             try:
-                compiled = self.core.compile_model(str(prepared), candidate, config)
+                source = str(prepared) if isinstance(prepared, Path) else prepared
+                compiled = self.core.compile_model(source, candidate, config)
                 break
             except RuntimeError as exc:
-                fallbacks.append(Fallback(device=candidate, reason=_first_line(exc)))
+                fallbacks.append(
+                    Fallback(device=candidate, reason=explain_failure(_first_line(exc)))
+                )
         if compiled is None:
             tried = "; ".join(f"{f.device}: {f.reason}" for f in fallbacks)
             raise EdgeAgentError(
                 f"no device could run {manifest.name} ({tried})",
                 "run `edge-agent doctor` to see which devices this box has",
+                code="device.unavailable",
             )
+        devices = [str(d) for d in _prop(compiled, "EXECUTION_DEVICES", [])]
+        per_device = _precisions(compiled, devices)
         report = CompileReport(
             backend="openvino",
             requested=options.device,
-            device=",".join(_prop(compiled, "EXECUTION_DEVICES", ["?"])),
+            device=",".join(devices) or "?",
             fallbacks=tuple(fallbacks),
-            precision=_type_name(_prop(compiled, "INFERENCE_PRECISION_HINT", "?")),
+            precision=combine(per_device) if per_device else "unknown",
+            precision_requested=precision,
+            precision_note=precision_note(
+                precision, per_device, {d: self._capabilities(d) for d in per_device}
+            ),
             hint=options.hint,
             requests=int(_prop(compiled, "OPTIMAL_NUMBER_OF_INFER_REQUESTS", 1)),
             compile_s=time.perf_counter() - started,
@@ -113,10 +130,30 @@ class OpenVinoBackend:
         )
         return OpenVinoModel(compiled, manifest, report, options.requests)
 
-    def _prepare(self, path: Path, manifest: Manifest, options: RuntimeOptions) -> Path:
-        """Return an IR with shape and preprocessing applied, converting at most once."""
+    def _absent(self, candidate: str) -> str:
+        """Why a device is missing, when its plugin says (a driver not installed, say)."""
+        try:
+            self.core.get_property(candidate.split(".")[0], "FULL_DEVICE_NAME")
+        except RuntimeError as exc:
+            meaning = explain_failure(_first_line(exc))
+            if meaning != _first_line(exc):
+                return f"not present on this machine: {meaning}"
+        return "not present on this machine"
+
+    def _capabilities(self, device: str) -> list[str]:
+        try:
+            return [str(c) for c in self.core.get_property(device, "OPTIMIZATION_CAPABILITIES")]
+        except (RuntimeError, TypeError):  # a device (or a fake one) that does not say
+            return []
+
+    def _prepare(self, path: Path, manifest: Manifest, options: RuntimeOptions) -> Path | ov.Model:
+        """Return an IR with shape and preprocessing applied, converting at most once.
+
+        Without a cache the model stays in memory: OpenVINO compiles an `ov.Model`
+        as well as a file, and a temporary IR would only be one more thing to clean up.
+        """
         if options.cache_dir is None:
-            return self._convert(path, manifest, options, Path(tempfile.mkdtemp(prefix="edge-ir-")))
+            return self._convert(path, manifest, options)
         key = hashlib.sha256(
             json.dumps(
                 {
@@ -134,14 +171,16 @@ class OpenVinoBackend:
         if xml.is_file() and xml.with_suffix(".bin").is_file():
             return xml
         folder.mkdir(parents=True, exist_ok=True)
+        model = self._convert(path, manifest, options)
         with tempfile.TemporaryDirectory(dir=folder, prefix=".convert-") as tmp:
-            staged = self._convert(path, manifest, options, Path(tmp))
+            staged = Path(tmp) / "model.xml"
+            ov.save_model(model, str(staged), compress_to_fp16=False)
             # The .xml goes last: its presence says the pair is complete.
             staged.with_suffix(".bin").replace(xml.with_suffix(".bin"))
             staged.replace(xml)
         return xml
 
-    def _convert(self, path: Path, manifest: Manifest, options: RuntimeOptions, out: Path) -> Path:
+    def _convert(self, path: Path, manifest: Manifest, options: RuntimeOptions) -> ov.Model:
         try:
             with native_stderr_held():
                 model = self.core.read_model(str(path))
@@ -150,6 +189,7 @@ class OpenVinoBackend:
                 f"cannot read model {path}: {_first_line(exc)}",
                 "the file is corrupt, truncated or not a model; fetch it again "
                 "(edge-agent models fetch NAME) or check the path",
+                code="model.corrupt",
             ) from None
         spec = manifest.input
         shape = options.shape
@@ -163,12 +203,11 @@ class OpenVinoBackend:
                 raise EdgeAgentError(
                     f"{manifest.name} cannot take input shape {list(shape)}: {_first_line(exc)}",
                     "pass a shape with the model's rank and layout (edge-agent models info NAME)",
+                    code="model.shape",
                 ) from None
         if isinstance(spec, ImageInput):
             model = _fold_preprocessing(model, spec)
-        xml = out / "model.xml"
-        ov.save_model(model, str(xml), compress_to_fp16=False)
-        return xml
+        return model
 
 
 def _fold_preprocessing(model: ov.Model, spec: ImageInput) -> ov.Model:
@@ -176,9 +215,10 @@ def _fold_preprocessing(model: ov.Model, spec: ImageInput) -> ov.Model:
     ppp = PrePostProcessor(model)
     inp = ppp.input(spec.name)
     # A static shape at the model's size: the host resizes (see runtime.preprocess).
+    # The batch is the model's own: N frames in, N answers out.
     inp.tensor().set_element_type(ov.Type.u8).set_layout(ov.Layout("NHWC")).set_color_format(
         ColorFormat.BGR
-    ).set_shape([1, spec.height, spec.width, 3])
+    ).set_shape([spec.shape[0], spec.height, spec.width, 3])
     steps = inp.preprocess()
     if spec.element_type == "f32":
         steps.convert_element_type(ov.Type.f32)
@@ -194,28 +234,38 @@ def _fold_preprocessing(model: ov.Model, spec: ImageInput) -> ov.Model:
     return built
 
 
-class OpenVinoModel:
-    """A compiled model with one synchronous request and an async queue."""
+class OpenVinoModel(ThreadedModel):
+    """A compiled model with a pool of infer requests, safe to call from any thread.
+
+    Each run holds one request for its length, sync or async alike: two pipelines
+    sharing this model through the pool never meet on one request.
+    """
 
     def __init__(
         self, compiled: Any, manifest: Manifest, report: CompileReport, requests: int | None
     ) -> None:
+        size = requests or report.requests
+        super().__init__(manifest.name, size)
         self.report = report
-        self._compiled = compiled
+        self._compiled: Any = compiled
         spec = manifest.input
         self._image = spec.with_shape(report.model_shape) if isinstance(spec, ImageInput) else None
         # Every name of every output, resolved once; heads pick the one their config names.
         self._names = [(i, sorted(o.get_names())) for i, o in enumerate(compiled.outputs)]
-        self._request = compiled.create_infer_request()
-        self._queue: ov.AsyncInferQueue | None = None
-        self._requests = requests or report.requests
-        self._lock = threading.Lock()
+        # As many requests as the device runs in parallel, made on first need.
+        self._requests: Slots[Any] = Slots(compiled.create_infer_request, size)
 
-    def _prepare(self, inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    def _run(self, inputs: Mapping[str, Tensor]) -> Tensors:
         spec = self._image
-        if spec is None:
-            return dict(inputs)
-        return {k: fit_frame(v[0], spec)[None] if k == spec.name else v for k, v in inputs.items()}
+        feed = dict(inputs)
+        if spec is not None and spec.name in feed:
+            feed[spec.name] = fit_frames(feed[spec.name], spec)
+        with self._requests.lend() as request:
+            try:
+                request.infer(feed)  # releases the GIL while the engine computes
+            except RuntimeError as exc:
+                raise _failed(exc) from None
+            return self._outputs(request)
 
     def _outputs(self, request: Any) -> Tensors:
         found: Tensors = {}
@@ -226,32 +276,38 @@ class OpenVinoModel:
                 found[name] = data
         return found
 
-    def infer(self, inputs: Mapping[str, Tensor]) -> Tensors:
-        try:
-            self._request.infer(self._prepare(inputs))
-        except RuntimeError as exc:
-            raise EdgeAgentError(f"inference failed: {_first_line(exc)}") from None
-        return self._outputs(self._request)
+    def _release(self) -> None:
+        # Dropping the last references frees the requests, the compiled model's memory
+        # and the engine's threads for it; this runs on a Python thread, never theirs.
+        self._requests.clear()
+        self._compiled = None
 
-    def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
-        feed = self._prepare(inputs)
-        # One lock around "wait for a free request, start it": pipelines sharing this
-        # model submit from their own threads, and the clock starts when the engine does.
-        with self._lock:
-            if self._queue is None:
-                self._queue = ov.AsyncInferQueue(self._compiled, self._requests)
-                self._queue.set_callback(self._completed)
-            self._queue.get_idle_request_id()
-            self._queue.start_async(feed, (done, userdata, time.perf_counter()))
 
-    def _completed(self, request: Any, data: tuple[Done, object, float]) -> None:
-        # Each submit carries its own `done`, so one compiled model serves many pipelines.
-        done, userdata, started = data
-        done(self._outputs(request), userdata, time.perf_counter() - started)
+def _failed(exc: BaseException) -> EdgeAgentError:
+    return EdgeAgentError(
+        f"inference failed: {_first_line(exc)}",
+        "check that the inputs match the model (edge-agent models info NAME)",
+        code="inference.failed",
+    )
 
-    def wait(self) -> None:
-        if self._queue is not None:
-            self._queue.wait_all()
+
+def _precisions(compiled: Any, devices: list[str]) -> dict[str, str]:
+    """The precision each executing device really runs, as it reports it after compile.
+
+    A physical device answers INFERENCE_PRECISION_HINT itself; AUTO, MULTI and
+    HETERO do not, but list each device's own properties under DEVICE_PROPERTIES.
+    """
+    own = _prop(compiled, "INFERENCE_PRECISION_HINT", None)
+    if own is not None:
+        return {device: _type_name(own) for device in devices or ["?"]}
+    nested = _prop(compiled, "DEVICE_PROPERTIES", {})
+    found: dict[str, str] = {}
+    if isinstance(nested, Mapping):
+        for device, props in nested.items():
+            wanted = not devices or device in devices
+            if wanted and isinstance(props, Mapping) and "INFERENCE_PRECISION_HINT" in props:
+                found[str(device)] = _type_name(props["INFERENCE_PRECISION_HINT"])
+    return found
 
 
 def _prop(compiled: Any, name: str, default: Any) -> Any:

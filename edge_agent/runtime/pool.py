@@ -2,7 +2,8 @@
 
 Two pipelines on the same model, device and options share one compiled model
 (and so one set of infer requests), instead of paying compile time and memory
-twice. Released models are dropped when their last user lets go.
+twice. A model is closed, its memory given back, when its last user lets go:
+the runs still in flight finish first (`CompiledModel.close` waits for them).
 """
 
 from __future__ import annotations
@@ -33,32 +34,45 @@ class ModelPool:
     def acquire(
         self, model: str, backend: str, options: RuntimeOptions
     ) -> tuple[CompiledModel, ResolvedModel]:
-        """Return a compiled model, compiling it if no pipeline holds it yet."""
-        key = (model, backend, options.model_dump_json())
+        """Return a compiled model, compiling it if no pipeline holds it yet.
+
+        Keyed by the file the name resolves to now, not the name: after the store
+        activates a new version of a name, acquiring it compiles the new version
+        instead of handing back the old one still held by a running pipeline.
+        """
+        resolved = self.catalog.resolve(model)
+        key = (str(resolved.path), backend, options.model_dump_json())
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 entry.users += 1
                 return entry.model, entry.resolved
         # Compile outside the lock: a slow compile must not stall other pipelines.
-        resolved = self.catalog.resolve(model)
         compiled = create_backend(backend).compile(resolved.path, resolved.manifest, options)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._entries[key] = _Entry(compiled, resolved, 0)
             entry.users += 1
-            return entry.model, entry.resolved
+        if entry.model is not compiled:
+            compiled.close()  # another thread's compile of the same key won the race
+        return entry.model, entry.resolved
 
     def release(self, model: CompiledModel) -> None:
-        """Let go of a model from `acquire`; the last user's release drops it."""
+        """Let go of a model from `acquire`; the last user's release closes it."""
+        last = False
         with self._lock:
             for key, entry in list(self._entries.items()):
                 if entry.model is model:
                     entry.users -= 1
                     if entry.users <= 0:
                         del self._entries[key]
-                    return
+                        last = True
+                    break
+        # Outside the lock: closing waits for the model's runs in flight, which must
+        # not hold up other pipelines acquiring or releasing their models.
+        if last:
+            model.close()
 
     def __len__(self) -> int:
         with self._lock:

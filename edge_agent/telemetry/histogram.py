@@ -170,6 +170,39 @@ class LatencyHistogram:
         middle: float = self._lowest * self._growth ** (index + 0.5)
         return min(max(middle, low), high)
 
+    def counts_at_most(self, bounds_s: Sequence[float]) -> tuple[list[int], int]:
+        """Samples at or below each bound, and the total, from one copy of the buckets.
+
+        For cumulative (Prometheus `le`) buckets. A bound between the exact min and
+        max counts the whole bucket it falls in, so it may over-count by the samples
+        within one bucket width (2%) above it; below the min it is 0, at or above
+        the max it is the total.
+
+        Returns:
+            (count per bound, total); the total equals the last bucket's cumulative count.
+        """
+        counts = np.array(self._counts, dtype=np.int64)
+        cumulative = np.cumsum(counts)
+        total = int(cumulative[-1])
+        low, high = self._min, self._max
+        out = []
+        for bound in bounds_s:
+            if total == 0 or bound < low:
+                out.append(0)
+            elif bound >= high:
+                out.append(total)
+            else:
+                out.append(int(cumulative[self._index(bound)]))
+        return out, total
+
+    def _index(self, seconds: float) -> int:
+        """The bucket `record` puts `seconds` in (record inlines this: it is the hot path)."""
+        if seconds <= self._lowest:
+            return 0
+        if seconds >= self._highest:
+            return self._last
+        return min(int(math.log(seconds * self._inv_lowest) * self._inv_log_growth), self._last)
+
     def merge(self, other: LatencyHistogram) -> None:
         """Add `other`'s samples to this histogram (same bucket layout required)."""
         if (other._lowest, other._highest, other._growth) != (

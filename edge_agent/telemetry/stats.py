@@ -1,13 +1,16 @@
 """Per-pipeline telemetry: stage latencies, frame rate and drops, in fixed memory.
 
 `PipelineTelemetry` is what a pipeline writes into on every frame;
-`PipelineStats` is the frozen snapshot it hands to whoever publishes it.
+`PipelineStats` is the frozen snapshot it hands to whoever publishes it: over
+the whole run (`snapshot`) or over the interval since the last `interval()`
+call, which is what the agent publishes every N seconds.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +20,9 @@ DEFAULT_STAGES = ("read", "preprocess", "queue", "infer", "postprocess", "sink",
 
 RECENT_WINDOW_S = 5
 """Whole seconds covered by `fps_recent`, besides the current partial second."""
+
+Counter = Literal["sink_failures", "frame_failures", "dropped_on_stop"]
+COUNTERS: tuple[Counter, ...] = ("sink_failures", "frame_failures", "dropped_on_stop")
 
 
 class StageSummary(BaseModel):
@@ -46,6 +52,31 @@ class PipelineStats(BaseModel):
     dropped: int = Field(ge=0, description="Frames the source discarded because we were slow.")
     elapsed_s: float = Field(ge=0.0, description="Seconds since telemetry started or was reset.")
     stages: dict[str, StageSummary] = Field(description="Latency per stage, by stage name.")
+    sink_failures: int = Field(
+        default=0, ge=0, description="Times a sink raised (emit or close); the others were served."
+    )
+    frame_failures: int = Field(
+        default=0,
+        ge=0,
+        description="Frames with no result: the head raised, or the engine never returned them.",
+    )
+    dropped_on_stop: int = Field(
+        default=0, ge=0, description="Frames in flight at stop() that could not finish in time."
+    )
+    mode: str = Field(
+        default="frame",
+        description="Detection mode: frame, tiles or regions (audio pipelines: frame).",
+    )
+    calls_per_frame: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Mean model calls per finished frame (tiles and regions make several, "
+        "or none); what a camera costs.",
+    )
+    interval: bool = Field(
+        default=False,
+        description="True when every figure covers only the interval since the previous one.",
+    )
 
 
 def summarise(histogram: LatencyHistogram) -> StageSummary:
@@ -87,20 +118,32 @@ class PipelineTelemetry:
         # Switched off to measure telemetry's own cost: `record` then returns at
         # once. Frames and drops are still counted; FPS is the pipeline's output.
         self.enabled = True
+        self.mode = "frame"
+        """The detection mode, copied into every snapshot (the pipeline sets it)."""
         self._clock = clock
         self._histograms = {stage: LatencyHistogram() for stage in stages}
+        self._interval = {stage: LatencyHistogram() for stage in stages}
         # Ring of per-second frame counts: slot s % N holds second s, tagged
         # with s so a slot left over from an older lap reads as empty.
         self._ring_counts = [0] * (RECENT_WINDOW_S + 1)
         self._ring_seconds = [-1] * (RECENT_WINDOW_S + 1)
         self._frames = 0
+        self._calls = 0
         self._dropped = 0
+        self._counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._start = clock()
+        # What the counters read when the current interval began.
+        self._interval_start = self._start
+        self._interval_base = self._totals()
 
     @property
     def stages(self) -> tuple[str, ...]:
         """Stage names, in the order given."""
         return tuple(self._histograms)
+
+    def histogram(self, stage: str) -> LatencyHistogram:
+        """The whole-run histogram of `stage`, live: for exporters that need the buckets."""
+        return self._histograms[stage]
 
     def record(self, stage: str, seconds: float) -> None:
         """Add one latency to `stage`.
@@ -111,9 +154,12 @@ class PipelineTelemetry:
         if not self.enabled:
             return
         self._histograms[stage].record(seconds)
+        # Recorded twice rather than merged at interval() so that a sample recorded
+        # while interval() runs can only land in the wrong interval, never be lost.
+        self._interval[stage].record(seconds)
 
-    def frame_done(self) -> None:
-        """Count one finished frame, for FPS."""
+    def frame_done(self, calls: int = 1) -> None:
+        """Count one finished frame, for FPS, and the model calls it took."""
         second = int(self._clock())
         slot = second % len(self._ring_counts)
         if self._ring_seconds[slot] != second:
@@ -121,6 +167,7 @@ class PipelineTelemetry:
             self._ring_counts[slot] = 0
         self._ring_counts[slot] += 1
         self._frames += 1
+        self._calls += calls
 
     def add_dropped(self, n: int) -> None:
         """Add `n` frames to the drop counter."""
@@ -130,18 +177,66 @@ class PipelineTelemetry:
         """Set the drop counter, for sources that keep their own running total."""
         self._dropped = n
 
+    def count(self, counter: Counter, n: int = 1) -> None:
+        """Add `n` to one of the failure counters (see `PipelineStats` for their meaning)."""
+        self._counters[counter] += n
+
     def snapshot(self) -> PipelineStats:
-        """Frame rate, drops and a latency summary per stage, as of now."""
+        """Frame rate, drops, failures and a latency summary per stage, over the whole run."""
         now = self._clock()
         elapsed = max(now - self._start, 0.0)
+        return self._stats(now, elapsed, self._totals(), self._histograms, interval=False)
+
+    def interval(self) -> PipelineStats:
+        """The same figures over the interval since the previous call (or the start), then
+        start a new interval; the whole-run figures are untouched.
+
+        Callable from any thread (the agent's publisher) while the pipeline records.
+        """
+        now = self._clock()
+        totals = self._totals()
+        histograms, self._interval = (
+            self._interval,
+            {stage: LatencyHistogram() for stage in self._histograms},
+        )
+        base, self._interval_base = self._interval_base, totals
+        start, self._interval_start = self._interval_start, now
+        delta = {key: totals[key] - base[key] for key in totals}
+        return self._stats(now, max(now - start, 0.0), delta, histograms, interval=True)
+
+    def _totals(self) -> dict[str, int]:
+        return {
+            "frames": self._frames,
+            "calls": self._calls,
+            "dropped": self._dropped,
+            **self._counters,
+        }
+
+    def _stats(
+        self,
+        now: float,
+        elapsed: float,
+        counts: dict[str, int],
+        histograms: dict[str, LatencyHistogram],
+        *,
+        interval: bool,
+    ) -> PipelineStats:
+        frames = counts["frames"]
         return PipelineStats(
             pipeline=self.pipeline,
-            frames=self._frames,
-            fps=self._frames / elapsed if elapsed > 0 else 0.0,
-            fps_recent=self._recent_fps(now, elapsed),
-            dropped=self._dropped,
+            frames=frames,
+            fps=frames / elapsed if elapsed > 0 else 0.0,
+            fps_recent=self._recent_fps(now, max(now - self._start, 0.0)),
+            # A source that restarted its own count can make a delta negative.
+            dropped=max(0, counts["dropped"]),
             elapsed_s=elapsed,
-            stages={name: summarise(h) for name, h in self._histograms.items()},
+            stages={name: summarise(h) for name, h in histograms.items()},
+            sink_failures=counts["sink_failures"],
+            frame_failures=counts["frame_failures"],
+            dropped_on_stop=counts["dropped_on_stop"],
+            mode=self.mode,
+            calls_per_frame=counts["calls"] / frames if frames > 0 else 0.0,
+            interval=interval,
         )
 
     def _recent_fps(self, now: float, elapsed: float) -> float:
@@ -159,10 +254,14 @@ class PipelineTelemetry:
 
     def reset(self) -> None:
         """Forget every sample and counter and restart the clock."""
-        for histogram in self._histograms.values():
+        for histogram in (*self._histograms.values(), *self._interval.values()):
             histogram.reset()
         self._ring_counts = [0] * len(self._ring_counts)
         self._ring_seconds = [-1] * len(self._ring_seconds)
         self._frames = 0
+        self._calls = 0
         self._dropped = 0
+        self._counters = dict.fromkeys(COUNTERS, 0)
         self._start = self._clock()
+        self._interval_start = self._start
+        self._interval_base = self._totals()

@@ -12,13 +12,16 @@ from pathlib import Path
 import pytest
 
 from edge_agent.catalog.catalog import ResolvedModel
+from edge_agent.errors import CODES
 from tests.conftest import CompileFn, bgr, sample
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
 
-def edge_agent(*args: str, home: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
+def edge_agent(
+    *args: str, home: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(env or {})}
     if home is not None:
         env["HOME"] = str(home)
     return subprocess.run(
@@ -31,14 +34,20 @@ def edge_agent(*args: str, home: Path | None = None) -> subprocess.CompletedProc
     )
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """One `edge-agent: error: problem; fix [code]` line on stderr, exit 2; returns the code."""
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("edge-agent: error: ")
+    line = lines[0]
+    assert line.startswith("edge-agent: error: ")
     for needle in needles:
-        assert needle in lines[0], lines[0]
+        assert needle in line, line
+    assert "; " in line, f"no fix in {line!r}"
+    code = line.rsplit(" [", 1)[1].rstrip("]")
+    assert code in CODES, line
+    return code
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +205,76 @@ def test_models_list_and_info() -> None:
     assert info["manifest"]["head"]["type"] == "vad"
     assert info["fetched"] is True
     assert Path(info["path"]).is_file()
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "nan", "soon"])
+def test_bench_time_must_be_positive(seconds: str) -> None:
+    proc = edge_agent("bench", "--model", "text-orientation", "--time", seconds)
+    assert assert_one_line_error(proc, "--time") == "input.invalid"
+
+
+def spec_file(folder: Path, body: str = "", source: Path | None = None) -> Path:
+    path = folder / "spec.toml"
+    path.write_text(
+        f'id = "dock"\n{body}\n[model]\nname = "text-orientation"\n'
+        f'[source]\ntype = "folder"\npath = "{source or folder}"\n'
+    )
+    return path
+
+
+@pytest.mark.parametrize("count", ["0", "-1"])
+def test_max_frames_must_be_positive(photo: Path, tmp_path: Path, count: str) -> None:
+    by_flags = edge_agent(
+        "run-pipeline", "--model", "text-orientation", "--source", str(photo.parent),
+        "--max-frames", count,
+    )  # fmt: skip
+    assert_one_line_error(by_flags, "--max-frames")
+    # With a spec the same value used to run 0 frames and exit 0.
+    with_spec = edge_agent(
+        "run-pipeline", str(spec_file(tmp_path, source=photo.parent)), "--max-frames", count
+    )
+    assert_one_line_error(with_spec, "--max-frames")
+    in_spec = edge_agent("run-pipeline", str(spec_file(tmp_path, f"max_frames = {count}")))
+    assert assert_one_line_error(in_spec, "max_frames") == "config.invalid"
+
+
+def test_unwritable_cache_is_one_line_and_doctor_fails(photo: Path, tmp_path: Path) -> None:
+    # Under a regular file: no folder can be made there, whoever runs the test (root too).
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {"EDGE_AGENT_CACHE": str(blocker / "cache")}
+    proc = edge_agent("infer", "--model", "text-orientation", "--input", str(photo), env=env)
+    assert assert_one_line_error(proc, "not writable", str(blocker)) == "path.unwritable"
+    doctor = edge_agent("doctor", "--json", env=env)
+    report = json.loads(doctor.stdout)
+    assert report["cache_writable"] is False
+    assert report["state_writable"] is True
+    assert assert_one_line_error(doctor, "cache folder", "not writable") == "path.unwritable"
+    state = edge_agent("--state-dir", str(blocker / "state"), "doctor")
+    assert_one_line_error(state, "state folder", "not writable")
+
+
+def test_output_paths_are_checked_before_any_work(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    # The model does not exist: an output error first proves nothing was loaded before it.
+    for sink in (
+        f'sinks = [{{type = "jsonl", path = "{blocker}/out.jsonl"}}]',
+        f'sinks = [{{type = "snapshot", folder = "{blocker}/shots"}}]',
+        f'sinks = [{{type = "capture", folder = "{blocker}/frames"}}]',
+    ):
+        spec = spec_file(tmp_path, sink).read_text().replace("text-orientation", "no-such-model")
+        (tmp_path / "spec.toml").write_text(spec)
+        proc = edge_agent("run-pipeline", str(tmp_path / "spec.toml"))
+        assert assert_one_line_error(proc, "not writable", str(blocker)) == "path.unwritable"
+
+
+def test_infer_on_a_folder_says_it_is_a_folder(photo: Path) -> None:
+    proc = edge_agent("infer", "--model", "text-orientation", "--input", str(photo.parent))
+    assert_one_line_error(proc, "is a folder", "run-pipeline")
+
+
+def test_usage_errors_are_one_line_too() -> None:
+    assert_one_line_error(edge_agent("bench"), "--model")
+    assert_one_line_error(edge_agent("run-pipeline", "--hint", "fast"), "--hint")
+    assert_one_line_error(edge_agent("run-pipeline"), "nothing to run", "--source")

@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 
 from edge_agent.catalog.catalog import Catalog
+from edge_agent.clips import WalkVideo, write_walk
 from edge_agent.heads.base import Detection, SpeechSegment
 from edge_agent.infer import read_audio
 from edge_agent.pipelines.audio_sources import WavSourceSpec
 from edge_agent.pipelines.base import FrameResult
-from edge_agent.pipelines.events import EventRule
+from edge_agent.pipelines.events import STREAM_ENDED, EventRule
 from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.sinks import CallbackSink
 from edge_agent.pipelines.sources import FileSourceSpec
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.runtime.pool import ModelPool
 from tests.conftest import espeak, write_wav
-from tests.integration.video import WalkVideo, write_walk
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_stage_timings_are_recorded(walk: WalkVideo, pool: ModelPool) -> None:
         max_frames=60,
         sinks=[],
     )
-    _, handle = run_collect(spec, pool)
+    seen, handle = run_collect(spec, pool)
     stats = handle.telemetry.snapshot()
     assert stats.frames == 60
     assert stats.fps > 0
@@ -105,6 +105,38 @@ def test_stage_timings_are_recorded(walk: WalkVideo, pool: ModelPool) -> None:
     infer = stats.stages["infer"]
     assert 0 < infer.p50_ms <= infer.p95_ms <= infer.p99_ms <= infer.max_ms
     assert stats.stages["end_to_end"].p50_ms >= infer.p50_ms
+    # Each result carries its own frame's stage times, as the telemetry measured them.
+    frames = [r for r in seen if r.frame >= 0]
+    assert len(frames) == 60
+    for result in frames:
+        assert set(result.timings) == {"read", "preprocess", "queue", "infer", "postprocess"}
+        assert result.timings["infer"] > 0
+        assert all(t >= 0 for t in result.timings.values())
+    infer_ms = sorted(r.timings["infer"] * 1e3 for r in frames)
+    assert infer_ms[-1] == pytest.approx(infer.max_ms)
+
+
+def test_a_video_ending_with_the_person_in_view_closes_the_presence(
+    walk: WalkVideo, pool: ModelPool
+) -> None:
+    # Stop while she stands in the middle: "appeared" gets its "gone", marked as the
+    # end of the stream rather than a departure, on an events-only result at the end.
+    last = max(i for i, v in enumerate(walk.visible) if v) - 5
+    spec = PipelineSpec(
+        id="cut",
+        model=ModelRef(name="person-ssdlite"),
+        source=FileSourceSpec(path=walk.path),
+        events=[PERSON_RULE],
+        max_frames=last + 1,
+        sinks=[],
+    )
+    seen, _ = run_collect(spec, pool)
+    events = [(r.frame, e) for r in seen for e in r.events]
+    assert [e.kind for _, e in events] == ["appeared", "gone"]
+    frame, gone = events[-1]
+    assert frame == -1
+    assert gone.detail == STREAM_ENDED
+    assert gone.ts == pytest.approx(last / walk.fps)
 
 
 def test_two_pipelines_share_one_compiled_model(walk: WalkVideo, pool: ModelPool) -> None:

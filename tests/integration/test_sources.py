@@ -8,6 +8,10 @@ play a camera on a flaky network.
 from __future__ import annotations
 
 import itertools
+import json
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -163,10 +167,11 @@ def test_folder_in_name_order_skips_unreadable(tmp_path: Path, small: Image) -> 
     got: list[Frame] = []
     while (frame := source.read()) is not None:
         got.append(frame)
-    # a, b, b2 (skipped), c: index is the position in the listing, so the gap shows.
-    assert [f.index for f in got] == [0, 1, 3]
-    assert [f.ts for f in got] == pytest.approx([0.0, 0.1, 0.3])
-    assert source.skipped == 1
+    # a, b, b2 (skipped), c: numbered as the frames of a video, each naming its file.
+    assert [f.index for f in got] == [0, 1, 2]
+    assert [f.ts for f in got] == pytest.approx([0.0, 0.1, 0.2])
+    assert [Path(f.source or "").name for f in got] == ["a.png", "b.png", "c.jpg"]
+    assert source.skipped == source.dropped == 1
     assert np.array_equal(got[0].image, frames[0])
     assert np.array_equal(got[1].image, frames[1])
 
@@ -353,3 +358,68 @@ def test_missing_camera_gives_up_with_the_reason() -> None:
         assert states.names() == ["reconnecting", "failed"]
     finally:
         source.close()
+
+
+def run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, object]]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "run-pipeline", *args, "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc, [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_folder_lines_name_their_file_and_skips_are_counted(tmp_path: Path, small: Image) -> None:
+    frames = expected_frames(small)
+    folder = tmp_path / "shots"
+    folder.mkdir()
+    for name, i in (("a.png", 0), ("c.png", 1), ("e.jpg", 2)):
+        cv2.imwrite(str(folder / name), frames[i])
+    (folder / "b.jpg").write_bytes(b"\xff\xd8 truncated jpeg")
+    (folder / "d.png").write_bytes(b"")
+    proc, lines = run_cli("--model", "person-ssdlite", "--source", str(folder))
+    assert proc.returncode == 0, proc.stderr
+    *frame_lines, summary = lines
+    assert [ln["frame"] for ln in frame_lines] == [0, 1, 2]
+    assert [ln["source"] for ln in frame_lines] == [
+        str(folder / n) for n in ("a.png", "c.png", "e.jpg")
+    ]
+    assert summary["summary"]["dropped"] == 2  # type: ignore[index]
+    # Each skipped file is said once, with why.
+    skipped = [ln for ln in proc.stderr.splitlines() if "image_skipped" in ln]
+    assert len(skipped) == 2
+    assert ("b.jpg" in skipped[0], "not an image" in skipped[0]) == (True, True), skipped
+    assert ("d.png" in skipped[1], "empty file" in skipped[1]) == (True, True), skipped
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed again when the block ends
+
+
+def test_unreachable_stream_is_said_once_in_our_words(tmp_path: Path) -> None:
+    spec = tmp_path / "cam.toml"
+    spec.write_text(
+        f"""
+id = "cam"
+sinks = []
+[model]
+name = "person-ssdlite"
+[source]
+type = "stream"
+url = "rtsp://127.0.0.1:{closed_port()}/live"
+give_up_after_s = 1.0
+reconnect_min_s = 0.2
+stall_timeout_s = 1.0
+"""
+    )
+    proc, _ = run_cli(str(spec))
+    assert proc.returncode != 0
+    # FFmpeg's and OpenCV's own lines are muted...
+    for noise in ("[tcp @", "VIDEOIO", "WARN:", "[rtsp @"):
+        assert noise not in proc.stderr, proc.stderr
+    # ...and the reason is given in ours, ending in one error line.
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("edge-agent: error:")]
+    assert len(errors) == 1
+    assert "connection refused" in errors[0]

@@ -126,6 +126,20 @@ def test_wav_stereo_44k_is_mixed_resampled_and_chunked(tmp_path: Path) -> None:
     assert np.abs(audio[1000:15000]).max() == pytest.approx(0.25, abs=0.01)
 
 
+def test_truncated_wav_gives_what_it_has_then_one_source_error(tmp_path: Path) -> None:
+    data = write_wav(tmp_path / "tone.wav", sine(440, 1.0, RATE), RATE).read_bytes()
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(data[: 44 + len(data[44:]) // 4])  # a quarter of the frames
+    source = open_audio_source(WavSourceSpec(path=cut), RATE, HOP)
+    chunks = [source.read() for _ in range(-(-4000 // HOP))]  # all that is there
+    assert all(c is not None for c in chunks)
+    with pytest.raises(SourceError, match=r"0\.75 s short.*truncated") as caught:
+        source.read()
+    assert caught.value.code == "source.failed"
+    assert source.read() is None  # said once; then the end
+    source.close()
+
+
 def test_wav_broken_header_or_missing_file(tmp_path: Path) -> None:
     broken = tmp_path / "broken.wav"
     broken.write_bytes(b"RIFX\x00\x00\x00\x00WAVEfmt ")

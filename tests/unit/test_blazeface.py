@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Detection
 from edge_agent.heads.blazeface import (
     BlazeFaceConfig,
@@ -156,8 +157,13 @@ def test_head_reads_configured_outputs() -> None:
     [det] = head.decode({"r": reg, "s": logits}, (640, 480))
     assert isinstance(det, Detection)
     assert det.label == "person-face"
-    with pytest.raises(KeyError, match="'regressors'"):
+    with pytest.raises(
+        EdgeAgentError,
+        match=r"no output 'regressors' \(the manifest's \[head\] "
+        r"regressors\); it has: r, s",
+    ) as failed:
         BlazeFaceHead(CONFIG).decode({"r": reg, "s": logits}, (640, 480))
+    assert failed.value.code == "model.incompatible"
 
 
 def test_config_rejects_unknown_keys() -> None:

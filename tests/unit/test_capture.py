@@ -8,14 +8,17 @@ import cv2
 import numpy as np
 
 from edge_agent.pipelines.base import FrameResult
-from edge_agent.pipelines.capture import CaptureSink, CaptureSinkSpec
+from edge_agent.pipelines.capture import SAVE_EVERY, CaptureSink, CaptureSinkSpec
+
+HIGH_STEP = 12
+"""Grey levels per unit of the high byte: frames up to 21 * 256 fit in a uint8."""
 
 
 def frame(index: int, ts: float, size: int = 32) -> FrameResult:
     # The frame number is written into the pixels (high byte left, low byte right),
     # in flat blocks JPEG keeps exactly enough to read it back.
     image = np.zeros((size, size, 3), dtype=np.uint8)
-    image[:, : size // 2] = index // 256 * 40
+    image[:, : size // 2] = index // 256 * HIGH_STEP
     image[:, size // 2 :] = index % 256
     return FrameResult("cam", index, ts, [], [], {}, "m", image)
 
@@ -26,7 +29,7 @@ def kept(folder: Path) -> list[int]:
         image = cv2.imread(str(path))
         assert image is not None
         half = image.shape[1] // 2
-        high = round(float(np.median(image[:, : half - 2])) / 40)
+        high = round(float(np.median(image[:, : half - 2])) / HIGH_STEP)
         low = round(float(np.median(image[:, half + 2 :])))
         found.append(high * 256 + low)
     return found
@@ -79,3 +82,38 @@ def test_resumes_the_sample_it_had(tmp_path: Path) -> None:
     for i in range(3, 6):
         second.emit(frame(i, i))
     assert len(list(tmp_path.glob("slot-*.jpg"))) == 5
+
+
+def test_a_restart_resumes_the_count_and_keeps_the_sample_uniform(tmp_path: Path) -> None:
+    # 50 slots sampled from 5,000 frames, a restart, then 200 more: a uniform sample of
+    # all 5,200 holds about 50 * 200 / 5,200 = 1.9 of the new frames. Restarting the
+    # count at 0 made them replace about 44.
+    replaced = []
+    for seed in range(4):
+        folder = tmp_path / str(seed)
+        spec = CaptureSinkSpec(frames=50, min_interval_s=0.0, seed=seed)
+        first = CaptureSink(spec, folder)
+        for i in range(5000):
+            first.emit(frame(i, i))
+        first.close()
+        second = CaptureSink(spec, folder)
+        assert second.offered == 5000
+        for i in range(5000, 5200):
+            second.emit(frame(i, i))
+        second.close()
+        indices = kept(folder)
+        assert len(set(indices)) == 50
+        replaced.append(sum(index >= 5000 for index in indices))
+        assert CaptureSink(spec, folder).offered == 5200
+    assert max(replaced) <= 8, replaced
+    assert sum(replaced) <= 20, replaced
+
+
+def test_a_crash_loses_little_of_the_count(tmp_path: Path) -> None:
+    spec = CaptureSinkSpec(frames=10, min_interval_s=0.0, seed=3)
+    sink = CaptureSink(spec, tmp_path)
+    for i in range(1234):
+        sink.emit(frame(i, i))
+    # No close(): the process died. The count on disk is at most SAVE_EVERY behind.
+    resumed = CaptureSink(spec, tmp_path).offered
+    assert 1234 - SAVE_EVERY <= resumed <= 1234

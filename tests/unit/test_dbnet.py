@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import TextBox
 from edge_agent.heads.dbnet import DbnetConfig, DbnetHead, decode_dbnet, mask_f1, text_mask
 
@@ -176,5 +177,6 @@ def test_head_reads_configured_output() -> None:
     prob[0, 0, 50:80, 100:200] = 0.9
     [box] = DbnetHead(DbnetConfig(output="map")).decode({"map": prob}, (320, 160))
     assert isinstance(box, TextBox)
-    with pytest.raises(KeyError, match=r"sigmoid_0\.tmp_0"):
+    with pytest.raises(EdgeAgentError, match=r"no output 'sigmoid_0\.tmp_0'.*it has: map") as e:
         DbnetHead(CONFIG).decode({"map": prob}, (320, 160))
+    assert e.value.code == "model.incompatible"

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from edge_agent.heads.base import Classification, Detection, Result, SpeechSegment, TextBox
 from edge_agent.pipelines.base import Event
-from edge_agent.pipelines.events import EventRule, EventTracker, label_scores
+from edge_agent.pipelines.events import STREAM_ENDED, EventRule, EventTracker, label_scores
 
 FPS = 10
 
@@ -81,26 +81,40 @@ def test_rules_are_independent_and_in_order() -> None:
     ]
 
 
-def test_flush_fires_gone_only_for_labels_already_absent_long_enough() -> None:
+def test_flush_closes_every_open_presence_and_says_why() -> None:
     rules = [
         EventRule(name="people", label="person", gone_after_s=1.0),
         EventRule(name="cars", label="car", gone_after_s=1.0),
+        EventRule(name="bikes", label="bike", gone_after_s=1.0),
     ]
     tracker = EventTracker(rules)
     car = Detection(label="car", class_id=2, score=0.8, box=(0, 0, 5, 5))
     tracker.update(0.0, [person(), car])
     tracker.update(0.1, [car])
-    # The car is still in view at the end: no invented departure for it.
-    assert tracker.flush(5.0) == [Event(kind="gone", rule="people", label="person", ts=5.0)]
+    # The person left and stayed away long enough: an ordinary "gone". The car is
+    # still in view: a "gone" that says the stream ended, so "appeared" is never
+    # left open. No bike ever appeared, so none is gone.
+    assert tracker.flush(5.0) == [
+        Event(kind="gone", rule="people", label="person", ts=5.0),
+        Event(kind="gone", rule="cars", label="car", ts=5.0, detail=STREAM_ENDED),
+    ]
     # Flush resets: the next stream starts from nothing.
     assert [e.kind for e in tracker.update(0.0, [car])] == ["appeared"]
 
 
-def test_flush_before_the_absence_window_fires_nothing() -> None:
+def test_flush_inside_the_absence_window_closes_with_stream_ended() -> None:
     tracker = EventTracker([EventRule(name="people", label="person", gone_after_s=5.0)])
     tracker.update(0.0, [person()])
     tracker.update(0.1, [])
-    assert tracker.flush(1.0) == []
+    assert tracker.flush(1.0) == [
+        Event(kind="gone", rule="people", label="person", ts=1.0, detail=STREAM_ENDED)
+    ]
+
+
+def test_flush_after_gone_adds_nothing() -> None:
+    tracker = EventTracker([EventRule(name="people", label="person", gone_after_s=1.0)])
+    assert [e.kind for e in run(tracker, range(5), 30)] == ["appeared", "gone"]
+    assert tracker.flush(3.0) == []
 
 
 def test_time_going_backwards_restarts_the_absence_clock() -> None:

@@ -216,3 +216,57 @@ def test_reset_restarts_counters_and_clock() -> None:
     assert math.isclose(stats.elapsed_s, 1.0)
     assert stats.stages["infer"].count == 0
     assert telemetry.stages == ("infer",)
+
+
+def test_interval_reports_the_last_interval_and_keeps_the_whole_run() -> None:
+    clock = FakeClock()
+    telemetry = PipelineTelemetry("door", stages=("infer",), clock=clock)
+    # First interval: 10 s at 10 FPS, 10 ms each, 2 frames dropped.
+    for _ in range(100):
+        telemetry.record("infer", 0.010)
+        telemetry.frame_done()
+        clock.now += 0.1
+    telemetry.set_dropped(2)
+    telemetry.count("sink_failures")
+    first = telemetry.interval()
+    assert first.interval
+    assert (first.frames, first.dropped, first.sink_failures) == (100, 2, 1)
+    assert math.isclose(first.elapsed_s, 10.0)
+    assert math.isclose(first.fps, 10.0)
+    assert math.isclose(first.stages["infer"].p50_ms, 10.0)
+    # Second interval: 5 s at 8 FPS, 100 ms each with one 400 ms outlier, 3 more drops.
+    for i in range(40):
+        telemetry.record("infer", 0.400 if i == 7 else 0.100)
+        telemetry.frame_done()
+        clock.now += 0.125
+    telemetry.set_dropped(5)
+    second = telemetry.interval()
+    assert (second.frames, second.dropped, second.sink_failures) == (40, 3, 0)
+    assert math.isclose(second.elapsed_s, 5.0)
+    assert math.isclose(second.fps, 8.0)
+    infer = second.stages["infer"]
+    assert infer.count == 40
+    assert math.isclose(infer.p50_ms, 100.0, rel_tol=0.02)
+    assert math.isclose(infer.p95_ms, 100.0, rel_tol=0.02)
+    assert math.isclose(infer.max_ms, 400.0)
+    # The whole run is untouched by the intervals.
+    whole = telemetry.snapshot()
+    assert not whole.interval
+    assert (whole.frames, whole.dropped, whole.sink_failures) == (140, 5, 1)
+    assert math.isclose(whole.elapsed_s, 15.0)
+    assert whole.stages["infer"].count == 140
+    assert math.isclose(whole.stages["infer"].p50_ms, 10.0, rel_tol=0.02)
+    # An interval with nothing in it reads as zeros, not as the last one again.
+    clock.now += 1.0
+    empty = telemetry.interval()
+    assert (empty.frames, empty.fps, empty.stages["infer"].count) == (0, 0.0, 0)
+
+
+def test_counters_reach_the_snapshot_and_reset_with_it() -> None:
+    telemetry = PipelineTelemetry("door", clock=FakeClock())
+    telemetry.count("frame_failures", 2)
+    telemetry.count("dropped_on_stop", 3)
+    stats = telemetry.snapshot()
+    assert (stats.frame_failures, stats.dropped_on_stop) == (2, 3)
+    telemetry.reset()
+    assert telemetry.snapshot().dropped_on_stop == 0

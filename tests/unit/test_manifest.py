@@ -11,6 +11,7 @@ import pytest
 from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.catalog.manifest import ImageInput, Manifest, load_manifest
 from edge_agent.errors import EdgeAgentError
+from edge_agent.infer import read_input
 
 MODELS = default_models_dir()
 FACE_TOML = MODELS / "face-blazeface.toml"
@@ -228,3 +229,57 @@ def test_bare_file_name_with_a_model_suffix_is_a_path(tmp_path: Path) -> None:
     # "face-blazeface.onnx" is not a catalog name even though "face-blazeface" is.
     with pytest.raises(EdgeAgentError, match="does not exist"):
         Catalog(MODELS, tmp_path / "cache").resolve("face-blazeface.onnx")
+
+
+VAD_TOML = MODELS / "vad-silero.toml"
+
+
+@pytest.mark.parametrize(
+    ("source", "old", "new", "where", "says"),
+    [
+        # An image model claiming to be a VAD: `infer` would read a WAV for it.
+        (ORIENTATION_TOML, 'task = "classification"', 'task = "vad"', "input", "audio input"),
+        (VAD_TOML, 'task = "vad"', 'task = "detection"', "input", "image input"),
+        # A head that cannot decode the task's outputs.
+        (ORIENTATION_TOML, 'task = "classification"', 'task = "detection"', "head", "ssd"),
+        (FACE_TOML, 'task = "detection"', 'task = "text-detection"', "head", "dbnet"),
+        (FACE_TOML, 'task = "detection"', 'task = "raw"', "head", "raw"),
+    ],
+)
+def test_task_must_agree_with_input_and_head(
+    tmp_path: Path, source: Path, old: str, new: str, where: str, says: str
+) -> None:
+    text = source.read_text(encoding="utf-8")
+    assert old in text
+    path = tmp_path / "model.toml"
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    with pytest.raises(EdgeAgentError, match=rf"invalid at {where}:.*{says}"):
+        load_manifest(path)
+
+
+def test_a_raw_head_fits_any_image_task() -> None:
+    data = _data(ORIENTATION_TOML)
+    data["head"] = {"type": "raw"}
+    assert Manifest.model_validate(data).head.type == "raw"
+
+
+def test_task_selects_how_infer_reads_its_input(tmp_path: Path) -> None:
+    image = tmp_path / "page.png"
+    image.write_bytes(b"not read")
+    vad = load_manifest(VAD_TOML)
+    with pytest.raises(EdgeAgentError, match="takes audio") as info:
+        read_input(vad, image)
+    assert info.value.code == "input.invalid"
+    orientation = load_manifest(ORIENTATION_TOML)
+    with pytest.raises(EdgeAgentError, match="takes images") as info:
+        read_input(orientation, tmp_path / "clip.wav")
+    assert info.value.code == "input.invalid"
+
+
+def test_a_folder_as_input_is_named_as_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(EdgeAgentError, match="is a folder, not a file") as info:
+        read_input(load_manifest(ORIENTATION_TOML), tmp_path)
+    assert info.value.fix
+    with pytest.raises(EdgeAgentError, match="does not exist") as info:
+        read_input(load_manifest(ORIENTATION_TOML), tmp_path / "absent.png")
+    assert info.value.code == "input.not_found"

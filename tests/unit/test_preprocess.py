@@ -12,7 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge_agent.catalog.manifest import ImageInput
-from edge_agent.runtime.preprocess import center_crop, fit_frame, frame_tensor
+from edge_agent.errors import EdgeAgentError
+from edge_agent.runtime.preprocess import (
+    center_crop,
+    fit_frame,
+    fit_frames,
+    frame_tensor,
+    frames_tensor,
+)
 from tests.conftest import CompileFn, bgr, sample
 
 Frame = npt.NDArray[np.uint8]
@@ -187,6 +194,70 @@ def test_frame_tensor_resizes_first() -> None:
     tensor = frame_tensor(frame, spec)
     assert tensor.shape == (1, 3, 48, 64)
     np.testing.assert_allclose(_f64(tensor[0, :, 20, 30]), _f64([10.0, 20.0, 30.0]))
+
+
+def _plain_tensor(frame: Frame, spec: ImageInput) -> npt.NDArray[np.float64]:
+    """The preprocessing written the obvious way, to check the fast path against."""
+    image = fit_frame(frame, spec).astype(np.float64)
+    if spec.color == "RGB":
+        image = image[:, :, ::-1]
+    if spec.element_type == "f32":
+        image = (image - np.asarray(spec.mean)) / np.asarray(spec.scale)
+    if spec.layout == "NCHW":
+        image = image.transpose(2, 0, 1)
+    return image[None]
+
+
+@given(
+    st.sampled_from(["NCHW", "NHWC"]),
+    st.sampled_from(["u8", "f32"]),
+    st.sampled_from(["RGB", "BGR"]),
+    st.tuples(*[st.floats(0, 255, allow_nan=False)] * 3),
+    st.tuples(*[st.floats(0.5, 128, allow_nan=False)] * 3),
+    st.sampled_from([(48, 64), (31, 97), (480, 640)]),
+)
+def test_fast_tensor_matches_the_plain_formula(
+    layout: str,
+    element_type: str,
+    color: str,
+    mean: tuple[float, float, float],
+    scale: tuple[float, float, float],
+    size: tuple[int, int],
+) -> None:
+    shape = (1, 3, 24, 32) if layout == "NCHW" else (1, 24, 32, 3)
+    spec = _spec(
+        shape=shape, layout=layout, element_type=element_type, color=color, mean=mean, scale=scale
+    )
+    frame = _frame(*size)
+    got = frame_tensor(frame, spec)
+    assert got.dtype == (np.uint8 if element_type == "u8" else np.float32)
+    assert got.flags.c_contiguous
+    np.testing.assert_allclose(_f64(got), _plain_tensor(frame, spec), rtol=1e-5, atol=1e-4)
+
+
+def test_a_batch_is_its_frames_stacked() -> None:
+    spec = _spec(shape=(2, 3, 48, 64), mean=(1.0, 2.0, 3.0), scale=(2.0, 4.0, 8.0))
+    one, two = _frame(48, 64), _frame(96, 128)[::-1].copy()
+    batch = frames_tensor(np.stack([one, _fitted(two, 64, 48)]), spec)
+    single = spec.model_copy(update={"shape": (1, 3, 48, 64)})
+    assert batch.shape == (2, 3, 48, 64)
+    np.testing.assert_array_equal(batch[0], frame_tensor(one, single)[0])
+    np.testing.assert_array_equal(batch[1], frame_tensor(_fitted(two, 64, 48), single)[0])
+    assert fit_frames(np.stack([one, one]), spec).shape == (2, 48, 64, 3)
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_frames_that_do_not_fill_the_batch_are_refused(count: int) -> None:
+    spec = _spec(shape=(2, 3, 48, 64))
+    frames = np.stack([_frame(48, 64)] * count)
+    for prepare in (frames_tensor, fit_frames):
+        with pytest.raises(EdgeAgentError, match="batch 2") as info:
+            prepare(frames, spec)
+        assert info.value.code == "model.shape"
+
+
+def _fitted(frame: Frame, width: int, height: int) -> Frame:
+    return fit_frame(frame, _spec(shape=(1, 3, height, width)))
 
 
 # OpenVINO folds colour, type, normalisation and layout into the graph; the numpy

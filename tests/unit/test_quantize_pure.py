@@ -1,7 +1,11 @@
-"""Calibration's pure parts: metrics, the ladder, recipes, manifests written back."""
+"""Calibration's pure parts: metrics, the ladder, recipes, manifests written back, and how
+an output folder is staged and published (on real files)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -16,7 +20,9 @@ from edge_agent.heads.base import Classification, Detection, Result
 from edge_agent.quantize.api import to_toml
 from edge_agent.quantize.calibrate import ladder
 from edge_agent.quantize.metrics import cosine, detection_f1, top1_agreement
+from edge_agent.quantize.output import begin_output, check_output, discard, publish
 from edge_agent.quantize.recipe import load_recipe
+from edge_agent.quantize.tasks import build_task
 from tests.conftest import REPO
 
 
@@ -96,6 +102,23 @@ def test_ladder_walks_down_to_fp32() -> None:
         assert ladder(mode)[-1] == "fp32"
 
 
+def test_the_device_default_precision_is_the_rung_before_fp32() -> None:
+    assert ladder("int8", "bf16")[-2:] == ["bf16", "fp32"]
+    assert ladder("weights-int8", "f16") == ["weights-int8", "f16", "fp32"]
+    # A device whose default is f32 (or does not say) has no such rung: it is FP32 itself.
+    assert ladder("weights-int8", "f32") == ["weights-int8", "fp32"]
+    assert ladder("weights-int8", "?") == ["weights-int8", "fp32"]
+
+
+def test_a_recipe_cannot_skip_the_fp32_floor(tmp_path: Path) -> None:
+    path = tmp_path / "r.toml"
+    path.write_text('skip = ["int8-accuracy"]\n')
+    assert load_recipe(path).skip == ["int8-accuracy"]
+    path.write_text('skip = ["fp32"]\n')
+    with pytest.raises(EdgeAgentError, match="floor"):
+        load_recipe(path)
+
+
 @pytest.mark.parametrize(
     "path", sorted((REPO / "calibration").glob("*.toml")), ids=lambda p: p.stem
 )
@@ -117,3 +140,92 @@ def test_manifests_survive_writing_back(path: Path) -> None:
     manifest = load_manifest(path)
     text = to_toml(manifest.model_dump(mode="json", exclude_none=True))
     assert Manifest.model_validate(tomllib.loads(text)) == manifest
+
+
+def _write_output(folder: Path, mode: str) -> None:
+    (folder / "model.xml").write_text(f"<{mode}/>")
+    (folder / "model.report.json").write_text(f'{{"mode": "{mode}"}}')
+
+
+def test_publish_replaces_a_previous_output_whole(tmp_path: Path) -> None:
+    out = tmp_path / "calibrated" / "person-ssdlite"
+    first = begin_output(out)
+    _write_output(first, "int8")
+    (first / "model.bin").write_bytes(b"int8 weights")
+    publish(first, out)
+    second = begin_output(out)
+    assert second.parent == out.parent  # same file system, so the rename is atomic
+    _write_output(second, "fp32")
+    publish(second, out)
+    assert sorted(p.name for p in out.iterdir()) == ["model.report.json", "model.xml"]
+    assert (out / "model.xml").read_text() == "<fp32/>"
+    assert [p.name for p in out.parent.iterdir()] == ["person-ssdlite"]
+
+
+def test_a_discarded_run_leaves_the_output_as_it_was(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = begin_output(out)
+    _write_output(first, "int8")
+    publish(first, out)
+    failed = begin_output(out)
+    _write_output(failed, "fp32")
+    discard(failed)
+    assert (out / "model.xml").read_text() == "<int8/>"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_check_output_refuses_what_it_must_not_replace(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    for out, words in [
+        (a_file, "not a folder"),
+        (a_file / "out", "cannot write"),
+        (foreign, "not a calibration output"),
+    ]:
+        with pytest.raises(EdgeAgentError, match=words) as caught:
+            check_output(out)
+        assert caught.value.code == "path.unwritable"
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    # A new folder is fine, and checking it leaves nothing behind but its parent.
+    check_output(tmp_path / "new" / "out")
+    assert list((tmp_path / "new").iterdir()) == []
+
+
+def test_a_killed_runs_staging_is_swept_but_a_live_ones_is_not(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    stale = tmp_path / f".out.partial-{dead.stdout.strip()}-0000"
+    stale.mkdir()
+    (stale / "model.bin").write_bytes(b"half a model")
+    live = tmp_path / f".out.partial-{os.getppid()}-0000"
+    live.mkdir()
+    discard(begin_output(out))
+    assert not stale.exists()
+    assert live.is_dir()
+
+
+def _no_runner(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    raise AssertionError("an image task never runs the model while splitting its samples")
+
+
+def test_too_few_frames_to_split_is_a_calibration_error() -> None:
+    manifest = load_manifest(REPO / "models" / "person-ssdlite.toml")
+    frame = np.zeros((120, 160, 3), dtype=np.uint8)
+    with pytest.raises(EdgeAgentError, match="too little data") as caught:
+        build_task(manifest, [frame], [], 0.3, "auto", _no_runner, {})
+    assert caught.value.code == "calibration.failed"
+    task = build_task(manifest, [frame] * 4, [], 0.3, "auto", _no_runner, {})
+    assert (len(task.calibration), len(task.holdout)) == (2, 2)
+
+
+def test_a_recipe_metric_that_does_not_fit_the_head_is_refused() -> None:
+    manifest = load_manifest(REPO / "models" / "person-ssdlite.toml")
+    frames = [np.zeros((120, 160, 3), dtype=np.uint8)] * 4
+    with pytest.raises(EdgeAgentError, match="does not fit") as caught:
+        build_task(manifest, frames, [], 0.3, "frame-agreement", _no_runner, {})
+    assert caught.value.code == "config.invalid"
+    assert build_task(manifest, frames, [], 0.3, "cosine", _no_runner, {}).metric == "cosine"

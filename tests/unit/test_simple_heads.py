@@ -10,10 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from pydantic import TypeAdapter
 
+from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Classification, Detection, Outputs, TensorSummary
 from edge_agent.heads.classification import ClassificationConfig, ClassificationHead, top_k
 from edge_agent.heads.raw import RawConfig, RawHead
+from edge_agent.heads.registry import HeadConfig, build_frame_head
 from edge_agent.heads.ssd import SsdConfig, SsdHead, decode_ssd
 
 F32 = npt.NDArray[np.float32]
@@ -128,8 +131,10 @@ def test_ssd_head_with_custom_output_names_and_empty_count() -> None:
         "n": _f32([]),
     }
     assert SsdHead(config).decode(outputs, FRAME) == []
-    with pytest.raises(KeyError, match=r"no output '.*'; it has: b, c, n, s"):
+    with pytest.raises(EdgeAgentError, match=r"no output '.*' \(.*\); it has: b, c, n, s") as e:
         SsdHead(SSD).decode(outputs, FRAME)
+    assert e.value.code == "model.incompatible"
+    assert "set [head] count in the model's manifest" in e.value.fix
 
 
 LABELS = ["cat", "dog", "bird", "fish"]
@@ -258,3 +263,21 @@ def test_raw_handles_an_empty_tensor() -> None:
     [s] = _summaries({"none": np.zeros((1, 0, 4), dtype=np.float32)})
     assert s.shape == (1, 0, 4)
     assert (s.min, s.max, s.mean, s.argmax) == (0.0, 0.0, 0.0, 0)
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        {"type": "ssd", "labels": {1: "person"}},
+        {"type": "blazeface"},
+        {"type": "classification", "output": "prob", "labels": ["a"]},
+        {"type": "dbnet"},
+        {"type": "yolo", "labels": ["a"]},
+    ],
+)
+def test_every_head_names_a_missing_output(table: dict[str, object]) -> None:
+    # A wrong output name in a user's manifest gave a KeyError traceback.
+    config = TypeAdapter(HeadConfig).validate_python(table)
+    outputs: Outputs = {"logits": _f32([[0.5]]), "other": _f32([[0.5]])}
+    with pytest.raises(EdgeAgentError, match=r"model has no output '.+'.*it has: logits, other"):
+        build_frame_head(config).decode(outputs, FRAME)

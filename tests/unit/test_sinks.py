@@ -1,4 +1,5 @@
-"""Sinks: JSON lines, callbacks that fail, and snapshots under a rate limit and a quota."""
+"""Sinks: JSON lines, the guard around failing sinks, and snapshots under a rate limit
+and a quota."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pydantic import TypeAdapter, ValidationError
 from edge_agent.heads.base import Classification, Detection, Result, TextBox
 from edge_agent.pipelines.base import Event, FrameResult
 from edge_agent.pipelines.capture import CaptureSinkSpec
+from edge_agent.pipelines.guard import GuardedSink
 from edge_agent.pipelines.sinks import (
     CallbackSink,
     JsonLinesSink,
@@ -96,24 +98,70 @@ def test_json_lines_rejects_stream_and_path(tmp_path: Path) -> None:
         JsonLinesSink(stream=io.StringIO(), path=tmp_path / "x.jsonl")
 
 
-def test_callback_exceptions_are_counted_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_guard_counts_failures_and_logs_one_line_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     seen: list[int] = []
+    failures: list[None] = []
 
     def flaky(result: FrameResult) -> None:
         if result.frame % 2:
             raise RuntimeError("boom")
         seen.append(result.frame)
 
-    sink = CallbackSink(flaky)
-    with caplog.at_level(logging.ERROR):
+    clock = FakeClock()
+    sink = GuardedSink(
+        CallbackSink(flaky), "callback#0", "door", lambda: failures.append(None), clock
+    )
+    with caplog.at_level(logging.WARNING):
         for frame in range(6):
             sink.emit(frame_result(frame, frame / 10))
+            clock.now += 1.0
+        clock.now += GuardedSink.LOG_EVERY_S
+        sink.emit(frame_result(7, 0.7))
     sink.close()
     assert seen == [0, 2, 4]
-    assert sink.errors == 3
-    # Only the first failure is logged in full.
+    assert sink.failures == len(failures) == 4
+    # One line for the first failure, one more after a minute; no traceback.
+    assert len(caplog.records) == 2
+    assert all(r.exc_info is None for r in caplog.records)
+    assert [getattr(r, "fields", {}).get("failures") for r in caplog.records] == [1, 4]
+    assert getattr(caplog.records[0], "fields", {})["error"] == "RuntimeError: boom"
+
+
+def test_guard_swallows_close_errors_and_ignores_emits_after_close(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inner = JsonLinesSink(path=Path("/dev/full"))
+    sink = GuardedSink(inner, "jsonl:/dev/full", "door")
+    with caplog.at_level(logging.WARNING):
+        sink.emit(frame_result(0, 0.0))
+        sink.close()
+        sink.close()
+        sink.emit(frame_result(1, 0.1))
+    # The write fails, then the close's flush of the same line: both counted, one line
+    # logged, and the file is released all the same.
+    assert sink.failures == 2
     assert len(caplog.records) == 1
-    assert "boom" in caplog.text
+    assert inner._stream.closed
+
+
+def test_json_lines_close_releases_the_file_when_the_flush_fails() -> None:
+    sink = JsonLinesSink(path=Path("/dev/full"))
+    stream = sink._stream
+    with pytest.raises(OSError, match="No space"):
+        sink.emit(frame_result(0, 0.0))
+    with pytest.raises(OSError, match="No space"):
+        sink.close()
+    assert stream.closed
 
 
 def test_annotate_draws_boxes_and_text_regions_on_a_copy() -> None:
@@ -188,16 +236,17 @@ def test_snapshot_ignores_other_events_and_frames_without_images(tmp_path: Path)
     assert [p.name for p in _jpegs(tmp_path)] == ["door_cam-00000004-gone-person.jpg"]
 
 
-def test_snapshot_write_failure_is_counted_not_raised(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_snapshot_write_failure_raises_for_the_guard_and_keeps_the_rate_limit(
+    tmp_path: Path,
 ) -> None:
     folder = tmp_path / "snaps"
-    sink = SnapshotSink(folder, min_interval_s=0.0)
+    sink = SnapshotSink(folder, min_interval_s=10.0)
     folder.rmdir()  # the folder vanished (unmounted card, say)
-    with caplog.at_level(logging.ERROR):
+    with pytest.raises(OSError, match="No such file"):
         sink.emit(frame_result(1, 0.1, [appeared(0.1)]))
-    assert sink.errors == 1
-    assert "snapshot_write_failed" in caplog.text
+    # The failed snapshot counts as taken: a dead disk is not retried on every event.
+    sink.emit(frame_result(2, 0.2, [appeared(0.2)]))
+    assert sink.written == 0
 
 
 def test_specs_pick_the_sink_by_type(tmp_path: Path) -> None:

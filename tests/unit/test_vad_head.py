@@ -11,7 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from edge_agent.heads.base import SpeechSegment
-from edge_agent.heads.vad import VadConfig, VadSegmenter, audio_windows, frame_agreement
+from edge_agent.heads.vad import (
+    SpeechMark,
+    VadConfig,
+    VadSegmenter,
+    audio_windows,
+    frame_agreement,
+)
 
 CONFIG = VadConfig()
 W = CONFIG.window / CONFIG.sample_rate  # 32 ms per window
@@ -119,6 +125,76 @@ def test_segments_are_ordered_and_inside_the_stream(
     if pad <= silence:
         for before, after in pairwise(segments):
             assert before.end <= after.start + 1e-9
+
+
+def timeline(
+    probs: list[float], config: VadConfig = CONFIG
+) -> tuple[list[tuple[int, SpeechMark]], list[SpeechSegment]]:
+    """Marks with the index of the window that produced them (len(probs) for the end)."""
+    segmenter = VadSegmenter(config)
+    marks: list[tuple[int, SpeechMark]] = []
+    segments: list[SpeechSegment] = []
+    for k, p in enumerate(probs):
+        step = segmenter.step(p)
+        marks += [(k, m) for m in step.marks]
+        segments += step.closed
+    end = segmenter.finish()
+    return marks + [(len(probs), m) for m in end.marks], segments + end.closed
+
+
+def edges(marks: list[tuple[int, SpeechMark]]) -> list[tuple[str, int, float]]:
+    """(kind, window it was known at, ts) for each change of speaking state."""
+    out: list[tuple[str, int, float]] = []
+    speaking = False
+    for k, m in marks:
+        if m.speaking != speaking:
+            speaking = m.speaking
+            out.append(("start" if speaking else "end", k, m.ts))
+    return out
+
+
+def test_timeline_says_start_and_end_as_soon_as_the_hysteresis_decides() -> None:
+    marks, [segment] = timeline([0.0] * 10 + [0.9] * 20 + [0.0] * 20)
+    (start, known_start, start_ts), (end, known_end, end_ts) = edges(marks)
+    assert (start, end) == ("start", "end")
+    # Stamped with the segment's own padded edges...
+    assert start_ts == pytest.approx(segment.start) == pytest.approx(10 * W - PAD)
+    assert end_ts == pytest.approx(segment.end) == pytest.approx(30 * W + PAD)
+    # ...and known once speech lasted min_speech_s and silence min_silence_s, not later.
+    assert known_start == 10 + math.ceil(CONFIG.min_speech_s / W) - 1
+    assert known_end == 30 + math.ceil(CONFIG.min_silence_s / W)
+
+
+def test_timeline_ignores_blips_and_keeps_speech_open_at_stream_end() -> None:
+    blip = math.floor(CONFIG.min_speech_s / W) - 1
+    marks, _ = timeline([0.0] * 10 + [0.9] * blip + [0.0] * 20 + [0.9] * 20)
+    # The blip never starts speech; speech still going at the end never ends.
+    assert [kind for kind, _, _ in edges(marks)] == ["start"]
+
+
+@given(
+    st.lists(st.floats(0.0, 1.0), max_size=300),
+    st.floats(0.0, 0.2),
+    st.floats(0.0, 0.3),
+    st.floats(0.0, 0.5),
+)
+def test_timeline_agrees_with_the_segments(
+    probs: list[float], pad: float, silence: float, speech: float
+) -> None:
+    config = VadConfig(speech_pad_s=pad, min_silence_s=silence, min_speech_s=speech)
+    marks, segments = timeline(probs, config)
+    stamps = [m.ts for _, m in marks]
+    assert stamps == sorted(stamps)
+    found = edges(marks)
+    starts = [ts for kind, _, ts in found if kind == "start"]
+    ends = [ts for kind, _, ts in found if kind == "end"]
+    # Every segment was announced at its start, and at its end unless the stream's end
+    # cut it off while speech went on.
+    assert starts == pytest.approx([s.start for s in segments])
+    assert ends in (
+        pytest.approx([s.end for s in segments]),
+        pytest.approx([s.end for s in segments[:-1]]),
+    )
 
 
 def test_audio_windows_carry_context() -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_agent.audio.wav import WavError, parse_wav, read_wav, to_mono
+from edge_agent.audio.wav import WavError, decode_wav, parse_wav, read_wav, to_mono
 
 
 def write_pcm(path: Path, frames: bytes, width: int, channels: int = 1, rate: int = 16000) -> Path:
@@ -203,3 +203,17 @@ def test_real_espeak_ng_output(tmp_path: Path) -> None:
     piped, piped_rate = read_wav(streamed)
     assert piped_rate == rate
     np.testing.assert_array_equal(piped, samples)
+    # A streaming placeholder size is "to the end", not a file cut short.
+    assert decode_wav(streamed.read_bytes()).missing_s == 0.0
+    assert decode_wav(written.read_bytes()).missing_s == 0.0
+
+
+def test_a_file_shorter_than_its_header_says_is_truncated(tmp_path: Path) -> None:
+    ints = np.arange(16000, dtype="<i2")  # 1 s at 16 kHz, 16-bit mono
+    data = write_pcm(tmp_path / "a.wav", ints.tobytes(), 2).read_bytes()
+    cut = decode_wav(data[: 44 + 8000 * 2])
+    assert cut.missing_s == pytest.approx(0.5)
+    np.testing.assert_allclose(cut.samples[:, 0], ints[:8000] / 32768)
+    # Mid-sample: the half sample is dropped and counted as missing.
+    assert decode_wav(data[: 44 + 8001]).missing_s == pytest.approx((32000 - 8001) / 32000)
+    assert decode_wav(data).missing_s == 0.0

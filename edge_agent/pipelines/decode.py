@@ -1,0 +1,231 @@
+"""The cheap path from camera bytes to pixels: reduced JPEG decode and hardware video decode.
+
+A JPEG much larger than the model's input need not be decoded whole: libjpeg scales
+in the DCT, so decoding at 1/2, 1/4 or 1/8 costs a fraction of a full decode and the
+resize after it shrinks with it (`tools/bench_decode.py` measures each step). The
+pipeline says how small a frame may get (`MinSize`, from the model's input, or from
+its tiles), and `JpegDecoder` picks the largest reduction that keeps the frame at
+least that large. Reduction only pays at 1/2 or below: a full-size `cv2.imdecode`
+is slower than FFmpeg's own MJPEG decoder, so a video or stream is read as JPEG
+packets (FFmpeg's raw mode) only when a reduction applies.
+
+Hardware video decode is asked of OpenCV's FFmpeg where it has one; when it has
+none, or it fails, the video is decoded on the CPU and the source says so, as a
+compile says which device it fell back from. It never fails a source.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+
+Image = npt.NDArray[np.uint8]
+Size = tuple[int, int]
+"""(width, height) in pixels."""
+
+MinSize = Callable[[Size], Size]
+"""Given a frame's full (width, height), the smallest decoded size the pipeline can use."""
+
+REDUCTIONS = (8, 4, 2)
+_FLAGS = {
+    1: cv2.IMREAD_COLOR,
+    2: cv2.IMREAD_REDUCED_COLOR_2,
+    4: cv2.IMREAD_REDUCED_COLOR_4,
+    8: cv2.IMREAD_REDUCED_COLOR_8,
+}
+# SOFn markers carry the image size; C4 (DHT), C8 (JPG) and CC (DAC) are not frames.
+_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_HW_NAMES = {
+    cv2.VIDEO_ACCELERATION_D3D11: "d3d11",
+    cv2.VIDEO_ACCELERATION_VAAPI: "vaapi",
+    cv2.VIDEO_ACCELERATION_MFX: "mfx",
+}
+_MJPG = int.from_bytes(b"MJPG", "little")
+
+
+def min_size_for_fit(
+    model_size: Size, fit: Literal["letterbox", "stretch", "crop"] = "stretch"
+) -> MinSize:
+    """What one model input of `model_size` needs of a frame, for each way of fitting it.
+
+    stretch needs both sides at least the model's; letterbox needs the frame at least as
+    large as its image inside the input; crop, as large as the part it keeps.
+    """
+    width, height = model_size
+
+    def need(full: Size) -> Size:
+        if fit == "stretch":
+            return width, height
+        pick = min if fit == "letterbox" else max
+        scale = pick(width / full[0], height / full[1])
+        return math.ceil(full[0] * scale), math.ceil(full[1] * scale)
+
+    return need
+
+
+def min_size_for_tiles(model_side: int, tile: int) -> MinSize:
+    """What square tiles of `tile` frame pixels need, each fed at `model_side` pixels."""
+    scale = model_side / tile
+    return lambda full: (math.ceil(full[0] * scale), math.ceil(full[1] * scale))
+
+
+def reduction_for(full: Size, need: Size) -> int:
+    """The largest of 8, 4, 2 whose decode (ceil(side / k), as libjpeg gives) still holds
+    `need`; 1 when none does."""
+    for k in REDUCTIONS:
+        if math.ceil(full[0] / k) >= need[0] and math.ceil(full[1] / k) >= need[1]:
+            return k
+    return 1
+
+
+def jpeg_size(data: npt.NDArray[np.uint8]) -> Size | None:
+    """(width, height) from a JPEG's frame header, without decoding; None if not a JPEG."""
+    raw = data.reshape(-1).data  # a memoryview: indexing it gives ints, not numpy scalars
+    end = len(raw)
+    if end < 4 or raw[0] != 0xFF or raw[1] != 0xD8:
+        return None
+    pos = 2
+    while pos + 9 < end:
+        if raw[pos] != 0xFF:
+            return None
+        marker = raw[pos + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # markers without a length
+            pos += 2
+            continue
+        if marker in _SOF:
+            height = raw[pos + 5] << 8 | raw[pos + 6]
+            width = raw[pos + 7] << 8 | raw[pos + 8]
+            return (width, height) if width and height else None
+        if marker in (0xD9, 0xDA):  # end of image, or scan data before any frame header
+            return None
+        pos += 2 + (raw[pos + 2] << 8 | raw[pos + 3])
+    return None
+
+
+class JpegDecoder:
+    """Decodes JPEG bytes at the largest reduction the pipeline's `MinSize` allows.
+
+    Args:
+        min_size: what the pipeline needs of a frame; None decodes every frame whole.
+    """
+
+    def __init__(self, min_size: MinSize | None) -> None:
+        self._min_size = min_size
+        self._chosen: dict[Size, int] = {}
+        self.scale = 1
+        """The reduction of the last frame decoded: its pixels times this are the original's."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the pipeline allows any reduction at all."""
+        return self._min_size is not None
+
+    def reduction(self, full: Size) -> int:
+        """The reduction for frames of `full` size (1, 2, 4 or 8)."""
+        if self._min_size is None or full[0] <= 0 or full[1] <= 0:
+            return 1
+        found = self._chosen.get(full)
+        if found is None:
+            found = self._chosen[full] = reduction_for(full, self._min_size(full))
+        return found
+
+    def decode(self, data: npt.NDArray[np.uint8]) -> Image | None:
+        """The decoded BGR frame (None if the bytes do not decode); sets `scale`."""
+        size = jpeg_size(data)
+        k = self.reduction(size) if size is not None else 1
+        image = cv2.imdecode(data.reshape(-1), _FLAGS[k])
+        if image is None:
+            return None
+        self.scale = k
+        return np.asarray(image, dtype=np.uint8)
+
+
+@dataclass(frozen=True, slots=True)
+class Decoding:
+    """How a source turns its bytes into frames, for its state and the start line."""
+
+    hw: str
+    """'cpu', or the hardware decoder's name (vaapi, d3d11, mfx)."""
+    note: str
+    """Why it decodes where it does, when that is not what was asked; '' otherwise."""
+    scale: int
+    """1, or the JPEG reduction in use (2, 4, 8): frame pixels times it are the camera's."""
+
+    def text(self) -> str:
+        """'decode on cpu at 1/4 (hw decode: none available, decoding on CPU)'."""
+        line = f"decode on {self.hw}" + (f" at 1/{self.scale}" if self.scale > 1 else "")
+        return f"{line} ({self.note})" if self.note else line
+
+
+def open_capture(
+    target: str, params: list[int], hw_decode: bool
+) -> tuple[cv2.VideoCapture, str, str]:
+    """Open `target` with FFmpeg, asking for hardware decode first when `hw_decode`.
+
+    Returns:
+        The capture (check `isOpened()`), the decoder in use ('cpu' or a hardware
+        name), and a note when hardware decode was asked for and is not in use.
+    """
+    if hw_decode:
+        asked = [*params, cv2.CAP_PROP_HW_ACCELERATION, cv2.VIDEO_ACCELERATION_ANY]
+        try:
+            cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, asked)
+        except cv2.error:
+            cap = None
+        if cap is not None and cap.isOpened():
+            return cap, *hw_in_use(cap, asked=True)
+        if cap is not None:
+            cap.release()
+        # Opening with the request failed where a plain open may not: never fail for it.
+        cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, params)
+        return cap, "cpu", "hw decode: failed to start, decoding on CPU"
+    return cv2.VideoCapture(target, cv2.CAP_FFMPEG, params), "cpu", ""
+
+
+def hw_in_use(cap: cv2.VideoCapture, asked: bool) -> tuple[str, str]:
+    """The decoder an open capture uses ('cpu' or a hardware name), and a note when
+    hardware decode was `asked` for and is not in use."""
+    used = int(cap.get(cv2.CAP_PROP_HW_ACCELERATION))
+    if used in _HW_NAMES:
+        return _HW_NAMES[used], ""
+    return "cpu", "hw decode: none available, decoding on CPU" if asked else ""
+
+
+def capture_size(cap: cv2.VideoCapture) -> Size:
+    """The frame size a capture announces; (0, 0) when it does not say."""
+    width, height = cap.get(cv2.CAP_PROP_FRAME_WIDTH), cap.get(cv2.CAP_PROP_FRAME_HEIGHT)
+    ok = math.isfinite(width) and math.isfinite(height)
+    return (int(width), int(height)) if ok else (0, 0)
+
+
+def read_packets(cap: cv2.VideoCapture, decoder: JpegDecoder, v4l2: bool = False) -> bool:
+    """Switch an MJPEG capture to hand out JPEG packets when a reduction applies.
+
+    Args:
+        cap: an open capture.
+        decoder: the decoder whose reduction decides.
+        v4l2: a V4L2 camera (raw buffers come with CONVERT_RGB off) rather than FFmpeg
+            (raw packets come with FORMAT -1).
+
+    Returns:
+        Whether `read()` now gives packets (1 x N uint8) to pass to `decoder.decode`.
+    """
+    if int(cap.get(cv2.CAP_PROP_FOURCC)) != _MJPG or decoder.reduction(capture_size(cap)) < 2:
+        return False
+    if v4l2:
+        return bool(cap.set(cv2.CAP_PROP_CONVERT_RGB, 0))
+    return bool(cap.set(cv2.CAP_PROP_FORMAT, -1))
+
+
+def is_packet(data: npt.NDArray[Any]) -> bool:
+    """A compressed packet (one row of bytes) rather than a decoded H x W x 3 frame."""
+    return data.ndim == 1 or (data.ndim == 2 and data.shape[0] == 1)

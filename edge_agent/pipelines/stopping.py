@@ -1,0 +1,80 @@
+"""The pipelines' stop path: a stop request any thread or signal handler can make, and
+waits that always notice it.
+
+`stop()` must end `run()` within `STOP_BUDGET_S` whatever a source, head or sink
+does: a source stuck in `read()`, a sink that sleeps, an engine that never calls
+back. So no pipeline thread ever blocks without a timeout: each wait polls the
+stop flag every `POLL_S`, and `run()` waits for its workers only `GRACE_S` past
+the stop request before it leaves them behind (they are daemon threads and exit
+at their next check) and counts what they still held as dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+POLL_S = 0.05
+"""How often a blocked wait looks at the stop flag."""
+
+STOP_BUDGET_S = 2.0
+"""The promise: `run()` returns within this long of `stop()`."""
+
+GRACE_S = 1.5
+"""Of that budget, how long frames in flight get to finish; the rest is for wrapping up."""
+
+
+class StopFlag:
+    """A stop request that is safe to make from a signal handler.
+
+    `threading.Event.set` takes a lock that the interrupted main thread may be
+    holding inside `Event.wait`, which deadlocks; `set` here only stores a time,
+    and waiters poll.
+    """
+
+    __slots__ = ("_at",)
+
+    def __init__(self) -> None:
+        self._at: float | None = None
+
+    def set(self) -> None:
+        """Request the stop; later calls keep the first request's time."""
+        if self._at is None:
+            self._at = time.monotonic()
+
+    def is_set(self) -> bool:
+        """True once `set` has been called."""
+        return self._at is not None
+
+    @property
+    def at(self) -> float | None:
+        """`time.monotonic()` of the first `set`, or None."""
+        return self._at
+
+    def past_grace(self, grace_s: float = GRACE_S) -> bool:
+        """True once `grace_s` has passed since the stop was requested."""
+        at = self._at
+        return at is not None and time.monotonic() - at >= grace_s
+
+
+def acquire_unless(lock: threading.Semaphore, halted: Callable[[], bool]) -> bool:
+    """Acquire `lock`, giving up when `halted()` turns true; True when acquired."""
+    while not lock.acquire(timeout=POLL_S):
+        if halted():
+            return False
+    return True
+
+
+def supervise(worker: threading.Thread, stop: StopFlag, grace_s: float = GRACE_S) -> bool:
+    """Wait for `worker` to end, but no longer than `grace_s` after `stop` is set.
+
+    Returns:
+        True when the worker ended; False when it was left behind.
+    """
+    while True:
+        worker.join(POLL_S)
+        if not worker.is_alive():
+            return True
+        if stop.past_grace(grace_s):
+            return False

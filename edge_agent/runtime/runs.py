@@ -1,0 +1,231 @@
+"""Bookkeeping both backends share: the runs in flight on one compiled model.
+
+A pooled model is called from several pipelines' threads at once, and closed
+by whichever lets go last. `Runs` admits runs until `close`, bounds how many
+queued runs may wait, lets `wait` block until the queued ones have called
+back, and hands a failed callback's exception to the next `wait`. `Slots`
+lends out engine objects (OpenVINO infer requests) one caller at a time.
+`ThreadedModel` builds a backend's `CompiledModel` methods on the two.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Generic, Self, TypeVar
+
+from edge_agent.errors import EdgeAgentError
+from edge_agent.runtime.base import Done, Tensor, Tensors
+
+T = TypeVar("T")
+
+
+def closed_error(model: str) -> EdgeAgentError:
+    return EdgeAgentError(
+        f"{model} was closed; it runs nothing more",
+        "acquire the model again (a closed model's requests and memory are gone)",
+        code="inference.failed",
+    )
+
+
+class Runs:
+    """Counts a model's runs in flight; after `close` it admits none and waits for the rest."""
+
+    def __init__(self, model: str, queue_limit: int | None = None) -> None:
+        self._model = model
+        self._limit = queue_limit
+        self._cond = threading.Condition()
+        self._running = 0  # synchronous runs
+        self._queued = 0  # submitted runs that have not called back yet
+        self._closed = False
+        self._error: BaseException | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def start(self, queued: bool = False) -> None:
+        """Admit one run; a queued run waits while `queue_limit` are already queued.
+
+        Raises:
+            EdgeAgentError: the model is closed.
+        """
+        with self._cond:
+            while queued and self._limit is not None and self._queued >= self._limit:
+                if self._closed:
+                    break
+                self._cond.wait()
+            if self._closed:
+                raise closed_error(self._model)
+            if queued:
+                self._queued += 1
+            else:
+                self._running += 1
+
+    def finish(self, queued: bool = False, error: BaseException | None = None) -> None:
+        """A run admitted by `start` is over; `error` is kept for the next `wait`."""
+        with self._cond:
+            if queued:
+                self._queued -= 1
+            else:
+                self._running -= 1
+            if error is not None and self._error is None:
+                self._error = error
+            self._cond.notify_all()
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """A synchronous run, from `start` to `finish`."""
+        self.start()
+        try:
+            yield
+        finally:
+            self.finish()
+
+    def wait(self) -> None:
+        """Block until every queued run has called back; re-raise the first that failed."""
+        with self._cond:
+            while self._queued:
+                self._cond.wait()
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> bool:
+        """Admit nothing more and wait for every run in flight; True on the first call."""
+        with self._cond:
+            first = not self._closed
+            self._closed = True
+            self._cond.notify_all()  # queued callers blocked on the limit now raise
+            while self._queued or self._running:
+                self._cond.wait()
+            return first
+
+
+class Slots(Generic[T]):
+    """Up to `limit` engine objects, made on first need and lent to one caller at a time."""
+
+    def __init__(self, make: Callable[[], T], limit: int) -> None:
+        self._make = make
+        self._limit = max(1, limit)
+        self._made = 0
+        self._free: list[T] = []
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def lend(self) -> Iterator[T]:
+        """Hold one object for the block; waits while all `limit` are lent out."""
+        with self._cond:
+            while not self._free and self._made >= self._limit:
+                self._cond.wait()
+            fresh = not self._free
+            if fresh:
+                self._made += 1
+            else:
+                item = self._free.pop()
+        if fresh:
+            try:
+                item = self._make()  # outside the lock: creating a request takes a while
+            except BaseException:
+                with self._cond:
+                    self._made -= 1
+                    self._cond.notify()
+                raise
+        try:
+            yield item
+        finally:
+            with self._cond:
+                self._free.append(item)
+                self._cond.notify()
+
+    def clear(self) -> None:
+        """Drop every object not lent out (call once nothing is lent)."""
+        with self._cond:
+            self._made -= len(self._free)
+            self._free.clear()
+
+
+class ThreadedModel:
+    """`infer`, `submit`, `wait` and `close` over one `_run`, for both engines.
+
+    Asynchronous runs go to this model's own worker threads, never to callbacks on
+    the engine's threads: an OpenVINO callback that drops the last reference to a
+    compiled model destroys it on the very thread its destructor then joins, and
+    the process aborts. Here every Python object lives and dies on Python threads,
+    and the engine releases the GIL while it computes, so nothing is lost to it.
+    """
+
+    def __init__(self, name: str, workers: int) -> None:
+        self._workers = max(1, workers)
+        # Two runs queued per worker keep each busy; more would only grow memory.
+        self._runs = Runs(name, queue_limit=2 * self._workers)
+        self._pool: ThreadPoolExecutor | None = None  # made on the first submit
+        self._pool_lock = threading.Lock()
+        self._local = threading.local()  # `in_done` is set while a worker runs a `done`
+
+    def _run(self, inputs: Mapping[str, Tensor]) -> Tensors:
+        """One run on the engine; raises EdgeAgentError (inference.failed) if it fails."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Free the engine's objects; called once, with nothing in flight."""
+
+    def infer(self, inputs: Mapping[str, Tensor]) -> Tensors:
+        with self._runs.running():
+            return self._run(inputs)
+
+    def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
+        self._runs.start(queued=True)  # blocks while the workers have enough queued
+        try:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="infer")
+                self._pool.submit(self._work, inputs, done, userdata)
+        except BaseException:
+            self._runs.finish(queued=True)
+            raise
+
+    def _work(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
+        error: BaseException | None = None
+        try:
+            started = time.perf_counter()
+            outputs = self._run(inputs)
+            self._local.in_done = True
+            done(outputs, userdata, time.perf_counter() - started)
+        except BaseException as exc:  # a worker has no caller: `wait` raises it
+            error = exc
+        finally:
+            self._local.in_done = False
+            self._runs.finish(queued=True, error=error)
+
+    def wait(self) -> None:
+        self._runs.wait()
+
+    def close(self) -> None:
+        if getattr(self._local, "in_done", False):
+            # Called from a `done` (a pipeline letting go on its last frame): this very
+            # run is still in flight, so waiting here would wait for ourselves.
+            threading.Thread(target=self.close, name="close-model", daemon=True).start()
+            return
+        if not self._runs.close():
+            return
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self._release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

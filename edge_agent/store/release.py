@@ -1,0 +1,439 @@
+"""Signed model releases: what a fleet publishes and what a box agrees to install.
+
+A release wraps a model's `Manifest` (how to feed and decode it) with what a
+box needs to trust the bytes: every file's sha256, size and per-chunk hashes,
+the model's name and a version that only goes up, when it was made and when it
+stops being valid, and the id of the key that signed it.
+
+Signatures are Ed25519 over the release's canonical JSON (sorted keys, no
+whitespace, UTF-8), the way TUF signs its `signed` object. `verify` guards the
+two attacks TUF names for a box that can be fed old data:
+- *freeze*: an attacker keeps replaying a release long after the fleet moved on
+  -> every release expires (`release.expired`);
+- *rollback*: an attacker offers an older, perhaps vulnerable, version
+  -> a version at or below the installed one is refused (`release.rollback`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from edge_agent.catalog.manifest import Manifest
+from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
+from edge_agent.paths import is_safe_name
+
+log = logging.getLogger(__name__)
+
+MIN_CHUNK = 64 * 1024
+MAX_CHUNK = 128 * 1024
+"""AWS IoT's MQTT file delivery caps a block at 128 KB; below 64 KiB the per-message
+overhead on the broker dominates (issue 9's measurements)."""
+DEFAULT_CHUNK = MAX_CHUNK
+DEFAULT_LIFETIME = timedelta(days=30)
+_SHA256 = r"^[0-9a-f]{64}$"
+_URL = r"^(https?|file)://"
+
+Precision = Literal["f32", "f16", "bf16", "int8", "int4", "mixed"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReleaseFile(_Strict):
+    """One file of a release, with everything needed to check it chunk by chunk."""
+
+    path: str = Field(
+        description="Path relative to the version's folder, '/'-separated; no '..', no root."
+    )
+    sha256: str = Field(pattern=_SHA256, description="sha256 of the whole file.")
+    size: int = Field(ge=0, description="Size of the file in bytes.")
+    chunks: list[str] = Field(
+        description=(
+            "sha256 of each chunk of `chunk_size` bytes (the last may be shorter), "
+            "so a transfer can check and resume chunk by chunk."
+        )
+    )
+    url: str | None = Field(
+        default=None,
+        pattern=_URL,
+        description=(
+            "Optional http(s):// or file:// URL for large files; MQTT then carries only control."
+        ),
+    )
+
+
+class Release(_Strict):
+    """What the fleet signs: a model version, its files and its manifest."""
+
+    schema_version: Literal[1] = Field(default=1, description="Version of this release format.")
+    name: str = Field(description="Model name in the store; one safe path component.")
+    version: int = Field(ge=1, description="Only goes up, per name.")
+    model: str = Field(description="Path (among `files`) of the file the runtime loads.")
+    files: list[ReleaseFile] = Field(min_length=1, description="Every file of this version.")
+    format: Literal["onnx", "ir", "tflite", "tf"] = Field(description="File format of `model`.")
+    precision: Precision = Field(description="Precision of the model's weights.")
+    chunk_size: int = Field(
+        ge=MIN_CHUNK, le=MAX_CHUNK, description="Bytes per chunk for `files[].chunks`."
+    )
+    created_at: AwareDatetime = Field(description="When the release was made (UTC).")
+    expires_at: AwareDatetime = Field(description="After this the release is refused (UTC).")
+    key_id: str = Field(description="Id of the signing key: `key_id()` of its public key.")
+    latency_budget_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Optional health-gate budget: median smoke inference must be at most this.",
+    )
+    manifest: Manifest = Field(description="How to feed the model and decode its outputs.")
+
+    def file(self, path: str) -> ReleaseFile:
+        """The file entry at `path`.
+
+        Raises:
+            EdgeAgentError: no such file in the release (release.invalid).
+        """
+        for entry in self.files:
+            if entry.path == path:
+                return entry
+        raise EdgeAgentError(
+            f"release {self.name} v{self.version} has no file {path!r}", code="release.invalid"
+        )
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+class SignedRelease(_Strict):
+    """A release and its signature, as it travels and as the store keeps it."""
+
+    release: Release = Field(description="The signed content.")
+    signature: str | None = Field(
+        default=None,
+        description="Base64 Ed25519 signature over `canonical_bytes(release)`; None if unsigned.",
+    )
+
+    def to_json(self) -> bytes:
+        """Indented JSON for files and messages (the signature covers the release, not this)."""
+        return self.model_dump_json(indent=2).encode("utf-8")
+
+
+# --- canonical form and hashing -----------------------------------------------------------
+def canonical_bytes(release: Release) -> bytes:
+    """The exact bytes that are signed: sorted keys, no whitespace, UTF-8."""
+    data = release.model_dump(mode="json")
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def describe_file(path: Path, relative: str, chunk_size: int = DEFAULT_CHUNK) -> ReleaseFile:
+    """Hash a file on disk into a release entry, streaming (bounded memory)."""
+    whole = hashlib.sha256()
+    chunks: list[str] = []
+    size = 0
+    with path.open("rb") as fh:
+        while block := fh.read(chunk_size):
+            whole.update(block)
+            chunks.append(hashlib.sha256(block).hexdigest())
+            size += len(block)
+    return ReleaseFile(path=relative, sha256=whole.hexdigest(), size=size, chunks=chunks)
+
+
+def chunk_count(size: int, chunk_size: int) -> int:
+    """Chunks of `chunk_size` needed for `size` bytes (0 for an empty file)."""
+    return -(-size // chunk_size)
+
+
+def build_release(
+    *,
+    name: str,
+    version: int,
+    folder: Path,
+    files: Sequence[str],
+    model: str,
+    manifest: Manifest,
+    precision: Precision = "f32",
+    chunk_size: int = DEFAULT_CHUNK,
+    lifetime: timedelta = DEFAULT_LIFETIME,
+    latency_budget_ms: float | None = None,
+    now: datetime | None = None,
+) -> Release:
+    """An unsigned release for `files` (relative to `folder`); `sign` fills in `key_id`.
+
+    The manifest is renamed to `name` and loses its wheel source: in the store the
+    bytes come from the release, not from PyPI.
+    """
+    created = now or datetime.now(UTC)
+    return Release(
+        name=name,
+        version=version,
+        model=model,
+        files=[describe_file(folder / rel, rel, chunk_size) for rel in files],
+        format=manifest.format,
+        precision=precision,
+        chunk_size=chunk_size,
+        created_at=created,
+        expires_at=created + lifetime,
+        key_id="",
+        latency_budget_ms=latency_budget_ms,
+        manifest=manifest.model_copy(update={"name": name, "source": None}),
+    )
+
+
+# --- keys ------------------------------------------------------------------------------------
+def key_id(public: Ed25519PublicKey) -> str:
+    """A short, stable id for a public key: the first 16 hex digits of sha256(raw key)."""
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def generate_key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+def save_private_key(key: Ed25519PrivateKey, path: Path) -> None:
+    """Write an unencrypted PKCS#8 PEM readable by its owner only (mode 0600 from creation)."""
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Created 0600 rather than chmod-ed afterwards: no window where others can read it.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # O_CREAT's mode does not apply to a file that already existed: tighten it before writing.
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pem)
+
+
+def save_public_key(key: Ed25519PublicKey, path: Path) -> None:
+    pem = key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pem)
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    """Raises: EdgeAgentError (input.not_found / input.invalid)."""
+    try:
+        key = serialization.load_pem_private_key(_read_key(path), password=None)
+    except (ValueError, TypeError):  # TypeError: the key is encrypted
+        raise EdgeAgentError(
+            f"{path} is not an unencrypted PEM private key", _KEY_FIX, "input.invalid"
+        ) from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise EdgeAgentError(f"{path} is not an Ed25519 private key", _KEY_FIX, "input.invalid")
+    return key
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    """Raises: EdgeAgentError (input.not_found / input.invalid)."""
+    try:
+        key = serialization.load_pem_public_key(_read_key(path))
+    except ValueError:
+        raise EdgeAgentError(f"{path} is not a PEM public key", _KEY_FIX, "input.invalid") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise EdgeAgentError(f"{path} is not an Ed25519 public key", _KEY_FIX, "input.invalid")
+    return key
+
+
+_KEY_FIX = "make a key pair with `edge-fleet keygen`"
+
+
+def _read_key(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise EdgeAgentError(
+            f"key file {path} does not exist", _KEY_FIX, "input.not_found"
+        ) from None
+    except OSError as exc:
+        raise EdgeAgentError(
+            f"key file {path} is unreadable: {exc}", code="input.invalid"
+        ) from None
+
+
+# --- sign and verify -----------------------------------------------------------------------
+def sign(release: Release, key: Ed25519PrivateKey) -> SignedRelease:
+    """Sign `release` with `key`, setting its `key_id` to that key's id first."""
+    stamped = Release.model_validate({**release.model_dump(), "key_id": key_id(key.public_key())})
+    signature = key.sign(canonical_bytes(stamped))
+    return SignedRelease(release=stamped, signature=base64.b64encode(signature).decode("ascii"))
+
+
+def check_paths(release: Release) -> None:
+    """Every name and path in `release` stays inside its version folder.
+
+    Call this before writing any byte a release names (a transfer does; `verify` does).
+
+    Raises:
+        EdgeAgentError: store.path for `..`, an absolute path, a backslash or an unsafe name.
+    """
+    if not is_safe_name(release.name):
+        raise EdgeAgentError(
+            f"release name {release.name!r} is not a safe store name",
+            "use letters, digits, '-', '_' and '.', no '..' and no '/'",
+            "store.path",
+        )
+    seen: set[str] = set()
+    for entry in [*release.files]:
+        parts = PurePosixPath(entry.path).parts
+        if (
+            not parts
+            or "\\" in entry.path
+            or entry.path.startswith("/")
+            or not all(is_safe_name(p) for p in parts)
+        ):
+            raise EdgeAgentError(
+                f"release {release.name} names file {entry.path!r}, which would escape the store",
+                "use relative paths of safe names, without '..'",
+                "store.path",
+            )
+        if entry.path in seen:
+            raise EdgeAgentError(
+                f"release {release.name} lists {entry.path!r} twice", code="release.invalid"
+            )
+        seen.add(entry.path)
+
+
+def _check_shape(release: Release) -> None:
+    release.file(release.model)  # raises if the model file is not among the files
+    if release.manifest.name != release.name or release.manifest.format != release.format:
+        raise EdgeAgentError(
+            f"release {release.name} carries a manifest for {release.manifest.name!r} "
+            f"({release.manifest.format}), not for itself ({release.format})",
+            code="release.invalid",
+        )
+    for entry in release.files:
+        if len(entry.chunks) != chunk_count(entry.size, release.chunk_size):
+            raise EdgeAgentError(
+                f"release {release.name} file {entry.path}: {len(entry.chunks)} chunk hashes "
+                f"for {entry.size} bytes in chunks of {release.chunk_size}",
+                code="release.invalid",
+            )
+
+
+def trusted_key_ids(keys: Iterable[Ed25519PublicKey]) -> dict[str, Ed25519PublicKey]:
+    return {key_id(k): k for k in keys}
+
+
+def verify(
+    signed: SignedRelease,
+    trusted_keys: Sequence[Ed25519PublicKey],
+    now: datetime,
+    installed_version: int | None,
+) -> Release:
+    """Accept a release or say why not.
+
+    Args:
+        signed: the release as received.
+        trusted_keys: the fleet's public keys. Empty means "run unverified": the
+            signature is not checked and a warning is logged (expiry, rollback
+            and paths still are).
+        now: the current time (passed in so tests need no clock tricks).
+        installed_version: the newest version of this name the box has installed, if any.
+
+    Returns:
+        The release, safe to act on.
+
+    Raises:
+        EdgeAgentError: release.signature, release.expired, release.rollback,
+            release.invalid or store.path.
+    """
+    release = signed.release
+    if trusted_keys:
+        _check_signature(signed, trusted_key_ids(trusted_keys))
+    else:
+        log_event(
+            log,
+            logging.WARNING,
+            "release_unverified",
+            model=release.name,
+            version=release.version,
+            reason="no trusted keys configured; the signature is not checked",
+        )
+    check_paths(release)
+    _check_shape(release)
+    if now >= release.expires_at:
+        raise EdgeAgentError(
+            f"release {release.name} v{release.version} expired at "
+            f"{release.expires_at.isoformat()}",
+            "ask the fleet to publish a fresh release (or check this box's clock)",
+            "release.expired",
+        )
+    if installed_version is not None and release.version <= installed_version:
+        raise EdgeAgentError(
+            f"release {release.name} v{release.version} is not newer than installed "
+            f"v{installed_version}",
+            "publish a higher version; to go back, use `models rollback` or `models activate`",
+            "release.rollback",
+        )
+    return release
+
+
+def _check_signature(signed: SignedRelease, trusted: dict[str, Ed25519PublicKey]) -> None:
+    release = signed.release
+    what = f"release {release.name} v{release.version}"
+    if not signed.signature:
+        raise EdgeAgentError(
+            f"{what} is unsigned", "sign it with `edge-fleet`", "release.signature"
+        )
+    key = trusted.get(release.key_id)
+    if key is None:
+        raise EdgeAgentError(
+            f"{what} is signed by key {release.key_id!r}, which this box does not trust",
+            "add the fleet's public key to trusted_keys",
+            "release.signature",
+        )
+    try:
+        key.verify(base64.b64decode(signed.signature, validate=True), canonical_bytes(release))
+    except (InvalidSignature, binascii.Error, ValueError):
+        raise EdgeAgentError(
+            f"{what} has a wrong signature for key {release.key_id}",
+            "re-publish it from the fleet; do not edit a signed release",
+            "release.signature",
+        ) from None
+
+
+# --- reading -------------------------------------------------------------------------------
+def parse_signed_release(data: bytes | str) -> SignedRelease:
+    """Parse a signed release from JSON.
+
+    Raises:
+        EdgeAgentError: release.invalid, naming the first bad field.
+    """
+    try:
+        return SignedRelease.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top)"
+        raise EdgeAgentError(
+            f"release is invalid at {where}: {first['msg']}", code="release.invalid"
+        ) from None
+
+
+def load_signed_release(path: Path) -> SignedRelease:
+    """Raises: EdgeAgentError (input.not_found, release.invalid)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise EdgeAgentError(
+            f"release {path} does not exist", "check the path", "input.not_found"
+        ) from None
+    return parse_signed_release(data)

@@ -1,0 +1,463 @@
+"""The model store: verified releases on disk, one active version per name.
+
+Layout below `Layout.store` (only this module knows it):
+
+    blobs/<sha256>                      every file's bytes, once, read-only
+    models/<name>/versions/<v>/         release.json + the release's files (hard links to blobs)
+    models/<name>/state.json            {"current", "previous", "highest"}
+    tmp/                                staging; emptied on the next update
+    .lock                               one update at a time on this box
+
+Why this shape:
+- content-addressed blobs share bytes between versions and make `verify` a
+  re-hash against the file's own name; the hard-linked version folder keeps the
+  file names a model needs (an IR's .xml finds its .bin beside it);
+- a version appears by one rename of a complete, fsynced folder, and
+  `state.json` changes by one rename, so `current` and `previous` always move
+  together and a crash leaves the old or the new model serving;
+- `highest` is the rollback guard: a version at or below it is refused even
+  after the operator removed it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.catalog.catalog import ResolvedModel
+from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
+from edge_agent.paths import Layout, is_safe_name
+from edge_agent.store.fsio import (
+    fault,
+    file_lock,
+    fsync_dir,
+    write_atomic,
+)
+from edge_agent.store.install import publish, stage
+from edge_agent.store.quota import check_quota, evict
+from edge_agent.store.release import Release, SignedRelease, check_paths, parse_signed_release
+from edge_agent.store.release import verify as verify_release
+from edge_agent.store.verify import RELEASE_FILE, Problem, verify_version
+
+log = logging.getLogger(__name__)
+
+FAULT_STEPS = (
+    "install.staged",
+    "install.blobs",
+    "install.linked",
+    "install.after_rename",
+    "install.state.tmp_written",
+    "install.state.after_rename",
+    "activate.verified",
+    "activate.gated",
+    "activate.tmp_written",
+    "activate.after_rename",
+)
+"""Every point where a test may kill an update ($EDGE_AGENT_FAULT, see `fsio.fault`), in
+the order an install then an activation passes them."""
+
+Gate = Callable[[Path, Release], object]
+"""The health gate: called with the model file and its release before the version
+becomes current; raises EdgeAgentError (health.failed) to refuse it."""
+
+
+class NameState(BaseModel):
+    """Which versions of one name are active: the store's only mutable record."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    current: int | None = Field(default=None, description="Version that serves.")
+    previous: int | None = Field(default=None, description="Version `rollback` returns to.")
+    highest: int = Field(default=0, description="Highest version ever installed (rollback guard).")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVersion:
+    """One installed version, for listings."""
+
+    name: str
+    version: int
+    release: Release
+    current: bool
+    previous: bool
+
+    @property
+    def digest(self) -> str:
+        return self.release.file(self.release.model).sha256
+
+
+class ModelStore:
+    """Install, activate, roll back, remove and verify model versions under `layout.store`."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        keep: int = 3,
+        quota_bytes: int | None = None,
+        lock_timeout_s: float = 900.0,
+    ) -> None:
+        """Args:
+        keep: versions kept per name; older ones are evicted (never current or previous).
+        quota_bytes: cap on the blobs' total size; None for no cap.
+        lock_timeout_s: longest wait for another update on this box.
+        """
+        self.root = layout.store
+        self.keep = keep
+        self.quota_bytes = quota_bytes
+        self.lock_timeout_s = lock_timeout_s
+
+    # --- reading ---------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        folder = self.root / "models"
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if is_safe_name(p.name) and p.is_dir())
+
+    def state(self, name: str) -> NameState:
+        path = self._name_dir(name) / "state.json"
+        try:
+            state = NameState.model_validate_json(path.read_bytes())
+        except FileNotFoundError:
+            state = NameState()
+        except ValueError as exc:
+            raise EdgeAgentError(f"{path} is corrupt: {exc}", code="store.corrupt") from None
+        # A crash between a version's rename and the state update leaves `highest` behind.
+        return state.model_copy(update={"highest": max([state.highest, *self.versions(name)])})
+
+    def versions(self, name: str) -> list[int]:
+        folder = self._name_dir(name) / "versions"
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+    def release(self, name: str, version: int) -> SignedRelease:
+        """The stored signed release of `name` v`version`.
+
+        Raises:
+            EdgeAgentError: store.not_found, store.corrupt.
+        """
+        path = self.version_dir(name, version) / RELEASE_FILE
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise EdgeAgentError(
+                f"the store has no {name} v{version}",
+                "see `edge-agent models list`",
+                "store.not_found",
+            ) from None
+        try:
+            return parse_signed_release(data)
+        except EdgeAgentError as exc:
+            raise EdgeAgentError(f"{path}: {exc.problem}", code="store.corrupt") from None
+
+    def installed(self, name: str, version: int) -> Release | None:
+        """The release if that version is installed, else None (for idempotent deliveries)."""
+        if not is_safe_name(name) or not (self.version_dir(name, version) / RELEASE_FILE).is_file():
+            return None
+        return self.release(name, version).release
+
+    def current(self, name: str) -> ResolvedModel | None:
+        """The serving version of `name` as the catalog wants it, or None if there is none."""
+        if not is_safe_name(name):
+            return None
+        state = self.state(name)
+        if state.current is None:
+            return None
+        release = self.release(name, state.current).release
+        return ResolvedModel(
+            release.manifest, self.version_dir(name, state.current) / release.model
+        )
+
+    def entries(self) -> list[StoredVersion]:
+        """Every installed version of every name, with which is current and previous."""
+        found = []
+        for name in self.names():
+            state = self.state(name)
+            for version in self.versions(name):
+                found.append(
+                    StoredVersion(
+                        name=name,
+                        version=version,
+                        release=self.release(name, version).release,
+                        current=state.current == version,
+                        previous=state.previous == version,
+                    )
+                )
+        return found
+
+    def verify(self) -> list[Problem]:
+        """Re-hash every stored byte; an empty list means all is well."""
+        problems: list[Problem] = []
+        for name in self.names():
+            state = self.state(name)
+            versions = self.versions(name)
+            for label, pointer in (("current", state.current), ("previous", state.previous)):
+                if pointer is not None and pointer not in versions:
+                    problems.append(Problem(f"{name}", f"{label} v{pointer} is not installed"))
+            for version in versions:
+                problems.extend(self._verify_version(name, version))
+        return problems
+
+    def version_dir(self, name: str, version: int) -> Path:
+        return self._name_dir(name) / "versions" / str(version)
+
+    # --- changing --------------------------------------------------------------------------
+    def install(
+        self,
+        signed: SignedRelease,
+        source: Path,
+        *,
+        trusted_keys: Sequence[Ed25519PublicKey] = (),
+        now: datetime | None = None,
+        move: bool = False,
+    ) -> Release:
+        """Verify a release and every byte of its files, then add it as a new version.
+
+        Args:
+            signed: the release; checked with `release.verify` against `trusted_keys`.
+            source: folder holding the release's files at their relative paths.
+            move: rename the files out of `source` instead of copying them (a finished
+                transfer on the same file system); they are gone from `source` after.
+                The hash is taken after the move, of the bytes the store keeps.
+
+        Returns:
+            The installed release. Nothing becomes current: call `activate`.
+
+        Raises:
+            EdgeAgentError: release.*, store.path, transfer.digest, store.quota; nothing
+                is left in the store.
+        """
+        with self._updating():
+            return self._install(signed, source, trusted_keys, now, move)
+
+    def _install(
+        self,
+        signed: SignedRelease,
+        source: Path,
+        trusted_keys: Sequence[Ed25519PublicKey],
+        now: datetime | None,
+        move: bool,
+    ) -> Release:
+        name = signed.release.name
+        check_paths(signed.release)  # before `state(name)` touches a path built from it
+        highest = self.state(name).highest
+        release = verify_release(signed, trusted_keys, now or datetime.now(UTC), highest or None)
+        check_quota(self, release)
+        staging = self._staging(f"install-{name}-{release.version}")
+        try:
+            stage(release, source, staging, move)
+            fault("install.staged")
+            publish(signed, staging, self.root / "blobs", self._name_dir(name) / "versions")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            self._collect_blobs()
+        self._write_state(name, self.state(name), "install.state")
+        log_event(
+            log,
+            logging.INFO,
+            "model_installed",
+            model=name,
+            version=release.version,
+            digest=release.file(release.model).sha256,
+        )
+        evict(self, {(name, release.version)}, self._remove)
+        return release
+
+    def activate(self, name: str, version: int, gate: Gate | None = None) -> Release:
+        """Make `name` v`version` current after re-verifying it and passing `gate`.
+
+        The gate runs before the pointer moves, so a failing version never serves: the
+        version that was current stays current.
+
+        Raises:
+            EdgeAgentError: store.not_found, store.corrupt, health.failed (from the gate).
+        """
+        with self._updating():
+            return self._activate(name, version, gate)
+
+    def deploy(
+        self,
+        signed: SignedRelease,
+        source: Path,
+        gate: Gate | None,
+        *,
+        trusted_keys: Sequence[Ed25519PublicKey] = (),
+        now: datetime | None = None,
+        move: bool = False,
+    ) -> Release:
+        """Install and activate under one lock; a version that fails activation (the gate,
+        damaged bytes) is removed again, so a deployment is all or nothing.
+
+        Raises:
+            EdgeAgentError: as `install` and `activate`.
+        """
+        with self._updating():  # one lock for both: nothing slips in between
+            release = self._install(signed, source, trusted_keys, now, move)
+            try:
+                return self._activate(release.name, release.version, gate)
+            except EdgeAgentError:
+                self._remove(release.name, release.version)
+                raise
+
+    def rollback(self, name: str) -> int:
+        """Make the previous version current again (current becomes previous).
+
+        No health gate: the previous version passed it when it was activated, and a
+        rollback must work when everything else is failing.
+
+        Returns:
+            The version now current.
+
+        Raises:
+            EdgeAgentError: store.not_found if there is no previous version.
+        """
+        with self._updating():
+            state = self.state(name)
+            if state.previous is None or state.previous not in self.versions(name):
+                raise EdgeAgentError(
+                    f"{name} has no previous version to roll back to",
+                    "activate a version by number with `models activate`",
+                    "store.not_found",
+                )
+            self._check_files(name, state.previous)
+            self._write_state(
+                name,
+                state.model_copy(update={"current": state.previous, "previous": state.current}),
+                "rollback",
+            )
+            log_event(
+                log,
+                logging.WARNING,
+                "model_rolled_back",
+                model=name,
+                version=state.previous,
+                from_version=state.current,
+            )
+            return state.previous
+
+    def remove(self, name: str, version: int) -> None:
+        """Delete an installed version that is not current.
+
+        Raises:
+            EdgeAgentError: store.not_found; input.invalid for the current version.
+        """
+        with self._updating():
+            if self.installed(name, version) is None:
+                raise EdgeAgentError(
+                    f"the store has no {name} v{version}",
+                    "see `edge-agent models list`",
+                    "store.not_found",
+                )
+            if self.state(name).current == version:
+                raise EdgeAgentError(
+                    f"{name} v{version} is current",
+                    "activate or roll back to another version first",
+                    "input.invalid",
+                )
+            self._remove(name, version)
+
+    # --- internals -------------------------------------------------------------------------
+    def _name_dir(self, name: str) -> Path:
+        if not is_safe_name(name):
+            raise EdgeAgentError(
+                f"model name {name!r} is not a safe store name",
+                "use letters, digits, '-', '_' and '.', no '..' and no '/'",
+                "store.path",
+            )
+        return self.root / "models" / name
+
+    @contextmanager
+    def _updating(self) -> Iterator[None]:
+        """Serialise updates on this box and sweep what a crashed update left."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with file_lock(self.root / ".lock", self.lock_timeout_s):
+            tmp = self.root / "tmp"
+            if tmp.is_dir():
+                for leftover in tmp.iterdir():
+                    shutil.rmtree(leftover, ignore_errors=True)
+            for name in self.names():  # a state file's temp twin, if a crash beat its rename
+                for leftover in self._name_dir(name).glob(".state.json.tmp-*"):
+                    leftover.unlink()
+            self._collect_blobs()
+            yield
+
+    def _staging(self, label: str) -> Path:
+        path = self.root / "tmp" / f"{label}-{uuid.uuid4().hex[:8]}"
+        path.mkdir(parents=True)
+        return path
+
+    def _activate(self, name: str, version: int, gate: Gate | None) -> Release:
+        release = self.release(name, version).release
+        self._check_files(name, version)
+        fault("activate.verified")
+        if gate is not None:
+            gate(self.version_dir(name, version) / release.model, release)
+        fault("activate.gated")
+        state = self.state(name)
+        if state.current != version:
+            state = state.model_copy(update={"current": version, "previous": state.current})
+        self._write_state(name, state, "activate")
+        log_event(
+            log,
+            logging.INFO,
+            "model_activated",
+            model=name,
+            version=version,
+            digest=release.file(release.model).sha256,
+        )
+        evict(self, set(), self._remove)
+        return release
+
+    def _check_files(self, name: str, version: int) -> None:
+        problems = self._verify_version(name, version)
+        if problems:
+            raise EdgeAgentError(
+                f"{name} v{version} is damaged: {problems[0]}",
+                "remove it and install it again; run `edge-agent models verify`",
+                "store.corrupt",
+            )
+
+    def _verify_version(self, name: str, version: int) -> list[Problem]:
+        try:
+            release = self.release(name, version).release
+        except EdgeAgentError as exc:
+            return [Problem(f"{name} v{version}", exc.problem)]
+        return verify_version(f"{name} v{version}", self.version_dir(name, version), release)
+
+    def _write_state(self, name: str, state: NameState, step: str) -> None:
+        folder = self._name_dir(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / "state.json", state.model_dump_json().encode(), step)
+
+    def _remove(self, name: str, version: int) -> None:
+        state = self.state(name)
+        if state.previous == version:
+            self._write_state(name, state.model_copy(update={"previous": None}), "remove")
+        folder = self.version_dir(name, version)
+        # Rename out of sight first, so a crash mid-delete never leaves a half version.
+        trash = self._staging(f"remove-{name}-{version}")
+        folder.rename(trash / "version")
+        fsync_dir(folder.parent)
+        shutil.rmtree(trash, ignore_errors=True)
+        self._collect_blobs()
+        log_event(log, logging.INFO, "model_removed", model=name, version=version)
+
+    def _collect_blobs(self) -> None:
+        """Delete blobs no version links to (a link count of 1 is the blob alone)."""
+        blobs = self.root / "blobs"
+        if not blobs.is_dir():
+            return
+        for blob in blobs.iterdir():
+            if blob.stat().st_nlink <= 1:
+                blob.unlink()

@@ -1,0 +1,162 @@
+"""The agent process killed, frozen and restarted: the will, the restore, the stale will.
+
+- `kill -9`: the broker publishes the will `{online: false, seq}` at once (the
+  kernel closes the socket); a hung agent (SIGSTOP: the socket stays open) is
+  declared gone by the broker's keepalive check (see HUNG_LIMIT_S). The
+  restarted agent brings back its active model, its pipeline and the telemetry
+  interval set by command, with nobody resending anything.
+- A stale will (an older connection's, arriving after the new birth) must not
+  leave the retained state offline: the agent answers it with a fresh birth.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge_agent.clips import bgr, sample
+from edge_agent.comms.local_broker import LocalBroker, free_port
+from tests.agent_kit import AgentProcess, Watcher, fleet, retained_state, write_config
+from tests.integration.mjpeg_server import MjpegServer
+
+DEVICE = "crash-dev"
+KEEPALIVE = 5
+HUNG_LIMIT_S = 3.0 * KEEPALIVE
+"""mosquitto 2.0.11 checks keepalives on a coarse timer: a frozen `mosquitto_sub -k 5`
+is declared gone after 10.4 s here (-k 10: 16.7 s), and the agent after 10-13 s, not
+the 7.5 s MQTT asks for. The agent's part is to ask for the keepalive it was configured
+with; the broker's lateness is allowed for."""
+
+
+@pytest.fixture
+def camera() -> Iterator[str]:
+    server = MjpegServer(bgr(sample("astronaut")), free_port(), fps=10)
+    server.start()
+    yield server.url
+    server.stop()
+
+
+def test_kill_9_shows_offline_and_a_restart_restores_everything(
+    broker: LocalBroker, tmp_path: Path, camera: str
+) -> None:
+    watcher = Watcher(broker.port, DEVICE)
+    with fleet(broker.port, tmp_path / "fleet", [("text-orientation", "orient", 1)]) as f:
+        config = write_config(
+            tmp_path / "agent.toml",
+            port=broker.port,
+            device=DEVICE,
+            state=tmp_path / "state",
+            keepalive=KEEPALIVE,
+            trusted_keys=[f.public_key],
+        )
+        first = AgentProcess(config, tmp_path / "agent.log").start()
+        second = AgentProcess(config, tmp_path / "agent.log")
+        try:
+            birth = watcher.wait_state(lambda s: s["online"], timeout=60)
+            assert watcher.ok("deploy_model", {"name": "orient"}, timeout=60)["activated"]
+            assert watcher.ok("set_telemetry", {"interval_s": 2.0}) == {"interval_s": 2.0}
+            stream = {"type": "stream", "url": camera}
+            spec = {"id": "gate", "model": {"name": "orient"}, "source": stream}
+            watcher.ok("start_pipeline", {"spec": spec}, timeout=60)
+            watcher.wait(lambda m: m.leaf == "results/gate", what="a result")
+
+            first.kill()
+            killed = time.time()
+            will = watcher.wait_state(lambda s: not s["online"], timeout=2 * KEEPALIVE)
+            seen = watcher.on("state")[-1].at
+            assert seen - killed <= 1.5 * KEEPALIVE
+            assert set(will) == {"online", "seq", "ts"}
+            assert will["seq"] == birth["seq"]
+
+            # Sent while the box is down: the broker keeps it in the agent's session.
+            queued = watcher.send("ping")
+            restarted = time.time()
+            second.start()
+            reborn = watcher.wait_state(
+                lambda s: (
+                    s["online"]
+                    and s["seq"] > will["seq"]
+                    and [(p["id"], p["status"]) for p in s["pipelines"]] == [("gate", "running")]
+                ),
+                timeout=60,
+            )
+            assert any(m["name"] == "orient" and m["version"] == 1 for m in reborn["models"])
+            assert watcher.final(queued)["status"] == "ok"
+            watcher.wait(
+                lambda m: m.leaf == "results/gate" and m.at > restarted,
+                what="a result from the restored pipeline",
+            )
+            telemetry = watcher.wait(
+                lambda m: m.leaf == "telemetry" and m.at > restarted, what="telemetry"
+            ).json()
+            assert telemetry["interval_s"] == 2.0
+            assert "gate" in watcher.ok("get_status")["pipelines"][0]["id"]
+
+            # A hung box keeps its TCP connection open and says nothing: the broker's
+            # keepalive check declares it gone within 1.5x the keepalive.
+            os.kill(second.pid, signal.SIGSTOP)
+            hung = time.time()
+            will = watcher.wait_state(
+                lambda s: not s["online"] and s["seq"] == reborn["seq"], timeout=3 * KEEPALIVE
+            )
+            waited = watcher.on("state")[-1].at - hung
+            assert KEEPALIVE <= waited <= HUNG_LIMIT_S
+            second.kill()
+        finally:
+            first.close()
+            second.close()
+            watcher.close()
+
+
+def test_a_stale_will_never_leaves_a_live_agent_offline(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    config = write_config(
+        tmp_path / "agent.toml",
+        port=broker.port,
+        device=DEVICE,
+        state=tmp_path / "state",
+        keepalive=KEEPALIVE,
+    )
+    watcher = Watcher(broker.port, DEVICE)
+    frozen = AgentProcess(config, tmp_path / "agent.log").start()
+    fresh = AgentProcess(config, tmp_path / "agent.log")
+    try:
+        old = watcher.wait_state(lambda s: s["online"], timeout=60)
+        # A hung agent (its TCP connection still open) replaced by a fast restart: the
+        # broker hands the session to the new connection and publishes the old will.
+        os.kill(frozen.pid, signal.SIGSTOP)
+        fresh.start()
+        new = watcher.wait_state(lambda s: s["online"] and s["seq"] > old["seq"], timeout=60)
+        frozen.kill()
+        time.sleep(1.0)
+        state = retained_state(broker.port, DEVICE)
+        assert state["online"] is True
+        assert state["seq"] == new["seq"]
+
+        # A will from an older connection published after the birth (a broker that was
+        # slow to notice): answered with a fresh birth, so the retained state is online.
+        injected = time.time()
+        watcher.session.publish(
+            f"edge/v1/{DEVICE}/state",
+            f'{{"online": false, "seq": {old["seq"]}, "ts": {time.time()}}}'.encode(),
+            retain=True,
+        )
+        watcher.wait(
+            lambda m: m.leaf == "state" and m.json()["online"] and m.at > injected,
+            timeout=10,
+            what="the fresh birth",
+        )
+        state = retained_state(broker.port, DEVICE)
+        assert state["online"] is True
+        assert state["seq"] == new["seq"]
+        assert fresh.stop() == 0, fresh.tail()
+    finally:
+        frozen.close()
+        fresh.close()
+        watcher.close()

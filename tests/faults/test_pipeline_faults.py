@@ -1,0 +1,342 @@
+"""A pipeline under faults: full disks, sinks that raise or hang, heads that raise, sources
+stuck in read(). Each ends cleanly, is counted, and stop() returns within 2 s."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge_agent.catalog.catalog import Catalog
+from edge_agent.clips import WalkVideo, write_walk
+from edge_agent.errors import EdgeAgentError
+from edge_agent.heads.base import Outputs, Result
+from edge_agent.pipelines.active import ActiveModel
+from edge_agent.pipelines.base import Event, Frame, FrameResult
+from edge_agent.pipelines.runner import PipelineHandle, runtime_options
+from edge_agent.pipelines.sinks import CallbackSink, JsonLinesSinkSpec
+from edge_agent.pipelines.sources import FileSourceSpec, open_source
+from edge_agent.pipelines.spec import ModelRef, PipelineSpec
+from edge_agent.pipelines.stopping import STOP_BUDGET_S
+from edge_agent.pipelines.vision import VisionPipeline
+from edge_agent.runtime.pool import ModelPool
+from edge_agent.telemetry.stats import PipelineStats
+
+# Generous: a hang shows as a timeout here instead of a stuck suite.
+HANG_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def walk(tmp_path_factory: pytest.TempPathFactory) -> WalkVideo:
+    return write_walk(tmp_path_factory.mktemp("video") / "walk.avi")
+
+
+@pytest.fixture
+def pool(catalog: Catalog) -> Iterator[ModelPool]:
+    pool = ModelPool(catalog)
+    yield pool
+    assert len(pool) == 0, "every model went back to the pool"
+
+
+def spec_for(walk: WalkVideo, **update: object) -> PipelineSpec:
+    spec = PipelineSpec(
+        id="dock",
+        model=ModelRef(name="person-ssdlite"),
+        source=FileSourceSpec(path=walk.path),
+        sinks=[],
+    )
+    return spec.model_copy(update=update)
+
+
+class Runner:
+    """Runs a handle on a thread and times how long `run` takes to return after `stop`."""
+
+    def __init__(self, handle: PipelineHandle) -> None:
+        self.handle = handle
+        self.stats: PipelineStats | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.stats = self.handle.run()
+
+    def stop_and_time(self) -> float:
+        t0 = time.monotonic()
+        self.handle.stop()
+        self._thread.join(HANG_S)
+        assert not self._thread.is_alive(), "run() did not return after stop()"
+        return time.monotonic() - t0
+
+    def join(self) -> PipelineStats:
+        self._thread.join(HANG_S)
+        assert not self._thread.is_alive(), "run() hung"
+        assert self.stats is not None
+        return self.stats
+
+
+def wait_for(condition: threading.Event) -> None:
+    assert condition.wait(HANG_S), "the pipeline never got there"
+
+
+def test_a_full_disk_is_one_warning_and_a_clean_end(
+    walk: WalkVideo, pool: ModelPool, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[int] = []
+    spec = spec_for(walk, sinks=[JsonLinesSinkSpec(path=Path("/dev/full"))])
+    handle = PipelineHandle(spec, pool, extra_sinks=[CallbackSink(lambda r: seen.append(r.frame))])
+    with caplog.at_level(logging.WARNING):
+        try:
+            stats = handle.run()
+        finally:
+            handle.close()
+    # The other sink got every frame; the failing one failed on each, and at close.
+    assert seen == list(range(walk.frames))
+    assert stats.frames == walk.frames
+    assert stats.sink_failures == walk.frames + 1
+    failed = [r for r in caplog.records if r.getMessage() == "sink_failed"]
+    assert len(failed) == 1
+    assert failed[0].exc_info is None
+    assert "No space left" in str(getattr(failed[0], "fields", {})["error"])
+    assert all(r.exc_info is None for r in caplog.records)
+
+
+def test_a_full_disk_through_the_cli_exits_cleanly(walk: WalkVideo, tmp_path: Path) -> None:
+    spec = tmp_path / "full.json"
+    spec.write_text(
+        spec_for(walk, sinks=[JsonLinesSinkSpec(path=Path("/dev/full"))]).model_dump_json()
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "run-pipeline", str(spec), "--json"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sum("sink_failed" in line for line in proc.stderr.splitlines()) == 1
+    summary = json.loads(proc.stdout.splitlines()[-1])["summary"]
+    assert summary["sink_failures"] == walk.frames + 1
+
+
+def test_a_sink_raising_on_an_event_does_not_hang_the_pipeline(
+    walk: WalkVideo, pool: ModelPool
+) -> None:
+    # Events sent between frames (a live source reconnecting, say) used to reach the
+    # sinks unguarded: the emitter died and the reader waited for a free slot forever.
+    frames: list[int] = []
+    box: list[PipelineHandle] = []
+
+    def collect(result: FrameResult) -> None:
+        frames.append(result.frame)
+        if result.frame == 10:
+            assert isinstance(box[0].pipeline, VisionPipeline)
+            box[0].pipeline.notify(Event(kind="source_reconnecting", ts=0.0, detail="test"))
+
+    def on_events_only(result: FrameResult) -> None:
+        if result.frame < 0:
+            raise RuntimeError("this sink cannot take events")
+
+    sinks = [CallbackSink(collect), CallbackSink(on_events_only)]
+    box.append(PipelineHandle(spec_for(walk), pool, extra_sinks=sinks))
+    runner = Runner(box[0])
+    try:
+        stats = runner.join()
+    finally:
+        box[0].close()
+    assert [f for f in frames if f >= 0] == list(range(walk.frames))
+    assert -1 in frames, "the other sink still got the event"
+    assert stats.sink_failures >= 1
+
+
+class StuckSource:
+    """A real video for `frames` frames, then a read() that blocks until released."""
+
+    def __init__(self, walk: WalkVideo, frames: int) -> None:
+        self._inner = open_source(FileSourceSpec(path=walk.path))
+        self._left = frames
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+
+    def read(self) -> Frame | None:
+        if self._left == 0:
+            self.blocked.set()
+            self.release.wait()
+            return None
+        self._left -= 1
+        return self._inner.read()
+
+    @property
+    def dropped(self) -> int:
+        return self._inner.dropped
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_stop_returns_in_time_while_the_source_is_stuck_in_read(
+    walk: WalkVideo, pool: ModelPool
+) -> None:
+    source = StuckSource(walk, frames=20)
+    handle = PipelineHandle(spec_for(walk), pool, frames=source)
+    runner = Runner(handle)
+    try:
+        wait_for(source.blocked)
+        assert runner.stop_and_time() < STOP_BUDGET_S
+        stats = runner.join()
+        assert stats.frames == 20
+        assert stats.dropped_on_stop == 0
+    finally:
+        source.release.set()
+        handle.close()
+
+
+def test_stop_returns_in_time_while_a_sink_sleeps(walk: WalkVideo, pool: ModelPool) -> None:
+    asleep = threading.Event()
+    wake = threading.Event()
+
+    def slow(result: FrameResult) -> None:
+        if result.frame == 15:
+            asleep.set()
+            wake.wait(30.0)
+
+    handle = PipelineHandle(spec_for(walk), pool, extra_sinks=[CallbackSink(slow)])
+    runner = Runner(handle)
+    try:
+        wait_for(asleep)
+        time.sleep(0.2)  # let the reader fill every slot behind the sleeping sink
+        assert runner.stop_and_time() < STOP_BUDGET_S
+        stats = runner.join()
+    finally:
+        wake.set()
+        handle.close()
+    # Frames 0-14 were out; the one in the sink and those queued behind it were dropped.
+    assert stats.frames == 15
+    assert stats.dropped_on_stop >= 2
+
+
+class RaisingHead:
+    """A head with a bug: every frame raises."""
+
+    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]:
+        raise ValueError("bug in decode")
+
+
+def test_a_head_that_raises_counts_failures_and_stops_in_time(
+    walk: WalkVideo, pool: ModelPool, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = spec_for(walk)
+    handle = PipelineHandle(spec, pool)
+    # A second user of the same compiled model, decoded by the broken head.
+    model, resolved = pool.acquire(spec.model.name, "openvino", runtime_options(spec.model, pool))
+    active = ActiveModel.build(model, resolved.manifest, "broken")
+    broken = ActiveModel(model, resolved.manifest, "broken", RaisingHead(), active.image)
+    assert isinstance(handle.pipeline, VisionPipeline)
+    handle.pipeline.request_swap(broken)
+    with caplog.at_level(logging.WARNING):
+        runner = Runner(handle)
+        try:
+            time.sleep(0.5)
+            assert runner.stop_and_time() < STOP_BUDGET_S
+            stats = runner.join()
+        finally:
+            handle.close()
+            pool.release(model)
+    assert stats.frames == 0
+    assert stats.frame_failures > 0
+    failed = [r for r in caplog.records if r.getMessage() == "frame_failed"]
+    assert failed
+    assert all(r.exc_info is None for r in failed)
+
+
+def test_stop_from_a_signal_handler_on_the_running_thread(walk: WalkVideo, pool: ModelPool) -> None:
+    # The CLI and the service stop pipelines from SIGINT/SIGTERM handlers, which Python
+    # runs on the main thread: the very thread blocked in run().
+    source = StuckSource(walk, frames=30)
+    handle = PipelineHandle(spec_for(walk), pool, frames=source)
+    sent: list[float] = []
+
+    def send() -> None:
+        wait_for(source.blocked)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handle.stop())
+    killer = threading.Thread(target=send, daemon=True)
+    killer.start()
+    try:
+        stats = handle.run()
+        returned = time.monotonic()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        source.release.set()
+        killer.join(HANG_S)
+        handle.close()
+    assert stats.frames == 30
+    assert returned - sent[0] < STOP_BUDGET_S
+
+
+def test_a_swapped_out_model_is_released_before_the_run_ends(
+    walk: WalkVideo, pool: ModelPool
+) -> None:
+    pool_sizes: dict[int, int] = {}
+    box: list[PipelineHandle] = []
+
+    def watch(result: FrameResult) -> None:
+        pool_sizes[result.frame] = len(pool)
+        if result.frame == 20:
+            box[0].swap_model(ModelRef(name="face-blazeface"))
+
+    box.append(PipelineHandle(spec_for(walk), pool, extra_sinks=[CallbackSink(watch)]))
+    try:
+        box[0].run()
+    finally:
+        box[0].close()
+    assert pool_sizes[0] == 1
+    assert max(pool_sizes.values()) == 2, "both models held while frames of each were in flight"
+    # The old model went back to the pool while the video was still playing.
+    assert pool_sizes[walk.frames - 1] == 1
+
+
+def test_a_swap_that_fails_with_a_bug_is_reported_not_lost(
+    walk: WalkVideo, pool: ModelPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def bug(*args: object) -> ActiveModel:
+        raise ZeroDivisionError("division by zero")
+
+    errors: list[EdgeAgentError] = []
+    handle = PipelineHandle(spec_for(walk, max_frames=5), pool)
+    # Fault injection: a bug in building the new model's head.
+    monkeypatch.setattr(ActiveModel, "build", bug)
+    try:
+        handle.swap_model(ModelRef(name="face-blazeface"), on_error=errors.append).join(HANG_S)
+        assert len(pool) == 1, "the new model went back to the pool"
+        handle.run()
+    finally:
+        handle.close()
+    assert len(errors) == 1
+    assert errors[0].code == "internal"
+    assert "ZeroDivisionError" in errors[0].problem
+
+
+def test_a_sink_that_cannot_open_is_one_error_with_a_code(
+    walk: WalkVideo, pool: ModelPool, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    spec = spec_for(
+        walk,
+        sinks=[
+            JsonLinesSinkSpec(path=tmp_path / "ok.jsonl"),
+            JsonLinesSinkSpec(path=blocked / "out.jsonl"),
+        ],
+    )
+    with pytest.raises(EdgeAgentError, match="cannot be opened") as caught:
+        PipelineHandle(spec, pool)
+    assert caught.value.code == "sink.failed"

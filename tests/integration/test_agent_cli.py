@@ -1,0 +1,359 @@
+"""The agent driven by a client no one here wrote: `mosquitto_pub` in, `mosquitto_sub` out.
+
+One agent process serves the module, on a mosquitto that takes packets up to
+16 MB. Every command type in docs/PROTOCOL.md is sent as the JSON a shell script
+would send; bad ones each get their error answer and the agent keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+
+from edge_agent.clips import bgr, sample
+from edge_agent.comms.local_broker import LocalBroker, free_port
+from tests.agent_kit import PREFIX, AgentProcess, InProcessAgent, Watcher, fleet, write_config
+from tests.integration.mjpeg_server import MjpegServer
+
+DEVICE = "cli-dev"
+BIG = 10 * 1024 * 1024
+
+
+@dataclass
+class Wire:
+    """mosquitto_pub and mosquitto_sub against the agent."""
+
+    port: int
+    log: Path
+    agent: AgentProcess
+    stream: str
+    pages: Path
+
+    def pub(self, payload: bytes, *, version: str = "mqttv5") -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [
+                "mosquitto_pub",
+                "-p",
+                str(self.port),
+                "-V",
+                version,
+                "-q",
+                "1",
+                "-t",
+                f"{PREFIX}/{DEVICE}/cmd",
+                "-s",
+            ],
+            input=payload,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+
+    def send(self, kind: str, args: dict[str, Any] | None = None, **envelope: Any) -> str:
+        command_id = str(envelope.pop("id", f"{kind}-{time.monotonic_ns()}"))
+        body = {"id": command_id, "type": kind, "args": args or {}, "sent_at": time.time()}
+        done = self.pub(json.dumps({**body, **envelope}).encode())
+        assert done.returncode == 0, done.stderr
+        return command_id
+
+    def lines(self) -> list[tuple[str, Any]]:
+        """(leaf topic, JSON) of every whole line mosquitto_sub wrote so far."""
+        text = self.log.read_bytes()
+        found = []
+        for line in text.split(b"\n")[:-1]:  # the last piece may be half written
+            topic, _, payload = line.partition(b" ")
+            found.append((topic.decode().split("/", 3)[3], json.loads(payload)))
+        return found
+
+    def wait(
+        self, match: Callable[[str, Any], bool], timeout: float = 30.0, what: str = "a line"
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for leaf, data in self.lines():
+                if match(leaf, data):
+                    return data
+            assert self.agent.proc is not None
+            assert self.agent.proc.poll() is None, f"the agent exited:\n{self.agent.tail()}"
+            time.sleep(0.05)
+        raise AssertionError(f"no {what} within {timeout} s:\n{self.agent.tail()}")
+
+    def answers(self, command_id: str) -> list[Any]:
+        return [d for leaf, d in self.lines() if leaf == "resp" and d["id"] == command_id]
+
+    def final(self, command_id: str, timeout: float = 30.0) -> Any:
+        return self.wait(
+            lambda leaf, d: (
+                leaf == "resp" and d["id"] == command_id and d["status"] in ("ok", "error")
+            ),
+            timeout,
+            f"final answer to {command_id}",
+        )
+
+    def ok(self, kind: str, args: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
+        answer = self.final(self.send(kind, args), timeout)
+        assert answer["status"] == "ok", answer
+        return answer["result"]
+
+    def error(self, payload: bytes | str, command_id: str = "") -> Any:
+        data = payload.encode() if isinstance(payload, str) else payload
+        before = len(self.answers(command_id))
+        done = self.pub(data)
+        assert done.returncode == 0, done.stderr
+        self.wait(
+            lambda leaf, d: leaf == "resp" and len(self.answers(command_id)) > before,
+            what=f"an answer to {data[:60]!r}",
+        )
+        answer = self.answers(command_id)[before]
+        assert answer["status"] == "error", answer
+        return answer["error"]
+
+    def event(self, match: Callable[[Any], bool], what: str = "event") -> Any:
+        return self.wait(lambda leaf, d: leaf == "events" and match(d["event"]), what=what)
+
+
+@pytest.fixture(scope="module")
+def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
+    tmp = tmp_path_factory.mktemp("agent-cli")
+    pages = tmp / "pages"
+    pages.mkdir()
+    for i, name in enumerate(["astronaut", "coffee", "chelsea", "rocket", "camera", "page"]):
+        image = sample(name)
+        image = bgr(image) if image.ndim == 3 else np.stack([image] * 3, axis=-1)
+        cv2.imwrite(str(pages / f"{i:02d}.jpg"), image)
+    (tmp / "mosquitto").mkdir()
+    with ExitStack() as stack:
+        broker = stack.enter_context(
+            LocalBroker(max_packet_bytes=16 * 1024 * 1024, folder=tmp / "mosquitto")
+        )
+        published = stack.enter_context(
+            fleet(
+                broker.port,
+                tmp / "fleet",
+                [("text-orientation", "orient", v) for v in (1, 2, 3)],
+            )
+        )
+        log = tmp / "sub.log"
+        topics = ["resp", "events", "state", "telemetry", "results/#"]
+        with log.open("wb") as out:
+            sub = subprocess.Popen(
+                ["mosquitto_sub", "-p", str(broker.port), "-V", "mqttv5", "-q", "1", "-v"]
+                + [arg for t in topics for arg in ("-t", f"{PREFIX}/{DEVICE}/{t}")],
+                stdout=out,
+            )
+        stack.callback(sub.wait, 5)
+        stack.callback(sub.terminate)
+        camera = MjpegServer(bgr(sample("astronaut")), free_port(), fps=10)
+        camera.start()
+        stack.callback(camera.stop)
+        config = write_config(
+            tmp / "agent.toml",
+            port=broker.port,
+            device=DEVICE,
+            state=tmp / "state",
+            trusted_keys=[published.public_key],
+        )
+        agent = AgentProcess(config, tmp / "agent.log").start()
+        stack.callback(agent.close)
+        running = Wire(broker.port, log, agent, camera.url, pages)
+        running.wait(lambda leaf, d: leaf == "state" and d["online"], what="the birth")
+        yield running
+        assert agent.stop() == 0, agent.tail()
+        # The clean stop's last word: offline, on the retained state.
+        assert running.lines()[-1][0] == "state"
+        assert running.lines()[-1][1]["online"] is False
+
+
+def test_every_command_from_mosquitto_pub(wire: Wire) -> None:
+    assert wire.ok("ping")["pong"] is True
+    status = wire.ok("get_status")
+    assert status["mqtt_version"] == "5"
+    assert status["connected"] is True
+    assert "CPU" in json.dumps(wire.ok("doctor"))
+    assert "text-orientation" in wire.ok("list_models")["reference"]
+    assert wire.ok("list_pipelines") == {"pipelines": []}
+
+    # Models: deploy three versions, activate, roll back, remove one.
+    deployed = wire.ok("deploy_model", {"name": "orient", "version": 1}, timeout=60)
+    assert deployed["activated"] is True
+    for version in (2, 3):
+        result = wire.ok("deploy_model", {"name": "orient", "version": version, "activate": False})
+        assert result["installed"] is True
+        assert result["activated"] is False
+    activate = wire.send("activate_model", {"name": "orient", "version": 2})
+    assert wire.final(activate, 60)["status"] == "ok"
+    assert wire.answers(activate)[0]["status"] == "accepted"
+    wire.event(lambda e: e["kind"] == "model_activated" and e["version"] == 2)
+    assert wire.ok("rollback_model", {"name": "orient"})["version"] == 1
+    wire.event(lambda e: e["kind"] == "model_rolled_back")
+    assert wire.ok("remove_model", {"name": "orient", "version": 3})["removed"] is True
+    installed = {(m["version"], m["current"]) for m in wire.ok("list_models")["installed"]}
+    assert installed == {(1, True), (2, False)}
+
+    # A pipeline on a live camera: start, results, swap, stop.
+    spec = {
+        "id": "gate",
+        "model": {"name": "orient"},
+        "source": {"type": "stream", "url": wire.stream},
+    }
+    assert wire.ok("start_pipeline", {"spec": spec}, timeout=60)["status"] == "running"
+    wire.wait(lambda leaf, d: leaf == "results/gate", what="a result")
+    listed = wire.ok("list_pipelines")["pipelines"]
+    assert [(p["id"], p["status"]) for p in listed] == [("gate", "running")]
+    swap = {"id": "gate", "model": {"name": "text-orientation"}}
+    assert wire.ok("swap_model", swap)["model"] == "text-orientation"
+    wire.wait(
+        lambda leaf, d: leaf == "results/gate" and d["model"] == "text-orientation",
+        what="a result from the swapped-in model",
+    )
+    assert wire.ok("stop_pipeline", {"id": "gate"})["status"] == "stopped"
+
+    # Telemetry interval by command: answered, and telemetry follows the new pace.
+    assert wire.ok("set_telemetry", {"interval_s": 2.0}) == {"interval_s": 2.0}
+    assert wire.ok("get_status")["telemetry_interval_s"] == 2.0
+
+    # Calibrate (INT8 on a folder), with progress; and one cancelled mid-way.
+    calibrate = wire.send("calibrate", {"model": "text-orientation", "data": str(wire.pages)})
+    done = wire.final(calibrate, timeout=120)
+    assert done["status"] == "ok", done
+    assert done["result"]["name"] == "text-orientation-int8"
+    assert any(a["status"] == "progress" for a in wire.answers(calibrate))
+    wire.event(lambda e: e["kind"] == "calibration_done")
+    doomed = wire.send("calibrate", {"model": "text-orientation", "data": str(wire.pages)})
+    wire.wait(lambda leaf, d: leaf == "resp" and d["id"] == doomed, what="calibrate accepted")
+    assert wire.ok("cancel", {"id": doomed}) == {"cancelled": doomed}
+    cancelled = wire.final(doomed, timeout=60)
+    assert cancelled["error"]["code"] == "command.cancelled"
+    assert wire.ok("ping")["pong"] is True
+
+
+def test_bad_commands_each_get_their_answer(wire: Wire) -> None:
+    assert wire.error("{not json")["code"] == "command.invalid"
+    assert wire.error("[1, 2]")["code"] == "command.invalid"
+    unknown = wire.error(json.dumps({"id": "u1", "type": "reboot", "args": {}, "sent_at": 0}), "u1")
+    assert (unknown["code"], unknown["field"]) == ("command.unknown", "type")
+    envelope = wire.error(json.dumps({"id": "e1", "type": "ping", "sent_at": "yesterday"}), "e1")
+    assert (envelope["code"], envelope["field"]) == ("command.invalid", "sent_at")
+    bad_type = wire.error(
+        json.dumps(
+            {"id": "t1", "type": "set_telemetry", "args": {"interval_s": "fast"}, "sent_at": 0}
+        ),
+        "t1",
+    )
+    assert (bad_type["code"], bad_type["field"]) == ("command.invalid", "args.interval_s")
+    missing = wire.error(
+        json.dumps({"id": "m1", "type": "deploy_model", "args": {}, "sent_at": 0}), "m1"
+    )
+    assert missing["field"] == "args.name"
+    expired = wire.error(
+        json.dumps(
+            {"id": "x1", "type": "ping", "sent_at": time.time() - 60, "expires_at": time.time() - 1}
+        ),
+        "x1",
+    )
+    assert expired["code"] == "command.expired"
+
+    # A duplicate runs once: the second delivery gets the stored answer, not a second run.
+    spec = {
+        "id": "dup",
+        "model": {"name": "text-orientation"},
+        "source": {"type": "stream", "url": wire.stream},
+    }
+    payload = json.dumps(
+        {"id": "d1", "type": "start_pipeline", "args": {"spec": spec}, "sent_at": time.time()}
+    ).encode()
+    assert wire.pub(payload).returncode == 0
+    first = wire.final("d1", 60)
+    assert wire.pub(payload).returncode == 0
+    wire.wait(lambda leaf, d: len([a for a in wire.answers("d1") if a["status"] == "ok"]) == 2)
+    second = [a for a in wire.answers("d1") if a["status"] == "ok"][1]
+    assert first == second
+    assert first["status"] == "ok"
+    assert wire.ok("stop_pipeline", {"id": "dup"})["status"] == "stopped"
+    assert wire.ok("ping")["pong"] is True
+
+
+def test_a_10mb_command_is_refused_by_size_and_the_agent_keeps_serving(wire: Wire) -> None:
+    head = json.dumps({"id": "huge-1", "type": "ping", "sent_at": time.time(), "args": {"pad": ""}})
+    payload = head[:-2].encode() + b"x" * BIG + b'"}}'
+    error = wire.error(payload, "huge-1")
+    assert error["code"] == "command.too_large"
+    assert wire.ok("ping")["pong"] is True
+    assert wire.ok("get_status")["reconnects"] == 0
+
+
+def test_a_10mb_command_the_broker_refuses_never_reaches_the_agent(tmp_path: Path) -> None:
+    # mosquitto's default 1 MB max_packet_size: the broker cuts the publisher off, so
+    # no answer can come; the agent must simply not notice, and go on serving.
+    (tmp_path / "mosquitto").mkdir()
+    with LocalBroker(folder=tmp_path / "mosquitto") as broker:
+        config = write_config(tmp_path / "agent.toml", port=broker.port, state=tmp_path / "s")
+        agent = InProcessAgent(config)
+        watcher = Watcher(broker.port, "dev-1")
+        try:
+            watcher.wait_state(lambda s: s["online"])
+            refused = subprocess.run(
+                [
+                    "mosquitto_pub",
+                    "-p",
+                    str(broker.port),
+                    "-q",
+                    "1",
+                    "-t",
+                    f"{PREFIX}/dev-1/cmd",
+                    "-s",
+                ],
+                input=b'{"id":"huge-2","type":"ping","sent_at":0,"args":{"pad":"'
+                + b"x" * BIG
+                + b'"}}',
+                capture_output=True,
+                timeout=30,
+                check=False,
+            )
+            assert refused.returncode != 0 or b"rror" in refused.stderr
+            assert watcher.ok("ping")["pong"] is True
+            assert watcher.answers("huge-2") == []
+            assert agent.service.session.reconnects == 0
+        finally:
+            watcher.close()
+            agent.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        (None, "does not exist"),
+        ("device_id = \n", "unreadable"),
+        ('device_id = "d"\n[mqtt]\nhost = "h"\nport = "x"\n', "mqtt.port"),
+        ('device_id = "d"\ntrusted_keys = ["/nonexistent.pem"]\n[mqtt]\nhost = "h"\n', "key"),
+    ],
+)
+def test_a_bad_config_is_one_error_line(tmp_path: Path, config: str | None, says: str) -> None:
+    path = tmp_path / "agent.toml"
+    if config is not None:
+        path.write_text(config)
+    done = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "EDGE_AGENT_STATE_DIR": str(tmp_path / "state")},
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("edge-agent: error:")
+    assert says in lines[0]

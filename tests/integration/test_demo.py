@@ -1,0 +1,131 @@
+"""`edge-agent demo` end to end, as `make demo` runs it, against the suite's mosquitto.
+
+The real command in its own process: a fleet signs and publishes person-ssdlite, the
+agent deploys it over MQTT and runs a pipeline on the walk video, and the demo ends by
+itself with a summary when the video ends, or on Ctrl-C with exit 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from edge_agent.comms.local_broker import LocalBroker
+
+TIMEOUT_S = 90.0
+
+
+def _command(broker: LocalBroker, frames: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "edge_agent",
+        "demo",
+        "--broker",
+        broker.url,
+        "--frames",
+        str(frames),
+    ]
+
+
+def _summary(stdout: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, stdout
+    summary: dict[str, Any] = json.loads(lines[0])["summary"]
+    return summary
+
+
+def test_demo_runs_to_the_end_of_the_video_and_summarises(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    env = {**os.environ, "EDGE_AGENT_STATE_DIR": str(tmp_path / "unused-state")}
+    done = subprocess.run(
+        _command(broker, 45),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = _summary(done.stdout)
+    assert summary["broker"] == "url"
+    assert summary["mqtt_version"] == "5"
+    assert summary["model"] == "person-ssdlite"
+    assert summary["model_version"] == 1
+    assert summary["interrupted"] is False
+    # results = all: one message per frame, every frame of the video, none lost.
+    assert summary["results"] == summary["video_frames"] == 45
+    assert summary["frames_with_person"] > 0
+    kinds = summary["event_kinds"]
+    assert kinds.get("model_activated") == 1
+    assert kinds.get("pipeline_started") == 1
+    assert kinds.get("pipeline_stopped") == 1
+    assert kinds.get("rule", 0) >= 1  # the person appeared
+    assert summary["fps"] > 0
+    # Where it ran is printed, from what the agent itself reports.
+    assert summary["device"], done.stderr[-3000:]
+    assert summary["precision"]
+    assert "start_pipeline walk: person-ssdlite on " in done.stderr
+    assert "edge-agent demo: summary" in done.stderr
+    # Results went to MQTT, not to the demo's stdout: stdout is the summary line alone.
+    assert done.stdout.count("\n") == 1
+
+
+def test_demo_on_the_embedded_broker_runs_on_mqtt_3_1_1() -> None:
+    """Where no mosquitto can be installed: amqtt in-process, every session on 3.1.1."""
+    command = [sys.executable, "-m", "edge_agent", "demo", "--embedded-broker", "--frames", "30"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = _summary(done.stdout)
+    assert (summary["broker"], summary["mqtt_version"]) == ("amqtt", "3.1.1")
+    assert summary["results"] == 30
+    assert summary["event_kinds"].get("pipeline_stopped") == 1
+    assert "amqtt speaks only 3.1.1" in done.stderr
+
+
+def test_ctrl_c_stops_the_demo_with_a_summary_and_exit_130(broker: LocalBroker) -> None:
+    # A long video, so the pipeline is still running when the signal comes.
+    child = subprocess.Popen(
+        _command(broker, 3000),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stderr: list[str] = []
+    running = threading.Event()
+
+    def read_stderr() -> None:
+        assert child.stderr is not None
+        for line in child.stderr:
+            stderr.append(line)
+            if "start_pipeline walk" in line:
+                running.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert running.wait(TIMEOUT_S), "".join(stderr)[-3000:]
+        time.sleep(1.0)
+        stopped_at = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        stdout, _ = child.communicate(timeout=30.0)
+        took = time.monotonic() - stopped_at
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    reader.join(5.0)
+    assert child.returncode == 130, "".join(stderr)[-3000:]
+    assert took < 15.0
+    summary = _summary(stdout)
+    assert summary["interrupted"] is True
+    assert 0 < summary["results"] < summary["video_frames"] == 3000
+    assert "Traceback" not in "".join(stderr)

@@ -1,0 +1,260 @@
+"""The VAD pipeline through the CLI, as a user runs it: real-time events, truncated files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from edge_agent.catalog.catalog import default_models_dir
+from edge_agent.heads.vad import VadConfig
+from edge_agent.infer import read_audio
+from edge_agent.pipelines.audio import AudioPipeline
+from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSource, open_audio_source
+from edge_agent.pipelines.base import AudioChunk, AudioSource, FrameResult, Sink
+from edge_agent.pipelines.events import EventRule, EventTracker
+from edge_agent.pipelines.sinks import CallbackSink
+from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
+from tests.conftest import CompileFn, espeak, write_wav
+
+RATE = 16000
+# vad-silero's head, as its manifest sets it.
+HEAD = VadConfig.model_validate(
+    tomllib.loads((default_models_dir() / "vad-silero.toml").read_text())["head"]
+)
+WINDOW_S = HEAD.window / RATE
+# How far an event may sit from the true edge: 100 ms plus the padding the head adds.
+TOLERANCE_S = 0.1 + HEAD.speech_pad_s
+
+
+def voiced(samples: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """The span of `samples` that carries voice, by 10 ms frame energy (espeak pads with quiet)."""
+    hop = RATE // 100
+    frames = samples[: len(samples) // hop * hop].reshape(-1, hop)
+    rms = np.sqrt(np.mean(frames**2, axis=1))
+    loud = np.flatnonzero(rms > 0.05 * rms.max())
+    return samples[loud[0] * hop : (loud[-1] + 1) * hop]
+
+
+@dataclass(frozen=True)
+class Clip:
+    path: Path
+    speech: list[tuple[float, float]]
+    """True (start, end) of each utterance, seconds."""
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> Clip:
+    """Silence, speech, silence, speech, silence; edges known to the sample."""
+    tmp = tmp_path_factory.mktemp("speech")
+    first = voiced(read_audio(espeak("turn on the lights in the dock", tmp / "a.wav"), RATE))
+    second = voiced(read_audio(espeak("close the north gate now", tmp / "b.wav"), RATE))
+    parts = [np.zeros(RATE, np.float32), first, np.zeros(3 * RATE // 2, np.float32), second]
+    parts.append(np.zeros(RATE, np.float32))
+    speech: list[tuple[float, float]] = []
+    at = 0
+    for k, part in enumerate(parts):
+        if k % 2:
+            speech.append((at / RATE, (at + len(part)) / RATE))
+        at += len(part)
+    path = tmp / "clip.wav"
+    write_wav(path, np.concatenate(parts), RATE)
+    return Clip(path, speech, at / RATE)
+
+
+def run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "run-pipeline", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc, [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_speech_events_come_as_speech_starts_and_ends(clip: Clip, tmp_path: Path) -> None:
+    spec = tmp_path / "vad.toml"
+    spec.write_text(
+        f"""
+id = "vad"
+sinks = []
+
+[model]
+name = "vad-silero"
+hint = "latency"
+
+[source]
+type = "wav"
+path = "{clip.path}"
+
+[[events]]
+name = "talk"
+label = "speech"
+gone_after_s = 0.0
+"""
+    )
+    proc, lines = run_cli(str(spec))
+    assert proc.returncode == 0, proc.stderr
+    # (kind, when it happened, when the line carrying it was written) in stream seconds.
+    seen = [(e["kind"], e["ts"], ln["ts"]) for ln in lines for e in ln.get("events", [])]
+    assert [kind for kind, _, _ in seen] == ["appeared", "gone", "appeared", "gone"], seen
+    for k, (start, end) in enumerate(clip.speech):
+        (_, began, said_began), (_, ended, said_ended) = seen[2 * k], seen[2 * k + 1]
+        assert abs(began - start) <= TOLERANCE_S, (began, start)
+        assert abs(ended - end) <= TOLERANCE_S, (ended, end)
+        # Real time: known within the hysteresis, not when the segment closes.
+        assert said_began <= start + HEAD.min_speech_s + 0.1 + WINDOW_S, (said_began, start)
+        assert said_began < end
+        assert said_ended <= end + HEAD.min_silence_s + 0.1 + WINDOW_S, (said_ended, end)
+    segments = [r for ln in lines for r in ln.get("results", []) if r["kind"] == "speech"]
+    assert len(segments) == 2
+    assert "summary" in lines[-1]
+
+
+def test_truncated_wav_ends_with_source_error(clip: Clip, tmp_path: Path) -> None:
+    data = clip.path.read_bytes()
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(data[: len(data) // 2])  # the header still declares the whole clip
+    proc, lines = run_cli("--model", "vad-silero", "--source", str(cut))
+    assert proc.returncode != 0
+    errors = [e for ln in lines for e in ln.get("events", []) if e["kind"] == "source_error"]
+    assert len(errors) == 1
+    assert "truncated" in errors[0]["detail"]
+    assert "summary" in lines[-1]
+    # Everything there was got processed before the error.
+    windows = lines[-1]["summary"]["frames"]
+    assert abs(windows * WINDOW_S - clip.seconds / 2) < 0.1
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("edge-agent: error:")]
+    assert len(said) == 1, proc.stderr
+    assert "truncated" in said[0]
+
+
+def pipeline(
+    compiled: CompileFn,
+    source: AudioSource,
+    fn: Callable[[FrameResult], None],
+    gone: float = 0.0,
+    pad: float = HEAD.speech_pad_s,
+) -> AudioPipeline:
+    model, resolved = compiled("vad-silero", hint="latency")
+    head = HEAD.model_copy(update={"speech_pad_s": pad})
+    manifest = resolved.manifest.model_copy(update={"head": head})
+    rules = [EventRule(name="talk", label="speech", gone_after_s=gone)]
+    sinks: list[Sink] = [CallbackSink(fn)]
+    telemetry = PipelineTelemetry("vad")
+    return AudioPipeline("vad", source, model, manifest, sinks, telemetry, EventTracker(rules))
+
+
+def test_end_of_stream_lets_a_departure_finish(clip: Clip, compiled: CompileFn) -> None:
+    pad = 0.05  # silence is then known only to `pad` before each window's end
+
+    def events(gone: float) -> list[tuple[str, float, int]]:
+        seen: list[FrameResult] = []
+        source = WavSource(clip.path, RATE, HEAD.window)
+        pipeline(compiled, source, seen.append, gone, pad).run()
+        return [(e.kind, e.ts, r.frame) for r in seen for e in r.events]
+
+    windows = math.ceil(clip.seconds * RATE / HEAD.window)
+    end_ts = windows * WINDOW_S
+    *_, (kind, ended, _) = events(gone=0.0)
+    assert kind == "gone"
+    # Absent for longer than the last window's mark shows, but not longer than the stream:
+    # only the end-of-stream flush can see it.
+    gone_after = end_ts - ended - pad / 2
+    *_, (kind, ts, frame) = events(gone=gone_after)
+    assert (kind, frame) == ("gone", -1)  # in the end-of-stream line, which has only events
+    assert ts == pytest.approx(end_ts)
+
+
+class StuckSource:
+    """Three windows of quiet, then a read that never returns and a close that hangs."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self._given = 0
+
+    def read(self) -> AudioChunk | None:
+        if self._given < 3:
+            self._given += 1
+            samples = np.zeros(HEAD.window, np.float32)
+            return AudioChunk(self._given - 1, (self._given - 1) * WINDOW_S, samples, 0.0)
+        self.released.wait(30)
+        return None
+
+    def close(self) -> None:
+        self.released.wait(30)
+
+
+def stop_after(audio: AudioPipeline, when: Callable[[], bool]) -> tuple[PipelineStats, float]:
+    """Run `audio`, stop it once `when()` holds, return its stats and how long stop took."""
+    box: list[PipelineStats] = []
+    worker = threading.Thread(target=lambda: box.append(audio.run()), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not when() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    start = time.monotonic()
+    audio.stop()
+    worker.join(5)
+    took = time.monotonic() - start
+    assert box, "run() did not return"
+    return box[0], took
+
+
+def test_stop_ends_run_whatever_the_source_and_sinks_do(compiled: CompileFn) -> None:
+    source = StuckSource()
+    calls: list[int] = []
+
+    def broken_sink(result: FrameResult) -> None:
+        calls.append(result.frame)
+        raise OSError(28, "No space left on device")
+
+    audio = pipeline(compiled, source, broken_sink)
+    try:
+        stats, took = stop_after(audio, lambda: len(calls) >= 3)
+    finally:
+        source.released.set()
+    assert took < 2.0
+    assert stats.frames == 3
+    assert audio.failures == len(calls) >= 3
+
+
+def test_stop_ends_run_while_the_microphone_sends_nothing(
+    compiled: CompileFn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No microphone here: an arecord that starts and then sends nothing, as a wedged device.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "arecord"
+    script.write_text(f"#!/bin/sh\necho $$ > {bin_dir}/pid\nexec sleep 60\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    source = open_audio_source(MicSourceSpec(stall_timeout_s=30), RATE, HEAD.window)
+    audio = pipeline(compiled, source, lambda _: None)
+    stats, took = stop_after(audio, (bin_dir / "pid").exists)
+    assert took < 2.0
+    assert stats.frames == 0
+    assert audio.error is None  # a stop is not a failure
+    pid = int((bin_dir / "pid").read_text())
+    deadline = time.monotonic() + 3
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists(), "arecord outlived the pipeline"

@@ -1,0 +1,127 @@
+"""The agent's sink: the results policy, and Frigate-shaped detection events from tracks."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_agent.agent.sink import UPDATE_EVERY_S, AgentSink, ResultsPolicy
+from edge_agent.heads.base import Classification, Detection, Result
+from edge_agent.pipelines.base import Event, FrameResult
+from edge_agent.protocol.agent import AgentEvent, DetectionEvent, EventMessage, ResultMessage
+
+FPS = 10.0
+T0 = 1_700_000_000.0
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.results: list[ResultMessage] = []
+        self.events: list[AgentEvent | DetectionEvent] = []
+        self.now = T0
+
+    def sink(self, policy: ResultsPolicy = "detections") -> AgentSink:
+        return AgentSink(
+            "dock", policy, lambda _p, r: self.results.append(r), self.events.append, self.clock
+        )
+
+    def clock(self) -> float:
+        return self.now
+
+    def detections(self) -> list[DetectionEvent]:
+        return [e for e in self.events if isinstance(e, DetectionEvent)]
+
+
+def person(x: float, score: float = 0.8) -> Detection:
+    return Detection(label="person", class_id=1, score=score, box=(x, 100, x + 80, 300))
+
+
+def frame(index: int, results: list[Result], events: list[Event] | None = None) -> FrameResult:
+    return FrameResult("dock", index, index / FPS, results, events or [], {}, "person-det")
+
+
+def feed(out: _Out, sink: AgentSink, frames: list[list[Result]]) -> None:
+    for index, results in enumerate(frames):
+        out.now = T0 + index / FPS
+        sink.emit(frame(index, results))
+
+
+@pytest.mark.parametrize(
+    ("policy", "published"),
+    [("all", [0, 1, 2, 3]), ("detections", [1, 2]), ("events", [])],
+)
+def test_results_policy_decides_which_frames_are_published(
+    policy: ResultsPolicy, published: list[int]
+) -> None:
+    out = _Out()
+    sink = out.sink(policy)
+    feed(out, sink, [[], [person(10)], [person(12)], []])
+    assert [r.frame for r in out.results] == published
+    # The policy limits results, never events: the object is reported whatever it is.
+    assert [e.type for e in out.detections()] == ["new"]
+
+
+def test_a_walker_gives_new_throttled_updates_and_end_in_frigate_shape() -> None:
+    out = _Out()
+    sink = out.sink("events")
+    seen = 40  # 4 s at 10 fps, walking right, score steady
+    feed(out, sink, [[person(10 + 5 * i)] for i in range(seen)] + [[] for _ in range(30)])
+    events = out.detections()
+    kinds = [e.type for e in events]
+    assert kinds[0] == "new" and kinds[-1] == "end"
+    assert kinds.count("new") == 1 and kinds.count("end") == 1
+    # One update per second of stream time while nothing changes, not one per frame.
+    assert kinds.count("update") == pytest.approx((seen - 1) / FPS / UPDATE_EVERY_S, abs=1)
+    assert len({e.id for e in events}) == 1
+    first, last = events[0], events[-1]
+    assert first.start_time == T0 and first.end_time is None
+    assert last.start_time == T0
+    assert last.end_time == pytest.approx(T0 + (seen - 1) / FPS)  # last seen, not noticed gone
+    assert last.box[0] == pytest.approx(10 + 5 * (seen - 1))
+    assert all(e.label == "person" and e.pipeline == "dock" for e in events)
+    # Every event goes on the wire in the documented envelope.
+    for event in events:
+        EventMessage(device_id="dev", event=event)
+
+
+def test_a_rising_score_is_reported_at_once_as_the_best_score() -> None:
+    out = _Out()
+    sink = out.sink()
+    feed(out, sink, [[person(10, 0.6)], [person(11, 0.9)], [person(12, 0.7)]])
+    events = out.detections()
+    assert [(e.type, e.score) for e in events] == [("new", 0.6), ("update", 0.9)]
+
+
+def test_close_ends_objects_still_in_view() -> None:
+    out = _Out()
+    sink = out.sink()
+    feed(out, sink, [[person(10), person(400)], [person(12), person(402)]])
+    sink.close()
+    ends = [e for e in out.detections() if e.type == "end"]
+    assert len(ends) == 2
+    assert all(e.end_time == T0 + 1 / FPS for e in ends)
+
+
+def test_a_classifier_makes_no_detection_events() -> None:
+    out = _Out()
+    sink = out.sink("all")
+    cls = Classification(label="0", class_id=0, score=0.9)
+    feed(out, sink, [[cls], [cls]])
+    sink.close()
+    assert out.detections() == []
+    assert [r.frame for r in out.results] == [0, 1]
+
+
+def test_pipeline_events_become_agent_events() -> None:
+    out = _Out()
+    sink = out.sink()
+    lost = Event(kind="source_error", ts=1.0, detail="camera gone")
+    swapped = Event(kind="model_swapped", ts=1.0, detail="person-ssdlite")
+    rule = Event(kind="appeared", rule="someone", label="person", ts=1.0)
+    sink.emit(FrameResult("dock", -1, 1.0, [], [lost, swapped, rule], {}, "m"))
+    agent = [e for e in out.events if isinstance(e, AgentEvent)]
+    assert [(e.kind, e.detail) for e in agent] == [
+        ("source_lost", "camera gone"),
+        ("model_swapped", "person-ssdlite"),
+        ("rule", "appeared: person (someone)"),
+    ]
+    assert out.results == []

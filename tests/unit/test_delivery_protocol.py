@@ -1,0 +1,177 @@
+"""Delivery without a broker: frames, bitmaps, topic matching, the paced broadcast, and a
+whole pull with loss over the in-memory FakeBroker (the fake that ships with comms)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge_agent.catalog.catalog import default_models_dir
+from edge_agent.catalog.manifest import load_manifest
+from edge_agent.comms.base import Message, topic_matches
+from edge_agent.comms.fake import FakeBroker
+from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
+from edge_agent.delivery.chunks import ChunkMap
+from edge_agent.delivery.partial import PartialTransfer
+from edge_agent.delivery.puller import Puller, PullerOptions
+from edge_agent.fleet.repo import Repo
+from edge_agent.fleet.server import FleetServer, owner
+from edge_agent.protocol.delivery import (
+    Ack,
+    BroadcastStatus,
+    Frame,
+    Join,
+    bitmap,
+    decode_bits,
+    decode_frame,
+    encode_bits,
+)
+from edge_agent.protocol.topics import Topics
+from edge_agent.store.release import SignedRelease, build_release, generate_key, sign
+
+CHUNK = 64 * 1024
+
+
+@given(st.binary(max_size=300), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+def test_frame_round_trip(data: bytes, index: int, seq: int) -> None:
+    frame = Frame("0123456789abcdef", index, data, seq=seq, repair=seq % 2 == 1)
+    assert decode_frame(frame.encode()) == frame
+
+
+def test_truncated_or_foreign_payload_is_not_a_frame() -> None:
+    encoded = Frame("0123456789abcdef", 3, b"abc").encode()
+    assert decode_frame(encoded[:-1]) is None
+    assert decode_frame(b'{"kind":"error"}') is None
+
+
+@given(st.sets(st.integers(0, 199)))
+def test_bitmap_round_trip(indices: set[int]) -> None:
+    bits = decode_bits(encode_bits(bitmap(200, sorted(indices))), 200)
+    assert bits is not None
+    assert {i for i in range(200) if bits[i >> 3] & (1 << (i & 7))} == indices
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "topic", "matches"),
+    [
+        ("a/+/c", "a/b/c", True),
+        ("a/#", "a", True),
+        ("a/#", "a/b/c", True),
+        ("a/+", "a/b/c", False),
+        ("$share/g/edge/v1/delivery/repair", "edge/v1/delivery/repair", True),
+        ("#", "$SYS/broker/bytes/sent", False),
+        ("$SYS/broker/bytes/sent", "$SYS/broker/bytes/sent", True),
+    ],
+)
+def test_topic_matches(topic_filter: str, topic: str, matches: bool) -> None:
+    assert topic_matches(topic_filter, topic) is matches
+
+
+def _release(tmp_path: Path, size: int, version: int = 1) -> tuple[SignedRelease, Path]:
+    folder = tmp_path / "src"
+    folder.mkdir(exist_ok=True)
+    (folder / "m.onnx").write_bytes(random.Random(size).randbytes(size))
+    manifest = load_manifest(default_models_dir() / "text-orientation.toml")
+    release = build_release(
+        name="m",
+        version=version,
+        folder=folder,
+        files=["m.onnx"],
+        model="m.onnx",
+        manifest=manifest,
+        chunk_size=CHUNK,
+    )
+    return sign(release, generate_key()), folder
+
+
+def test_window_paces_to_the_slowest_puller_and_drops_a_stalled_one(tmp_path: Path) -> None:
+    signed, _ = _release(tmp_path, 10 * CHUNK)
+    chunks = ChunkMap(signed.release)
+    sent: list[Frame] = []
+    statuses: list[BroadcastStatus] = []
+    cast = Broadcast(
+        chunks,
+        lambda i: b"x",
+        lambda p: sent.append(decode_frame(p)),  # type: ignore[arg-type]
+        statuses.append,
+        "s1",
+        BroadcastOptions(window=2, gather_s=0.0, stall_s=1.0),
+    )
+    everything = encode_bits(bitmap(10, range(10)))
+    for device in ("fast", "slow"):
+        cast.join(Join(device_id=device, release_id=chunks.id, chunks=10, missing=everything), 0)
+    cast.step(0.0)
+    assert len(sent) == 2  # the window, and no more until someone acks
+    cast.ack(Ack(device_id="fast", seq=2), 0.1)
+    cast.step(0.1)
+    assert len(sent) == 2  # "slow" has acked nothing: still held
+    cast.ack(Ack(device_id="slow", seq=1), 0.2)
+    cast.step(0.2)
+    assert len(sent) == 3
+    cast.ack(Ack(device_id="fast", seq=3), 0.3)
+    wait = cast.step(0.3)
+    assert wait is not None  # waiting for "slow" until it counts as stalled
+    cast.step(1.5)  # "slow" silent since 0.2: dropped; "fast" alone paces now
+    assert cast.stats.stalls == 1
+    for seq in range(4, 20):
+        cast.ack(Ack(device_id="fast", seq=seq), 1.6)
+        cast.step(1.6)
+    assert sorted(f.index for f in sent) == list(range(10))  # each chunk once
+    assert any("fast" in s.done for s in statuses)
+
+
+def test_pull_over_the_fake_broker_with_loss_repairs_everything(tmp_path: Path) -> None:
+    signed, folder = _release(tmp_path, 40 * CHUNK + 123)
+    broker = FakeBroker()
+    repo = Repo(tmp_path / "repo")
+    repo.add(signed, folder)
+    server = FleetServer(
+        broker.connect(), repo, instance="s1", options=BroadcastOptions(gather_s=0.0)
+    )
+    server.start()
+    device = broker.connect("3.1.1")  # 3.1.1: response topic and correlation in the payload
+    rng = random.Random(1)
+    real_subscribe = device.subscribe
+
+    def lossy_subscribe(topic_filter: str, handler, qos: int = 1):  # type: ignore[no-untyped-def]
+        def drop(message: Message) -> None:
+            if decode_frame(message.payload) is not None and rng.random() < 0.1:
+                return
+            handler(message)
+
+        return real_subscribe(topic_filter, drop, qos)
+
+    device.subscribe = lossy_subscribe  # type: ignore[method-assign]
+    now = [0.0]
+    partial = PartialTransfer(tmp_path / "pull", signed)
+    puller = Puller(
+        device,
+        Topics(),
+        "dev-1",
+        partial,
+        clock=lambda: now[0],
+        options=PullerOptions(idle_s=0.5, repair_timeout_s=0.5),
+    )
+    puller.start()
+    for _ in range(2000):
+        if puller.done.is_set():
+            break
+        now[0] += 0.05
+        server.step(now[0])
+        puller.tick(now[0])
+    assert puller.state == "complete"
+    assert puller.stats.repaired > 0  # the loss was repaired, per device
+    assert puller.stats.duplicates == 0
+    assert (partial.files_dir / "m.onnx").stat().st_size == 40 * CHUNK + 123
+    assert (partial.files_dir / "m.onnx").read_bytes() == (folder / "m.onnx").read_bytes()
+
+
+def test_rendezvous_owner_is_stable_and_spreads() -> None:
+    servers = {"a", "b", "c"}
+    owners = {owner(servers, f"{i:016x}") for i in range(30)}
+    assert owners == servers
+    assert owner(servers, "00000000000000ff") == owner({"c", "b", "a"}, "00000000000000ff")

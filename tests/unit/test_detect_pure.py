@@ -1,0 +1,85 @@
+"""The pure parts of the `[detect]` wiring: results mapped back, zone rules, calls per frame."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from edge_agent.heads.base import Classification, Detection, TextBox
+from edge_agent.pipelines.events import EventRule, EventTracker
+from edge_agent.pipelines.sources import FileSourceSpec
+from edge_agent.pipelines.spec import DetectSpec, ModelRef, PipelineSpec
+from edge_agent.telemetry.stats import PipelineTelemetry
+from edge_agent.vision.geometry import Geometry
+from edge_agent.vision.mapping import to_frame
+from edge_agent.vision.zones import Scene, Zone
+
+PERSON = Detection(
+    label="person", class_id=1, score=0.9, box=(100, 50, 200, 250), keypoints=((150, 100),)
+)
+
+
+def test_results_map_back_through_a_letterbox() -> None:
+    # 1280x720 into 320x320: scale 0.25, the picture 320x180 at rows 70-250.
+    g = Geometry.fit((1280, 720), (320, 320), "letterbox")
+    text = TextBox(score=0.8, polygon=((0, 70), (320, 70), (320, 250), (0, 250)))
+    top = Classification(label="x", class_id=0, score=0.5)
+    person, box, label = to_frame([PERSON, text, top], g)
+    assert isinstance(person, Detection)
+    # The box reached 20 model px into the top padding: it ends at the picture's edge.
+    assert person.box == pytest.approx((400, 0, 800, 720))
+    assert person.keypoints[0] == pytest.approx((600, 120))
+    assert isinstance(box, TextBox)
+    assert [pytest.approx(p) for p in box.polygon] == [(0, 0), (1280, 0), (1280, 720), (0, 720)]
+    assert label == top
+
+
+def test_a_box_wholly_in_the_padding_is_dropped() -> None:
+    g = Geometry.fit((1280, 720), (320, 320), "letterbox")
+    ghost = PERSON.model_copy(update={"box": (10, 5, 50, 60)})
+    assert to_frame([ghost], g) == []
+
+
+def spec(**update: object) -> PipelineSpec:
+    return PipelineSpec(
+        id="cam", model=ModelRef(name="person-ssdlite"), source=FileSourceSpec(path=Path("x"))
+    ).model_copy(update=update)
+
+
+def test_a_rule_naming_an_unknown_zone_is_refused() -> None:
+    rule = EventRule(name="r", label="person", zone="door")
+    with pytest.raises(ValidationError, match="names zone 'door'; the zones are: none"):
+        PipelineSpec.model_validate(spec(events=[rule]).model_dump())
+    door = Zone(name="door", points=((0, 0), (1, 0), (1, 1)), units="fraction")
+    with pytest.raises(ValidationError, match="zone names must be unique"):
+        PipelineSpec.model_validate(spec(zones=[door, door]).model_dump())
+    ok = PipelineSpec.model_validate(spec(zones=[door], events=[rule]).model_dump())
+    assert ok.events[0].zone == "door"
+    assert ok.detect == DetectSpec()
+
+
+def test_a_zone_rule_sees_only_the_detections_with_feet_in_its_zone() -> None:
+    floor = Zone(name="floor", points=((0, 200), (400, 200), (400, 300), (0, 300)))
+    scene = Scene((400, 300), [floor])
+    tracker = EventTracker([EventRule(name="floor", label="person", zone="floor")])
+    # Box spans the zone's top edge, feet (y=190) above it: not in the zone.
+    high = PERSON.model_copy(update={"box": (100, 100, 200, 190)})
+    assert tracker.update(0.0, [high], {"floor": scene.in_zone([high], "floor")}) == []
+    low = PERSON.model_copy(update={"box": (100, 150, 200, 250)})
+    [event] = tracker.update(0.1, [low], {"floor": scene.in_zone([low], "floor")})
+    assert (event.kind, event.rule) == ("appeared", "floor")
+
+
+def test_calls_per_frame_is_the_mean_over_the_run_and_the_interval() -> None:
+    now = [0.0]
+    telemetry = PipelineTelemetry("cam", clock=lambda: now[0])
+    telemetry.mode = "regions"
+    for calls in (15, 0, 0, 1):
+        telemetry.frame_done(calls)
+    first = telemetry.interval()
+    assert (first.mode, first.calls_per_frame) == ("regions", 4.0)
+    telemetry.frame_done(2)
+    assert telemetry.interval().calls_per_frame == 2.0
+    assert telemetry.snapshot().calls_per_frame == pytest.approx(18 / 5)

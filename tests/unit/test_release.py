@@ -1,0 +1,208 @@
+"""Signed releases: canonical bytes, Ed25519, freeze and rollback guards, path safety."""
+
+from __future__ import annotations
+
+import json
+import logging
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from edge_agent.catalog.catalog import default_models_dir
+from edge_agent.catalog.manifest import Manifest, load_manifest
+from edge_agent.errors import EdgeAgentError
+from edge_agent.store.release import (
+    MAX_CHUNK,
+    MIN_CHUNK,
+    Release,
+    SignedRelease,
+    build_release,
+    canonical_bytes,
+    chunk_count,
+    generate_key,
+    key_id,
+    load_private_key,
+    load_public_key,
+    parse_signed_release,
+    save_private_key,
+    save_public_key,
+    sign,
+    verify,
+)
+
+NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def manifest() -> Manifest:
+    return load_manifest(default_models_dir() / "text-orientation.toml")
+
+
+@pytest.fixture
+def release(tmp_path: Path, manifest: Manifest) -> Release:
+    # 200 KiB + 1 byte: three full chunks of 64 KiB and a 1-byte tail.
+    (tmp_path / "model.onnx").write_bytes(bytes(range(256)) * 800 + b"!")
+    return build_release(
+        name="orient",
+        version=3,
+        folder=tmp_path,
+        files=["model.onnx"],
+        model="model.onnx",
+        manifest=manifest,
+        chunk_size=MIN_CHUNK,
+        now=NOW,
+    )
+
+
+def _tampered(release: Release, key: object, **changes: object) -> SignedRelease:
+    signed = sign(release, key)  # type: ignore[arg-type]
+    data = {**signed.release.model_dump(), **changes}
+    return SignedRelease(release=Release.model_validate(data), signature=signed.signature)
+
+
+def _code(call: object) -> str:
+    with pytest.raises(EdgeAgentError) as info:
+        call()  # type: ignore[operator]
+    return info.value.code
+
+
+def test_build_hashes_every_chunk_and_renames_the_manifest(release: Release) -> None:
+    entry = release.files[0]
+    assert entry.size == 256 * 800 + 1
+    assert len(entry.chunks) == chunk_count(entry.size, MIN_CHUNK) == 4
+    assert len(set(entry.chunks)) == 2  # three identical full chunks, one tail
+    assert release.manifest.name == "orient"
+    assert release.manifest.source is None
+    assert release.expires_at - release.created_at == timedelta(days=30)
+
+
+def test_signed_release_round_trips_through_json_and_verifies(release: Release) -> None:
+    key = generate_key()
+    signed = sign(release, key)
+    assert signed.release.key_id == key_id(key.public_key())
+    again = parse_signed_release(signed.to_json())
+    assert canonical_bytes(again.release) == canonical_bytes(signed.release)
+    assert verify(again, [key.public_key()], NOW, installed_version=2) == signed.release
+
+
+def test_canonical_bytes_are_sorted_compact_json(release: Release) -> None:
+    raw = canonical_bytes(release)
+    assert b" " not in raw.split(b'"description"')[0]
+    assert list(json.loads(raw)) == sorted(json.loads(raw))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"version": 4}, {"expires_at": NOW + timedelta(days=3650)}, {"latency_budget_ms": 1e9}],
+    ids=["version", "expiry", "budget"],
+)
+def test_any_change_after_signing_breaks_the_signature(
+    release: Release, changes: dict[str, object]
+) -> None:
+    key = generate_key()
+    signed = _tampered(release, key, **changes)
+    assert _code(lambda: verify(signed, [key.public_key()], NOW, None)) == "release.signature"
+
+
+def test_unsigned_unknown_key_and_garbage_signature_are_refused(release: Release) -> None:
+    fleet, other = generate_key(), generate_key()
+    trusted = [fleet.public_key()]
+    unsigned = SignedRelease(release=release)
+    assert _code(lambda: verify(unsigned, trusted, NOW, None)) == "release.signature"
+    by_other = sign(release, other)
+    assert _code(lambda: verify(by_other, trusted, NOW, None)) == "release.signature"
+    garbage = SignedRelease(release=sign(release, fleet).release, signature="not base64!")
+    assert _code(lambda: verify(garbage, trusted, NOW, None)) == "release.signature"
+
+
+def test_expired_release_is_refused_freeze_attack(release: Release) -> None:
+    key = generate_key()
+    signed = sign(release, key)
+    later = release.expires_at + timedelta(seconds=1)
+    assert _code(lambda: verify(signed, [key.public_key()], later, None)) == "release.expired"
+
+
+@pytest.mark.parametrize("installed", [3, 7])
+def test_same_or_older_version_is_refused_rollback_attack(release: Release, installed: int) -> None:
+    key = generate_key()
+    signed = sign(release, key)
+    code = _code(lambda: verify(signed, [key.public_key()], NOW, installed))
+    assert code == "release.rollback"
+
+
+def test_no_trusted_keys_runs_unverified_and_says_so(
+    release: Release, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert verify(SignedRelease(release=release), [], NOW, None).version == 3
+    assert "release_unverified" in caplog.text
+    # The freeze and rollback guards still hold without keys.
+    late = NOW + timedelta(days=31)
+    assert (
+        _code(lambda: verify(SignedRelease(release=release), [], late, None)) == "release.expired"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("name", "../evil"),
+        ("name", "a/b"),
+        ("name", ".."),
+        ("path", "../model.onnx"),
+        ("path", "/etc/passwd"),
+        ("path", "sub/../../x"),
+        ("path", "a\\..\\b"),
+        ("path", ""),
+    ],
+)
+def test_names_and_paths_that_escape_are_refused(release: Release, field: str, value: str) -> None:
+    key = generate_key()
+    if field == "name":
+        changed = release.model_copy(update={"name": value})
+    else:
+        entry = release.files[0].model_copy(update={"path": value})
+        changed = release.model_copy(update={"files": [entry], "model": value})
+    signed = sign(changed, key)
+    assert _code(lambda: verify(signed, [key.public_key()], NOW, None)) == "store.path"
+
+
+def test_inconsistent_releases_are_invalid(release: Release) -> None:
+    key = generate_key()
+    trusted = [key.public_key()]
+    missing_model = sign(release.model_copy(update={"model": "other.onnx"}), key)
+    assert _code(lambda: verify(missing_model, trusted, NOW, None)) == "release.invalid"
+    entry = release.files[0].model_copy(update={"chunks": release.files[0].chunks[:-1]})
+    short = sign(release.model_copy(update={"files": [entry]}), key)
+    assert _code(lambda: verify(short, trusted, NOW, None)) == "release.invalid"
+
+
+@pytest.mark.parametrize("chunk", [MIN_CHUNK - 1, MAX_CHUNK + 1])
+def test_chunk_size_outside_64_to_128_kib_does_not_parse(release: Release, chunk: int) -> None:
+    data = SignedRelease(release=release).model_dump(mode="json")
+    data["release"]["chunk_size"] = chunk
+    assert _code(lambda: parse_signed_release(json.dumps(data))) == "release.invalid"
+
+
+def test_unknown_fields_do_not_parse(release: Release) -> None:
+    data = SignedRelease(release=release).model_dump(mode="json")
+    data["release"]["trust_me"] = True
+    assert _code(lambda: parse_signed_release(json.dumps(data))) == "release.invalid"
+
+
+def test_keys_round_trip_and_the_private_key_is_owner_only(tmp_path: Path) -> None:
+    key = generate_key()
+    private, public = tmp_path / "k" / "fleet.pem", tmp_path / "k" / "fleet.pub"
+    private.parent.mkdir()
+    private.write_text("old contents, world-readable")
+    private.chmod(0o644)
+    save_private_key(key, private)
+    save_public_key(key.public_key(), public)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert key_id(load_private_key(private).public_key()) == key_id(load_public_key(public))
+    assert len(key_id(key.public_key())) == 16
+    assert _code(lambda: load_public_key(private)) == "input.invalid"
+    assert _code(lambda: load_private_key(public)) == "input.invalid"
+    assert _code(lambda: load_public_key(tmp_path / "absent.pub")) == "input.not_found"

@@ -1,0 +1,292 @@
+"""How many 640x480 15 FPS camera streams this box runs person-ssdlite on, and how close that is
+to the limit.
+
+A stream "fits" when, over `--seconds` (default 60), none of N streams drops a frame and
+every stream's p95 end-to-end latency (from a frame's due time to its result) is under
+100 ms. The streams are realtime, looping file sources (`realtime = true, loop = true`): a
+640x480 15 fps MJPG clip of edge_agent/clips.py played as a camera sends it, so the
+question is asked the same way on every run. In one run it measures:
+
+1. in one process (`PipelineGroup`, one shared compiled model): the largest N that fits,
+   found by doubling N and then bisecting between the last N that fit and the first that
+   did not;
+2. N separate `edge-agent run-pipeline SPEC --json` processes at that N (what a user tries
+   first), each compiling its own model and running its own engine threads, stopped with
+   SIGINT after the same time;
+3. the theoretical limit: OpenVINO's `benchmark_app -hint throughput` FPS on the model file,
+   fed frames of the same clip (the SSD's NMS runs in the graph, so random data runs at
+   another speed), over 15.
+
+Every figure is printed with the 1-minute load average when it was taken and the CPU flags.
+Run it on a quiet machine; the figures mean little while anything else runs.
+
+    python tools/bench_capacity.py                       # the full run, several minutes
+    python tools/bench_capacity.py --seconds 3 --max-n 2 # a smoke run, seconds
+
+Exit status: 0 when every figure was measured, 2 when a measurement failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+from benchlib import (
+    BIN,
+    MeasureError,
+    benchmark_app,
+    consoles,
+    cpu_flags,
+    describe,
+    finish,
+    flags_text,
+    load_1m,
+    print_machine,
+    quiet_home,
+)
+from pipeline_refs import write_frames
+from rich.table import Table
+
+from edge_agent.catalog.catalog import Catalog, default_models_dir
+from edge_agent.clips import compose, walk_positions
+from edge_agent.pipelines.multi import PipelineGroup
+from edge_agent.pipelines.sources import FileSourceSpec, RealtimeFileSource
+from edge_agent.pipelines.spec import ModelRef, PipelineSpec
+from edge_agent.runtime.pool import ModelPool
+
+MODEL = "person-ssdlite"
+FPS = 15.0
+P95_LIMIT_MS = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """N streams for a while: did they fit, and the figures that say why."""
+
+    mode: str
+    streams: int
+    fits: bool
+    fps: float
+    """Frames per second over all streams."""
+    dropped: int
+    played: int
+    p95_ms: float
+    """The worst stream's p95 end-to-end latency."""
+    load: float
+
+    def row(self) -> list[str]:
+        share = f"{self.dropped / self.played:.1%}" if self.played else "-"
+        return [
+            self.mode,
+            str(self.streams),
+            "yes" if self.fits else "no",
+            f"{self.fps:.1f}",
+            f"{self.dropped} ({share})",
+            f"{self.p95_ms:.1f}",
+            f"{self.load:.2f}",
+        ]
+
+
+def write_clip(path: Path, seconds: float = 8.0) -> Path:
+    """A 640x480 15 fps MJPG clip of the walk, `seconds` long (looped by the sources)."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), FPS, (640, 480))
+    if not writer.isOpened():
+        raise MeasureError(f"OpenCV cannot write MJPG video to {path}")
+    frames = int(seconds * FPS)
+    walk = walk_positions(10, 40)
+    for i in range(frames):
+        writer.write(compose(walk[i % len(walk)]))
+    writer.release()
+    return path
+
+
+def stream_spec(index: int, clip: Path) -> PipelineSpec:
+    return PipelineSpec(
+        id=f"cam{index}",
+        model=ModelRef(name=MODEL),
+        source=FileSourceSpec(path=clip, realtime=True, loop=True),
+        sinks=[],
+    )
+
+
+def judge(mode: str, rows: list[tuple[float, int, int, float]], load: float) -> Trial:
+    """rows: per stream (fps, dropped, played, p95 end-to-end ms)."""
+    dropped = sum(r[1] for r in rows)
+    worst = max(r[3] for r in rows)
+    return Trial(
+        mode=mode,
+        streams=len(rows),
+        fits=dropped == 0 and worst < P95_LIMIT_MS,
+        fps=sum(r[0] for r in rows),
+        dropped=dropped,
+        played=sum(r[2] for r in rows),
+        p95_ms=worst,
+        load=load,
+    )
+
+
+def in_process(streams: int, clip: Path, pool: ModelPool, seconds: float) -> Trial:
+    group = PipelineGroup([stream_spec(i, clip) for i in range(streams)], pool)
+    try:
+        timer = threading.Timer(seconds, group.stop)
+        timer.start()
+        outcomes = group.run()
+        timer.cancel()
+        sources = [h.pipeline.source for h in group.handles]
+    finally:
+        group.close()
+    rows = []
+    for outcome, source in zip(outcomes, sources, strict=True):
+        if outcome.error is not None:
+            raise MeasureError(f"a stream failed: {outcome.error}")
+        played = source.played if isinstance(source, RealtimeFileSource) else 0
+        e2e = outcome.stats.stages["end_to_end"]
+        rows.append((outcome.stats.fps, outcome.stats.dropped, played, e2e.p95_ms))
+    return judge("one process", rows, load_1m())
+
+
+def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
+    """`streams` separate run-pipeline processes, started together, stopped by SIGINT."""
+    procs = []
+    outputs = []
+    for i in range(streams):
+        spec = folder / f"cam{i}.json"
+        spec.write_text(stream_spec(i, clip).model_dump_json())
+        out = (folder / f"cam{i}.out").open("w+")
+        outputs.append(out)
+        procs.append(
+            subprocess.Popen(
+                [str(BIN / "edge-agent"), "run-pipeline", str(spec), "--json"],
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+                env=dict(os.environ, EDGE_AGENT_STATE_DIR=str(folder / "state")),
+            )
+        )
+    try:
+        # Each starts playing at its first frame, so compile time does not count as drops.
+        time.sleep(seconds + 5.0)
+        load = load_1m()
+        for proc in procs:
+            proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            proc.wait(timeout=30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    rows = []
+    for out in outputs:
+        out.seek(0)
+        lines = [json.loads(line) for line in out if '"summary"' in line]
+        out.close()
+        if not lines:
+            raise MeasureError("a run-pipeline process printed no summary")
+        summary, source = lines[-1]["summary"], lines[-1]["source"]
+        e2e = summary["stages"]["end_to_end"]["p95_ms"]
+        rows.append((summary["fps"], summary["dropped"], source.get("played", 0), e2e))
+    return judge("separate processes", rows, load)
+
+
+def largest_fit(
+    clip: Path, pool: ModelPool, seconds: float, max_n: int, say: Any
+) -> tuple[int, list[Trial]]:
+    """Double N until it no longer fits, then bisect; the largest N that fit (0 if none)."""
+    trials: list[Trial] = []
+
+    def fits(n: int) -> bool:
+        trial = in_process(n, clip, pool, seconds)
+        trials.append(trial)
+        say(f"  {n} streams in one process: {'fits' if trial.fits else 'does not fit'}")
+        return trial.fits
+
+    good, bad = 0, max_n + 1
+    n = 1
+    while n <= max_n:
+        if not fits(n):
+            bad = n
+            break
+        good, n = n, n * 2
+    if bad > max_n and good < max_n:
+        bad = max_n + 1 if fits(max_n) else max_n
+        good = max_n if bad > max_n else good
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if fits(middle):
+            good = middle
+        else:
+            bad = middle
+    return good, trials
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="run time of each trial")
+    parser.add_argument("--max-n", type=int, default=48, help="most streams to try")
+    parser.add_argument("--no-processes", action="store_true", help="skip separate processes")
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    args = parser.parse_args()
+    out, err = consoles(120)
+
+    def say(text: str) -> None:
+        err.print(text)
+
+    report = print_machine(out, {"opencv": cv2.__version__})
+    cache = Path(os.environ.get("EDGE_AGENT_CACHE", ".cache/edge-agent"))
+    pool = ModelPool(Catalog(default_models_dir(), cache))
+    table = Table(title=f"{MODEL}, 640x480 streams at {FPS:g} FPS, {args.seconds:g} s each")
+    for column in ("mode", "streams", "fits", "FPS", "dropped", "worst p95 ms", "load 1m"):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            clip = write_clip(folder / "stream.avi")
+            say("benchmark_app -hint throughput")
+            app_s = int(min(15.0, max(3.0, args.seconds)))
+            frames = folder / "frames"
+            frames.mkdir()
+            write_frames(clip, frames)
+            home = quiet_home(folder)
+            limit_run = benchmark_app(describe(MODEL), app_s, None, home, inputs=frames)
+            limit_load = load_1m()
+            say("searching the largest N in one process")
+            best, trials = largest_fit(clip, pool, args.seconds, args.max_n, say)
+            if best and not args.no_processes:
+                say(f"{best} separate processes")
+                trials.append(processes(best, clip, args.seconds, folder))
+    except MeasureError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        return 2
+    for trial in trials:
+        table.add_row(*trial.row())
+    limit = limit_run.fps / FPS
+    table.caption = (
+        f"{flags_text(cpu_flags())}\n"
+        f"theoretical limit: benchmark_app {limit_run.fps:.1f} FPS ({limit_run.precision}) "
+        f"/ {FPS:g} = {limit:.1f} streams (load {limit_load:.2f}); "
+        f"one process fits {best} = {best / limit:.2f}x of it"
+    )
+    out.print(table)
+    report.update(
+        streams=best,
+        theoretical_streams=limit,
+        benchmark_app_fps=limit_run.fps,
+        trials=[asdict(t) for t in trials],
+    )
+    finish(out, report, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
