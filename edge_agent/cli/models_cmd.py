@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edge_agent.cli import pull_cmd
 from edge_agent.cli.common import catalog, layout
 from edge_agent.errors import EdgeAgentError
 
@@ -78,7 +79,7 @@ def register(commands: Any) -> None:
     remove.set_defaults(run=run_remove)
     verify = verbs.add_parser("verify", help="re-hash the store; non-zero exit if anything is off")
     verify.set_defaults(run=run_verify)
-    __import__("edge_agent.cli.pull_cmd", fromlist=["register"]).register(verbs)
+    pull_cmd.register(verbs)  # `models pull`: delivery over MQTT (helper G)
 
 
 def _add_trust_args(parser: argparse.ArgumentParser) -> None:

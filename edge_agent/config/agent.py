@@ -86,6 +86,105 @@ class MqttConfig(BaseModel):
     reconnect_max_s: float = Field(default=60.0, gt=0, description="Longest reconnect delay.")
 
 
+class HomeAssistantConfig(BaseModel):
+    """Home Assistant MQTT discovery: entities appear in HA by themselves."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=False, description="Publish discovery configs and occupancy.")
+    prefix: str = Field(
+        default="homeassistant", description="HA's discovery prefix (its MQTT settings)."
+    )
+    node_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="Discovery node id; default: the device id with other characters as '_'.",
+    )
+    labels: list[str] = Field(
+        default_factory=lambda: ["person"],
+        description="Labels that get an occupancy binary_sensor on every pipeline, besides "
+        "the labels its event rules watch.",
+    )
+    min_score: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="Results scoring below this do not occupy."
+    )
+    off_delay_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        le=3600.0,
+        description="Seconds without the label in results before occupancy turns OFF.",
+    )
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value or any(c in value for c in "#+\0") or value.startswith("/"):
+            raise ValueError("a topic prefix has no wildcards and does not start with '/'")
+        return value.rstrip("/")
+
+
+class PrometheusConfig(BaseModel):
+    """Prometheus metrics: a node_exporter textfile, a localhost /metrics endpoint, or both."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    textfile: Path | None = Field(
+        default=None,
+        description="File for node_exporter's textfile collector (ends in .prom), rewritten "
+        "atomically every telemetry interval.",
+    )
+    listen: str | None = Field(
+        default=None,
+        description="HOST:PORT for an HTTP /metrics endpoint; a bare PORT binds 127.0.0.1.",
+    )
+
+    @field_validator("textfile")
+    @classmethod
+    def _prom(cls, value: Path | None) -> Path | None:
+        if value is not None and value.suffix != ".prom":
+            raise ValueError("node_exporter only reads files ending in .prom")
+        return value
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            listen_address(value)
+        return value
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """(host, port) to serve /metrics on, or None."""
+        return None if self.listen is None else listen_address(self.listen)
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """`127.0.0.1:9108`, `[::1]:9108` or `9108` (loopback) as (host, port)."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT with a port in 1..65535")
+    return host, int(port)
+
+
+class IntegrationsConfig(BaseModel):
+    """Integrations users already know; every one is off until asked for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    homeassistant: HomeAssistantConfig = Field(
+        default_factory=HomeAssistantConfig, description="Home Assistant MQTT discovery."
+    )
+    prometheus: PrometheusConfig = Field(
+        default_factory=PrometheusConfig, description="Prometheus metrics."
+    )
+    journald: bool | Literal["auto"] = Field(
+        default=False,
+        description="Log to the journal with structured fields (PIPELINE=, MODEL=, "
+        "COMMAND_ID=); auto: when run by systemd.",
+    )
+
+
 class AgentConfig(BaseModel):
     """The whole agent config file."""
 
@@ -121,6 +220,10 @@ class AgentConfig(BaseModel):
         default=256 * 1024, ge=1024, description="Larger command payloads are refused."
     )
     mqtt: MqttConfig = Field(description="The broker.")
+    integrations: IntegrationsConfig = Field(
+        default_factory=IntegrationsConfig,
+        description="Home Assistant, Prometheus and journald; all off by default.",
+    )
 
     @field_validator("device_id", "group")
     @classmethod

@@ -145,6 +145,9 @@ COMMAND_ARGS: dict[str, type[BaseModel]] = {
 LONG_COMMANDS = frozenset({"deploy_model", "calibrate", "activate_model"})
 """Commands answered accepted -> progress* -> ok|error, and cancellable."""
 
+MAX_QUEUED_JOBS = 16
+"""Long commands waiting behind the running one; past it they are refused command.busy."""
+
 
 # --- device -> fleet ------------------------------------------------------------------------
 class ErrorBody(_Strict):
@@ -178,7 +181,9 @@ class ModelState(_Strict):
     """A model the agent has loaded or installed."""
 
     name: str = Field(description="Model name.")
-    version: int | None = Field(description="Store version; None for a reference model.")
+    version: int | None = Field(
+        default=None, description="Store version; None (or absent) for a reference model."
+    )
     digest: str = Field(description="sha256 of the model file.")
     device: str | None = Field(default=None, description="Device it runs on, if loaded.")
     precision: str | None = Field(default=None, description="Precision it runs at, if loaded.")
@@ -239,10 +244,13 @@ class PipelineTelemetry(_Strict):
 
 
 class ModelTelemetry(_Strict):
-    """One loaded model: where it runs is in `state`; numbers here."""
+    """One loaded model: where it runs, at what precision, and how fast."""
 
+    device: str = Field(description="Device(s) executing it, as the engine reports them.")
+    precision: str = Field(description="Inference precision really used, e.g. f32, bf16, int8.")
     infer_p50_ms: float = Field(description="Median inference latency over the interval.")
     infer_p95_ms: float = Field(description="95th percentile inference latency.")
+    infer_p99_ms: float = Field(description="99th percentile inference latency.")
     inferences: int = Field(ge=0, description="Inferences in the interval.")
 
 
@@ -299,6 +307,7 @@ class AgentEvent(_Strict):
         "pipeline_started",
         "pipeline_failed",
         "pipeline_stopped",
+        "model_swapped",
         "source_lost",
         "calibration_done",
         "rule",

@@ -1,0 +1,179 @@
+"""A private mosquitto on a free loopback port: for tests, benchmarks and the demo.
+
+The broker gets its own config file in a temporary folder (no persistence, a
+packet size cap, $SYS every second so its byte counters can be read), and can
+be stopped, killed and started again on the same port, which is how the outage
+tests take the broker away under a running transfer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from edge_agent.errors import EdgeAgentError
+
+MOSQUITTO_CANDIDATES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
+
+
+def find_mosquitto() -> str | None:
+    """The mosquitto binary, from PATH or its usual sbin homes; None if not installed."""
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    return next((p for p in MOSQUITTO_CANDIDATES if Path(p).is_file()), None)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class LocalBroker:
+    """One mosquitto process, restartable on the same port.
+
+    Use as a context manager, or call `start()` and `close()`.
+    """
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        host: str = "127.0.0.1",
+        max_packet_bytes: int = 1024 * 1024,
+        extra_config: str = "",
+        folder: Path | None = None,
+    ) -> None:
+        exe = find_mosquitto()
+        if exe is None:
+            raise EdgeAgentError(
+                "mosquitto is not installed",
+                "install it (apt-get install mosquitto) or pass --broker URL",
+                code="broker.unreachable",
+            )
+        self.exe = exe
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self._own_folder = folder is None
+        self.folder = folder if folder is not None else Path(tempfile.mkdtemp(prefix="mosq-"))
+        self.config = self.folder / "mosquitto.conf"
+        self.log = self.folder / "mosquitto.log"
+        self.config.write_text(
+            f"listener {self.port} {host}\n"
+            "allow_anonymous true\n"
+            "persistence false\n"
+            f"max_packet_size {max_packet_bytes}\n"
+            "sys_interval 1\n"
+            "set_tcp_nodelay true\n"
+            f"log_dest file {self.log}\n"
+            "log_type error\nlog_type warning\nlog_type notice\n" + extra_config,
+            encoding="utf-8",
+        )
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start mosquitto and wait until it accepts connections.
+
+        Raises:
+            EdgeAgentError: broker.unreachable if it exits or does not listen in time.
+        """
+        if self.running:
+            return
+        self._proc = subprocess.Popen(
+            [self.exe, "-c", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                break
+            with contextlib.suppress(OSError):
+                socket.create_connection((self.host, self.port), 0.2).close()
+                return
+            time.sleep(0.02)
+        log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+        self.stop()
+        raise EdgeAgentError(
+            f"mosquitto did not start on {self.host}:{self.port}: {log.strip() or 'no log'}",
+            "check the port is free and mosquitto runs by hand",
+            code="broker.unreachable",
+        )
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop it gracefully (SIGTERM), then SIGKILL if it does not go in time."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+    def kill(self) -> None:
+        """Take the broker away the hard way: clients see a dropped TCP connection."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(5.0)
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """Kill, stay down for `down_for` seconds, and start again on the same port."""
+        self.kill()
+        time.sleep(down_for)
+        self.start()
+
+    def rss_bytes(self) -> int:
+        """The broker's resident memory now (Linux /proc), 0 if not running."""
+        if self._proc is None:
+            return 0
+        try:
+            status = Path(f"/proc/{self._proc.pid}/status").read_text()
+        except OSError:
+            return 0
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> LocalBroker:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Signed releases pulled in chunks over MQTT (paced broadcast + per-device repair) or URLs."""

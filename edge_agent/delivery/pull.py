@@ -1,0 +1,200 @@
+"""`pull`: bring a published release into this box's store, resuming, then verify it.
+
+This is what `edge-agent models pull` runs and what the agent's `deploy_model`
+command calls: find the signed release (retained on its topic), check it
+against the trusted keys and the installed versions, fill in a resumable
+partial transfer (URLs first, then MQTT broadcast and repair), hand the files
+to `ModelStore.install` (which hashes the bytes it keeps: the runtime loads
+exactly the verified bytes), and activate behind the health gate if asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from edge_agent.comms.base import Communicator, Message
+from edge_agent.delivery.chunks import release_id
+from edge_agent.delivery.partial import PartialTransfer
+from edge_agent.delivery.puller import Puller, PullerOptions, PullStats
+from edge_agent.delivery.urls import fetch_url_files
+from edge_agent.errors import EdgeAgentError
+from edge_agent.paths import Layout, is_safe_name
+from edge_agent.protocol.topics import Topics
+from edge_agent.store.release import Release, SignedRelease, parse_signed_release, verify
+from edge_agent.store.store import Gate, ModelStore
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, float], None]
+"""(stage, fraction of the whole pull): stages release, transfer, install, activate."""
+
+
+@dataclass(frozen=True, slots=True)
+class PullOptions:
+    release_timeout_s: float = 10.0
+    """How long to wait for the retained release message."""
+    stall_s: float = 300.0
+    """Give up when no chunk arrived for this long (the partial stays for a resume)."""
+    url_timeout_s: float = 30.0
+    puller: PullerOptions = field(default_factory=PullerOptions)
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    release: Release
+    installed: bool
+    """False when that version was already in the store (nothing was transferred)."""
+    activated: bool
+    chunks: int
+    stats: PullStats
+
+
+def fetch_release(
+    comm: Communicator, topics: Topics, name: str, version: int | None, timeout_s: float
+) -> SignedRelease:
+    """The retained signed release of `name` (a version, or the latest).
+
+    Raises:
+        EdgeAgentError: store.path, transfer.failed (none published), release.invalid.
+    """
+    if not is_safe_name(name):
+        raise EdgeAgentError(f"model name {name!r} is not a safe store name", code="store.path")
+    topic = topics.release(name, version) if version else topics.release_latest(name)
+    got: queue.Queue[Message] = queue.Queue()
+    unsubscribe = comm.subscribe(topic, got.put, qos=1)
+    try:
+        while True:
+            message = got.get(timeout=timeout_s)
+            if message.payload:
+                return parse_signed_release(message.payload)
+    except queue.Empty:
+        raise EdgeAgentError(
+            f"no release of {name}{f' v{version}' if version else ''} is published "
+            f"(nothing retained on {topic} within {timeout_s:g} s)",
+            "publish it with `edge-fleet publish-model`, or check --broker and the topic prefix",
+            code="transfer.failed",
+        ) from None
+    finally:
+        unsubscribe()
+
+
+def pull(
+    comm: Communicator,
+    store: ModelStore,
+    layout: Layout,
+    name: str,
+    *,
+    device_id: str,
+    version: int | None = None,
+    trusted_keys: Sequence[Ed25519PublicKey] = (),
+    topics: Topics | None = None,
+    activate: bool = False,
+    gate: Gate | None = None,
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    options: PullOptions | None = None,
+) -> PullResult:
+    """Pull `name` (v`version`, or the latest) into the store.
+
+    Raises:
+        EdgeAgentError: release.* (rejected), transfer.failed, transfer.digest,
+            command.cancelled, store.*, health.failed (with --activate).
+    """
+    topics = topics or Topics()
+    options = options or PullOptions()
+    report = progress or (lambda stage, fraction: None)
+    report("release", 0.0)
+    signed = fetch_release(comm, topics, name, version, options.release_timeout_s)
+    release = signed.release
+    if release.name != name:
+        raise EdgeAgentError(
+            f"the release on {name}'s topic is for {release.name!r}", code="release.invalid"
+        )
+    if store.installed(name, release.version) is not None:
+        log.info('event=pull.already_installed name="%s" version=%d', name, release.version)
+        activated = _activate(store, release, activate, gate, report)
+        return PullResult(release, False, activated, 0, PullStats())
+    highest = store.state(name).highest
+    verify(signed, trusted_keys, datetime.now(UTC), highest or None)
+    folder = layout.transfers / f"{name}-{release.version}-{release_id(release)}"
+    partial = PartialTransfer(folder, signed)
+    try:
+        stats = _transfer(comm, topics, device_id, partial, options, report, cancel)
+        files = partial.finish()
+        report("install", 0.9)
+        store.install(signed, files, trusted_keys=trusted_keys, move=True)
+    except EdgeAgentError as exc:
+        partial.close()
+        if exc.code == "transfer.digest":
+            partial.discard()  # wrong bytes: the next pull starts clean
+        raise
+    partial.discard()
+    activated = _activate(store, release, activate, gate, report)
+    report("done", 1.0)
+    return PullResult(release, True, activated, partial.count, stats)
+
+
+def _activate(
+    store: ModelStore, release: Release, activate: bool, gate: Gate | None, report: ProgressFn
+) -> bool:
+    if not activate:
+        return False
+    report("activate", 0.95)
+    store.activate(release.name, release.version, gate)
+    return True
+
+
+def _transfer(
+    comm: Communicator,
+    topics: Topics,
+    device_id: str,
+    partial: PartialTransfer,
+    options: PullOptions,
+    report: ProgressFn,
+    cancel: threading.Event | None,
+) -> PullStats:
+    count = max(1, partial.count)
+
+    def chunk_done() -> None:
+        report("transfer", 0.85 * partial.received / count)
+
+    report("transfer", 0.85 * partial.received / count)
+    if any(f.url for f in partial.chunks.release.files):
+        fetch_url_files(
+            partial, timeout_s=options.url_timeout_s, cancel=cancel, on_chunk=chunk_done
+        )
+    puller = Puller(comm, topics, device_id, partial, options=options.puller)
+    if partial.complete:
+        return puller.stats
+    puller.start()
+    last_count, last_change = partial.received, time.monotonic()
+    try:
+        while not puller.done.wait(0.1):
+            if cancel is not None and cancel.is_set():
+                raise EdgeAgentError("the pull was cancelled", code="command.cancelled")
+            puller.tick()
+            now = time.monotonic()
+            if partial.received != last_count:
+                last_count, last_change = partial.received, now
+                chunk_done()
+            elif now - last_change > options.stall_s:
+                raise EdgeAgentError(
+                    f"no chunk of {partial.chunks.release.name} arrived for "
+                    f"{options.stall_s:g} s ({partial.received}/{partial.count} chunks)",
+                    "check the broker and that `edge-fleet serve` runs; pull again to resume",
+                    code="transfer.failed",
+                )
+    finally:
+        puller.stop()
+    if puller.error is not None:
+        raise puller.error
+    chunk_done()
+    return puller.stats

@@ -1,0 +1,302 @@
+"""The device side of one release's delivery over MQTT, as a state machine.
+
+It is fed messages (from any thread, or a single-threaded event loop) and
+`tick(now)` calls, and publishes through a `Communicator`; it never blocks, so
+200 of them share one `selectors` loop in the benchmark and one thread each in
+the agent.
+
+    join ──frames──▶ broadcast ──status "done" / idle──▶ repair ──all chunks──▶ complete
+      ▲                  │ idle (broker outage, broadcaster gone)
+      └──── rejoin ◀─────┘
+
+- broadcast: chunks arrive on the release's chunk topic; each frame is acked
+  (its sequence number) so the broadcaster paces to its slowest active puller.
+- repair: what is still missing is asked for in GetStream-shaped requests
+  (offset, count, bitmap), one outstanding at a time, answered one chunk per
+  message on this device's reply topic, with MQTT 5 request/response (the
+  Response Topic and Correlation Data ride in the payload on 3.1.1).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import ValidationError
+
+from edge_agent.comms.base import Communicator, Message, Unsubscribe
+from edge_agent.delivery.partial import PartialTransfer
+from edge_agent.errors import EdgeAgentError
+from edge_agent.protocol.delivery import (
+    MAX_REPAIR_BLOCKS,
+    Ack,
+    BroadcastStatus,
+    Join,
+    Leave,
+    RepairError,
+    RepairRequest,
+    bitmap,
+    decode_frame,
+    encode_bits,
+)
+from edge_agent.protocol.topics import Topics
+
+log = logging.getLogger(__name__)
+
+State = Literal["new", "broadcast", "repair", "complete", "stopped"]
+
+
+@dataclass(frozen=True, slots=True)
+class PullerOptions:
+    """Timings of the device side; the defaults suit a LAN broker and a WAN uplink alike."""
+
+    idle_s: float = 2.0
+    """No frame for this long while in the broadcast: rejoin (or go to repair)."""
+    rejoins: int = 2
+    """Rejoins before giving up on the broadcast and repairing everything."""
+    repair_blocks: int = 16
+    """Chunks per repair request (at most MAX_REPAIR_BLOCKS): 2 MiB at 128 KiB chunks."""
+    repair_timeout_s: float = 3.0
+    """A repair request with no answer for this long is sent again."""
+    sync_every: int = 64
+    """fdatasync the partial files every this many chunks (resume loses at most these)."""
+
+
+@dataclass(slots=True)
+class PullStats:
+    """What one pull cost, for the progress line, the report and the benchmarks."""
+
+    frames: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    bad: int = 0
+    repaired: int = 0
+    repair_requests: int = 0
+    rejoins: int = 0
+    resumed: int = 0
+    bytes_in: int = 0
+    joined_at: float = field(default=0.0)
+
+
+class Puller:
+    """Pull one release into a `PartialTransfer` over MQTT."""
+
+    def __init__(
+        self,
+        comm: Communicator,
+        topics: Topics,
+        device_id: str,
+        partial: PartialTransfer,
+        *,
+        options: PullerOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.comm = comm
+        self.topics = topics
+        self.device_id = device_id
+        self.partial = partial
+        self.release = partial.chunks.release
+        self.rid = partial.chunks.id
+        self.options = options or PullerOptions()
+        self.clock = clock
+        self.state: State = "new"
+        self.error: EdgeAgentError | None = None
+        self.done = threading.Event()
+        self.stats = PullStats(resumed=partial.resumed)
+        self._lock = threading.RLock()
+        self._subs: dict[str, Unsubscribe] = {}
+        self._last_rx = clock()
+        self._rejoins_left = self.options.rejoins
+        self._wanted: set[int] = set()
+        self._deadline = 0.0
+        self._corr = 0
+        self._since_sync = 0
+        name, version = self.release.name, self.release.version
+        self._chunk_topic = topics.chunks(name, version)
+        self._reply_topic = topics.delivery_reply(device_id)
+
+    # --- driving -------------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            if self.partial.complete:
+                self._complete()
+                return
+            name, version = self.release.name, self.release.version
+            self._subs["reply"] = self.comm.subscribe(self._reply_topic, self.on_reply, qos=0)
+            self._subs["status"] = self.comm.subscribe(
+                self.topics.status(name, version), self.on_status, qos=1
+            )
+            self._subs["chunks"] = self.comm.subscribe(self._chunk_topic, self.on_frame, qos=0)
+            self.stats.joined_at = self.clock()
+            self._join()
+
+    def tick(self, now: float | None = None) -> None:
+        """Timers: rejoin or repair after silence, resend a repair that went unanswered."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            if self.state == "broadcast" and now - self._last_rx > self.options.idle_s:
+                if self._rejoins_left > 0:
+                    self._rejoins_left -= 1
+                    self.stats.rejoins += 1
+                    self._join()
+                else:
+                    self._to_repair()
+            elif self.state == "repair" and now > self._deadline:
+                self._request()
+
+    def stop(self) -> None:
+        """Stop pulling (cancel, or the caller gave up); the partial stays for a resume."""
+        with self._lock:
+            if self.state == "broadcast":
+                self._control(Leave(device_id=self.device_id, reason="cancelled"))
+            if self.state not in ("complete",):
+                self.state = "stopped"
+            self._unsubscribe()
+            self.done.set()
+
+    # --- handlers --------------------------------------------------------------------------------
+    def on_frame(self, message: Message) -> None:
+        frame = decode_frame(message.payload)
+        if frame is None or frame.release_id != self.rid:
+            return
+        with self._lock:
+            if self.state in ("complete", "stopped"):
+                return
+            self._store(frame.index, frame.data)
+            if frame.seq and self.state == "broadcast":
+                ack = Ack(device_id=self.device_id, seq=frame.seq)
+                self._control(ack, qos=0)
+
+    def on_status(self, message: Message) -> None:
+        try:
+            status = BroadcastStatus.model_validate_json(message.payload)
+        except ValidationError:
+            return
+        with self._lock:
+            if status.release_id == self.rid and self.state == "broadcast":
+                if self.device_id in status.done:
+                    self._to_repair()
+                elif status.state != "idle":
+                    self._last_rx = self.clock()  # the broadcaster is alive and busy
+
+    def on_reply(self, message: Message) -> None:
+        frame = decode_frame(message.payload)
+        with self._lock:
+            if self.state in ("complete", "stopped"):
+                return
+            if frame is not None:
+                if frame.release_id == self.rid:
+                    self.stats.repaired += self._store(frame.index, frame.data)
+                    self._wanted.discard(frame.index)
+                    self._deadline = self.clock() + self.options.repair_timeout_s
+                    if self.state == "repair" and not self._wanted:
+                        self._request()
+                return
+            try:
+                error = RepairError.model_validate_json(message.payload)
+            except ValidationError:
+                return
+            if error.release_id == self.rid:
+                self.error = EdgeAgentError(
+                    f"the fleet cannot serve {self.release.name} v{self.release.version}: "
+                    f"{error.message}",
+                    "check `edge-fleet serve` has the release in its repository",
+                    code="transfer.failed",
+                )
+                self.stop()
+
+    # --- steps ------------------------------------------------------------------------------------
+    def _store(self, index: int, data: bytes) -> int:
+        self.stats.frames += 1
+        self.stats.bytes_in += len(data)
+        self._last_rx = self.clock()
+        if self.partial.has(index):
+            self.stats.duplicates += 1
+            return 0
+        if not self.partial.write(index, data):
+            self.stats.bad += 1
+            return 0
+        self.stats.stored += 1
+        self._since_sync += 1
+        if self._since_sync >= self.options.sync_every:
+            self.partial.sync()
+            self._since_sync = 0
+        if self.partial.complete:
+            self._complete()
+        return 1
+
+    def _join(self) -> None:
+        self.state = "broadcast"
+        self._last_rx = self.clock()
+        join = Join(
+            device_id=self.device_id,
+            release_id=self.rid,
+            chunks=self.partial.count,
+            missing=encode_bits(self.partial.missing_bitmap()),
+        )
+        self._control(join)
+
+    def _to_repair(self) -> None:
+        self.state = "repair"
+        unsubscribe = self._subs.pop("chunks", None)
+        if unsubscribe is not None:
+            unsubscribe()  # broadcast frames others still need are not ours to pay for
+        self._control(Leave(device_id=self.device_id, reason="repairing"))
+        self._request()
+
+    def _request(self) -> None:
+        missing = self.partial.missing()
+        if not missing:
+            self._complete()
+            return
+        offset = missing[0]
+        limit = min(self.options.repair_blocks, MAX_REPAIR_BLOCKS)
+        wanted = [i for i in missing if i < offset + MAX_REPAIR_BLOCKS][:limit]
+        count = wanted[-1] - offset + 1
+        self._corr += 1
+        correlation = self._corr.to_bytes(4, "big")
+        v5 = self.comm.mqtt_version == "5"
+        request = RepairRequest(
+            device_id=self.device_id,
+            name=self.release.name,
+            version=self.release.version,
+            release_id=self.rid,
+            block_size=self.release.chunk_size,
+            offset=offset,
+            count=count,
+            bitmap=encode_bits(bitmap(count, [i - offset for i in wanted])),
+            response_topic=None if v5 else self._reply_topic,
+            correlation_data=None if v5 else base64.b64encode(correlation).decode(),
+        )
+        self._wanted = set(wanted)
+        self._deadline = self.clock() + self.options.repair_timeout_s
+        self.stats.repair_requests += 1
+        self.comm.publish(
+            self.topics.repair,
+            request.model_dump_json(exclude_none=True).encode(),
+            qos=1,
+            response_topic=self._reply_topic,
+            correlation_data=correlation,
+        )
+
+    def _complete(self) -> None:
+        was_broadcast = self.state == "broadcast"
+        self.state = "complete"
+        if was_broadcast:
+            self._control(Leave(device_id=self.device_id, reason="complete"))
+        self._unsubscribe()
+        self.done.set()
+
+    def _control(self, message: Join | Ack | Leave, qos: int = 1) -> None:
+        topic = self.topics.control(self.release.name, self.release.version)
+        self.comm.publish(topic, message.model_dump_json().encode(), qos=qos)
+
+    def _unsubscribe(self) -> None:
+        for unsubscribe in self._subs.values():
+            unsubscribe()
+        self._subs.clear()

@@ -1,0 +1,1 @@
+"""The fleet side: `edge-fleet` publish, serve and keygen; the release repository."""

@@ -1,0 +1,199 @@
+"""`edge-fleet`: the reference fleet console (this issue: keygen, publish-model, serve).
+
+Broker flags follow mosquitto_sub (-h -p -u -P --cafile) or --broker URL, so
+`-h` is the host here, as there; help is `--help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from edge_agent.comms.cli_args import add_broker_args, broker_settings
+from edge_agent.errors import EdgeAgentError
+from edge_agent.paths import default_fleet_repo
+from edge_agent.protocol.topics import DEFAULT_PREFIX, DEFAULT_SHARE_GROUP, Topics
+
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        print(
+            f"edge-fleet: error: {message}; see `{self.prog} --help` [input.invalid]",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_USER_ERROR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="edge-fleet", description="Publish models to a fleet and serve them.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="-v INFO, -vv DEBUG")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    keygen = verbs.add_parser("keygen", help="make an Ed25519 key pair (PEM)")
+    keygen.add_argument("out", type=Path, help="private key path; the public key is OUT.pub")
+    keygen.set_defaults(run=run_keygen)
+
+    def with_broker(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, add_help=False)
+        sub.add_argument("--help", action="help", help="show this help and exit")
+        add_broker_args(sub)
+        sub.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix")
+        sub.add_argument(
+            "--repo",
+            type=Path,
+            default=None,
+            help="published releases (default: $EDGE_FLEET_REPO, else XDG data/edge-fleet)",
+        )
+        return sub
+
+    publish = with_broker("publish-model", "sign a model file and publish its release")
+    publish.add_argument("file", type=Path, help="model file; its manifest is <stem>.toml beside")
+    publish.add_argument("--name", help="model name (default: the manifest's)")
+    publish.add_argument("--version", type=int, required=True, help="release version (>= 1)")
+    publish.add_argument("--key", type=Path, required=True, help="private key PEM")
+    publish.add_argument("--manifest", type=Path, help="manifest TOML, if not beside FILE")
+    publish.add_argument("--precision", choices=["f32", "f16", "bf16", "int8", "int4", "mixed"])
+    publish.add_argument("--chunk-kib", type=int, default=128, choices=[64, 96, 128])
+    publish.add_argument("--expires-days", type=float, default=30.0, help="release lifetime")
+    publish.set_defaults(run=run_publish)
+
+    serve = with_broker("serve", "answer repairs and pace broadcasts (run several)")
+    serve.add_argument("--instance", default=None, help="instance id (default: random)")
+    serve.add_argument("--share-group", default=DEFAULT_SHARE_GROUP, help="$share group")
+    serve.add_argument("--window", type=int, default=4, help="frames a puller may lag")
+    serve.set_defaults(run=run_serve)
+    return parser
+
+
+def _repo(args: argparse.Namespace) -> Any:
+    from edge_agent.fleet.repo import Repo
+
+    return Repo(args.repo or default_fleet_repo(os.environ))
+
+
+def run_keygen(args: argparse.Namespace) -> int:
+    from edge_agent.store.release import (
+        generate_key,
+        key_id,
+        save_private_key,
+        save_public_key,
+    )
+
+    public_path = args.out.with_name(args.out.name + ".pub")
+    if args.out.exists():
+        raise EdgeAgentError(
+            f"{args.out} exists",
+            "choose another path; keys are never overwritten",
+            code="input.invalid",
+        )
+    key = generate_key()
+    save_private_key(key, args.out)
+    save_public_key(key.public_key(), public_path)
+    print(f"private key {args.out} (0600), public key {public_path}, id {key_id(key.public_key())}")
+    return 0
+
+
+def run_publish(args: argparse.Namespace) -> int:
+    from edge_agent.comms.session import connect
+    from edge_agent.fleet.publish import publish_release, release_for_file
+    from edge_agent.store.release import load_private_key
+
+    if args.version < 1:
+        raise EdgeAgentError("--version must be 1 or more", code="input.invalid")
+    signed = release_for_file(
+        args.file,
+        name=args.name,
+        version=args.version,
+        key=load_private_key(args.key),
+        manifest_path=args.manifest,
+        precision=args.precision,
+        chunk_size=args.chunk_kib * 1024,
+        lifetime=timedelta(days=args.expires_days),
+    )
+    session = connect(broker_settings(args))
+    try:
+        publish_release(session, Topics(args.prefix), _repo(args), signed, args.file.parent)
+        if not session.flush(30.0):
+            raise EdgeAgentError(
+                "the broker did not acknowledge the release within 30 s",
+                "check the broker; publishing again is safe",
+                code="broker.unreachable",
+            )
+    finally:
+        session.stop()
+    release = signed.release
+    print(
+        f"published {release.name} v{release.version} ({release.total_size} bytes, "
+        f"{sum(len(f.chunks) for f in release.files)} chunks, key {release.key_id})"
+    )
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from edge_agent.comms.session import Will, connect
+    from edge_agent.delivery.broadcast import BroadcastOptions
+    from edge_agent.fleet.server import FleetServer
+
+    topics = Topics(args.prefix)
+    instance = args.instance or f"serve-{uuid.uuid4().hex[:8]}"
+    started: list[FleetServer] = []
+
+    def announce() -> None:
+        for running in started:
+            running.announce()
+
+    session = connect(
+        broker_settings(args),
+        will=lambda: Will(topics.server(instance), b"", retain=True),
+        on_connected=lambda _session: announce(),
+    )
+    server = FleetServer(
+        session,
+        _repo(args),
+        instance=instance,
+        topics=topics,
+        share_group=args.share_group,
+        options=BroadcastOptions(window=args.window),
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    server.start()
+    started.append(server)
+    print(f"edge-fleet serve {instance}: ready", flush=True)
+    try:
+        server.run(stop)
+    finally:
+        server.close()
+        session.flush(2.0)
+        session.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from edge_agent.logs import setup_logging
+
+    setup_logging(args.verbose, "kv", sys.stderr)
+    try:
+        code: int = args.run(args)
+    except EdgeAgentError as exc:
+        print(f"edge-fleet: error: {exc} [{exc.code}]", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

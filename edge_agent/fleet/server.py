@@ -1,0 +1,226 @@
+"""`edge-fleet serve`: answers repair requests and paces broadcasts.
+
+Scale-out without a coordinator: the broker is the distributed engine.
+- Repair requests arrive on an MQTT shared subscription (`$share/<group>/...`):
+  each goes to one of the running servers, and a dead one's share moves to
+  the others.
+- Each release has one broadcaster, chosen by rendezvous hashing over the
+  servers present (each keeps a retained presence message that its will
+  clears). Every server sees every join and ack and acts only for the releases
+  it owns; when a server appears or vanishes, the owners move, and the pullers
+  of a release whose broadcaster vanished rejoin after `idle_s` and are picked up.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from edge_agent.comms.base import Communicator, Message
+from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
+from edge_agent.delivery.chunks import read_chunk
+from edge_agent.fleet.repo import Repo, RepoEntry
+from edge_agent.protocol.delivery import (
+    CONTROL,
+    Ack,
+    BroadcastStatus,
+    Frame,
+    Join,
+    RepairError,
+    RepairRequest,
+    ServerPresence,
+    bit,
+    decode_bits,
+)
+from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, Topics
+
+log = logging.getLogger(__name__)
+
+
+def owner(servers: set[str], release_id: str) -> str:
+    """Rendezvous (highest random weight) hashing: the server that broadcasts a release."""
+    return max(servers, key=lambda s: hashlib.sha256(f"{s}/{release_id}".encode()).digest())
+
+
+class FleetServer:
+    """One `serve` instance. `start()`, then `run(stop)` on a thread of your choosing."""
+
+    def __init__(
+        self,
+        comm: Communicator,
+        repo: Repo,
+        *,
+        instance: str,
+        topics: Topics | None = None,
+        share_group: str = DEFAULT_SHARE_GROUP,
+        options: BroadcastOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.comm = comm
+        self.repo = repo
+        self.instance = instance
+        self.topics = topics or Topics()
+        self.share_group = share_group
+        self.options = options or BroadcastOptions()
+        self.clock = clock
+        self.broadcasts: dict[tuple[str, int], Broadcast] = {}
+        self.servers: set[str] = {instance}
+        self.repairs_served = 0
+        self.repair_chunks = 0
+        self._cond = threading.Condition()
+        self._started = time.time()
+
+    def start(self) -> None:
+        self.comm.subscribe(self.topics.servers_filter, self.on_presence, qos=1)
+        self.comm.subscribe(self.topics.control_filter, self.on_control, qos=1)
+        self.comm.subscribe(self.topics.repair_shared(self.share_group), self.on_repair, qos=1)
+        self.announce()
+
+    def announce(self) -> None:
+        """Publish the retained presence; again after every reconnect (a broker restarted
+        without persistence has forgotten it)."""
+        presence = ServerPresence(instance=self.instance, started_at=self._started)
+        self.comm.publish(
+            self.topics.server(self.instance), presence.model_dump_json().encode(), retain=True
+        )
+
+    def close(self) -> None:
+        """Withdraw the presence (a clean stop; the will covers the unclean one)."""
+        self.comm.publish(self.topics.server(self.instance), b"", retain=True)
+
+    def run(self, stop: threading.Event) -> None:
+        """Pace every broadcast this server owns until `stop` is set."""
+        while not stop.is_set():
+            with self._cond:
+                wait = self._step_all(self.clock())
+                self._cond.wait(0.5 if wait is None else min(wait, 0.5))
+
+    def step(self, now: float) -> float | None:
+        """Pace every broadcast once (what `run` does in a loop); for single-threaded drivers."""
+        with self._cond:
+            return self._step_all(now)
+
+    def _step_all(self, now: float) -> float | None:
+        soonest: float | None = None
+        for key, broadcast in list(self.broadcasts.items()):
+            wait = broadcast.step(now)
+            if wait is not None:
+                soonest = wait if soonest is None else min(soonest, wait)
+            if not broadcast.active and wait is None:
+                del self.broadcasts[key]
+        return soonest
+
+    # --- handlers (dispatch thread) --------------------------------------------------------
+    def on_presence(self, message: Message) -> None:
+        instance = message.topic.rsplit("/", 1)[-1]
+        with self._cond:
+            if message.payload:
+                self.servers.add(instance)
+            elif instance != self.instance:
+                self.servers.discard(instance)
+
+    def on_control(self, message: Message) -> None:
+        where = Topics.parse_delivery_topic(message.topic)
+        if where is None:
+            return
+        try:
+            control = CONTROL.validate_json(message.payload)
+        except ValidationError:
+            return
+        entry = self.repo.get(*where)
+        if entry is None:
+            return
+        now = self.clock()
+        with self._cond:
+            if owner(self.servers, entry.chunks.id) != self.instance:
+                self.broadcasts.pop(where, None)
+                return
+            broadcast = self.broadcasts.get(where)
+            if broadcast is None:
+                if not isinstance(control, Join):
+                    return
+                broadcast = self._broadcast(entry)
+                self.broadcasts[where] = broadcast
+            if isinstance(control, Join):
+                broadcast.join(control, now)
+            elif isinstance(control, Ack):
+                broadcast.ack(control, now)
+            else:
+                broadcast.leave(control)
+            self._cond.notify()
+
+    def _broadcast(self, entry: RepoEntry) -> Broadcast:
+        release = entry.signed.release
+        chunk_topic = self.topics.chunks(release.name, release.version)
+        status_topic = self.topics.status(release.name, release.version)
+
+        def send_frame(payload: bytes) -> None:
+            self.comm.publish(chunk_topic, payload, qos=0)
+
+        def send_status(status: BroadcastStatus) -> None:
+            self.comm.publish(status_topic, status.model_dump_json().encode(), qos=1)
+
+        return Broadcast(
+            entry.chunks,
+            lambda i: read_chunk(entry.folder, entry.chunks[i]),
+            send_frame,
+            send_status,
+            self.instance,
+            self.options,
+        )
+
+    def on_repair(self, message: Message) -> None:
+        try:
+            request = RepairRequest.model_validate_json(message.payload)
+        except ValidationError as exc:
+            log.info('event=fleet.bad_repair error="%s"', exc.errors()[0]["msg"])
+            return
+        reply = message.response_topic or request.response_topic
+        correlation = message.correlation_data
+        if correlation is None and request.correlation_data:
+            correlation = base64.b64decode(request.correlation_data)
+        if not reply or reply.startswith("$") or "#" in reply or "+" in reply:
+            return
+        entry = self.repo.get(request.name, request.version)
+        problem = self._check(request, entry)
+        if problem is not None or entry is None:
+            error = RepairError(
+                release_id=request.release_id,
+                correlation_data=base64.b64encode(correlation).decode() if correlation else None,
+                code=problem[0] if problem else "store.not_found",
+                message=problem[1] if problem else "not published here",
+            )
+            self.comm.publish(
+                reply, error.model_dump_json().encode(), qos=1, correlation_data=correlation
+            )
+            return
+        bits = decode_bits(request.bitmap, request.count)
+        if bits is None:
+            return
+        chunks = entry.chunks
+        self.repairs_served += 1
+        for k in range(request.count):
+            index = request.offset + k
+            if bit(bits, k) and index < len(chunks):
+                data = read_chunk(entry.folder, chunks[index])
+                frame = Frame(chunks.id, index, data, repair=True)
+                self.comm.publish(reply, frame.encode(), qos=0, correlation_data=correlation)
+                self.repair_chunks += 1
+
+    @staticmethod
+    def _check(request: RepairRequest, entry: RepoEntry | None) -> tuple[str, str] | None:
+        if entry is None:
+            return ("store.not_found", f"{request.name} v{request.version} is not published here")
+        if request.release_id != entry.chunks.id:
+            return ("release.invalid", "release id does not match the published release")
+        if request.block_size != entry.chunks.chunk_size:
+            return ("input.invalid", f"block_size must be {entry.chunks.chunk_size}")
+        if request.offset >= len(entry.chunks):
+            return ("input.invalid", f"offset past the last chunk ({len(entry.chunks) - 1})")
+        return None

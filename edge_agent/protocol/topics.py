@@ -1,0 +1,92 @@
+"""Every topic edge-agent uses, built in one place from a configurable prefix (pure).
+
+Device topics live under `<prefix>/<device_id>/`; fleet-wide ones under
+`<prefix>/releases/`, `<prefix>/delivery/`, `<prefix>/group/` and `<prefix>/fleet/`,
+so those words are not valid device ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "edge/v1"
+RESERVED_IDS = frozenset({"releases", "delivery", "group", "fleet"})
+DEFAULT_SHARE_GROUP = "edge-fleet"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic names below `prefix` (default edge/v1)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    # --- one device -----------------------------------------------------------------------
+    def device(self, device_id: str, leaf: str) -> str:
+        return f"{self.prefix}/{device_id}/{leaf}"
+
+    def delivery_reply(self, device_id: str) -> str:
+        """Where the fleet answers a device's repair requests (its MQTT 5 Response Topic)."""
+        return self.device(device_id, "delivery")
+
+    # --- releases ---------------------------------------------------------------------------
+    def release(self, name: str, version: int) -> str:
+        """Retained signed release of one version."""
+        return f"{self.prefix}/releases/{name}/{version}"
+
+    def release_latest(self, name: str) -> str:
+        """Retained copy of the newest release of `name`."""
+        return f"{self.prefix}/releases/{name}/latest"
+
+    @property
+    def releases_filter(self) -> str:
+        return f"{self.prefix}/releases/+/+"
+
+    # --- delivery ---------------------------------------------------------------------------
+    def chunks(self, name: str, version: int) -> str:
+        """The paced broadcast of one release's chunks (QoS 0, binary frames)."""
+        return f"{self.prefix}/delivery/{name}/{version}/chunks"
+
+    def status(self, name: str, version: int) -> str:
+        """The broadcaster's status for one release: passes done, idle."""
+        return f"{self.prefix}/delivery/{name}/{version}/status"
+
+    def control(self, name: str, version: int) -> str:
+        """Devices' join, ack and leave for one release's broadcast."""
+        return f"{self.prefix}/delivery/{name}/{version}/ctl"
+
+    @property
+    def control_filter(self) -> str:
+        return f"{self.prefix}/delivery/+/+/ctl"
+
+    @property
+    def repair(self) -> str:
+        """Repair requests from every device (fleet servers share them)."""
+        return f"{self.prefix}/delivery/repair"
+
+    def repair_shared(self, group: str = DEFAULT_SHARE_GROUP) -> str:
+        """The MQTT 5 shared subscription fleet servers take repair requests from."""
+        return f"$share/{group}/{self.repair}"
+
+    def server(self, instance: str) -> str:
+        """A fleet server's retained presence (cleared by its will)."""
+        return f"{self.prefix}/fleet/servers/{instance}"
+
+    @property
+    def servers_filter(self) -> str:
+        return f"{self.prefix}/fleet/servers/+"
+
+    @staticmethod
+    def parse_release_topic(topic: str) -> tuple[str, str] | None:
+        """(name, version-or-'latest') of a release topic; None if it is not one."""
+        parts = topic.split("/")
+        if len(parts) >= 3 and parts[-3] == "releases":
+            return parts[-2], parts[-1]
+        return None
+
+    @staticmethod
+    def parse_delivery_topic(topic: str) -> tuple[str, int] | None:
+        """(name, version) of a chunks/status/ctl topic; None if it is not one."""
+        parts = topic.split("/")
+        if len(parts) >= 4 and parts[-4] == "delivery" and parts[-2].isdigit():
+            return parts[-3], int(parts[-2])
+        return None

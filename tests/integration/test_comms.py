@@ -1,0 +1,187 @@
+"""The paho session against a real mosquitto: v5 and 3.1.1, request/response, outages."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import time
+
+import pytest
+
+from edge_agent.comms.base import Message
+from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.comms.session import MqttSession, connect
+from edge_agent.comms.settings import BrokerSettings
+from edge_agent.errors import EdgeAgentError
+
+
+def _settings(broker: LocalBroker, **kw: object) -> BrokerSettings:
+    return BrokerSettings.model_validate(
+        {
+            "host": broker.host,
+            "port": broker.port,
+            "reconnect_min_s": 0.05,
+            "reconnect_max_s": 0.3,
+            **kw,
+        }
+    )
+
+
+def _get(q: queue.Queue[Message], timeout: float = 5.0) -> Message:
+    return q.get(timeout=timeout)
+
+
+@pytest.mark.parametrize("version", ["5", "3.1.1"])
+def test_publish_subscribe_round_trip(broker: LocalBroker, version: str) -> None:
+    got: queue.Queue[Message] = queue.Queue()
+    a = connect(_settings(broker, version=version))
+    b = connect(_settings(broker, version=version))
+    try:
+        a.subscribe("t/+/x", got.put)
+        time.sleep(0.1)
+        b.publish("t/1/x", b"hello", qos=1, response_topic="r/1", correlation_data=b"\x01\x02")
+        assert b.flush(5.0)
+        msg = _get(got)
+        assert (msg.topic, msg.payload) == ("t/1/x", b"hello")
+        if version == "5":
+            assert (msg.response_topic, msg.correlation_data) == ("r/1", b"\x01\x02")
+        else:  # 3.1.1 has no properties: a protocol must carry them in its payload
+            assert (msg.response_topic, msg.correlation_data) == (None, None)
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.parametrize("version", ["5", "3.1.1"])
+def test_resubscribes_after_broker_restart(broker: LocalBroker, version: str) -> None:
+    got: queue.Queue[Message] = queue.Queue()
+    births: list[int] = []
+    a = connect(_settings(broker, version=version), on_connected=lambda s: births.append(1))
+    b = connect(_settings(broker, version=version))
+    try:
+        a.subscribe("t/#", got.put)
+        broker.restart()  # no persistence: the broker forgot every subscription
+        deadline = time.monotonic() + 10
+        while len(births) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(births) == 2
+        assert a.reconnects >= 1
+        assert b.wait_connected(10)
+        time.sleep(0.2)
+        b.publish("t/after", b"1", qos=1)
+        assert _get(got).payload == b"1"
+    finally:
+        a.stop()
+        b.stop()
+
+
+@pytest.mark.parametrize("version", ["5", "3.1.1"])
+def test_persistent_session_gets_qos1_sent_while_offline(broker: LocalBroker, version: str) -> None:
+    got: queue.Queue[Message] = queue.Queue()
+    settings = _settings(broker, version=version, client_id="dev-1", persistent=True)
+    a = connect(settings)
+    a.subscribe("cmd", got.put)
+    time.sleep(0.1)
+    a.stop()
+    b = connect(_settings(broker, version=version))
+    b.publish("cmd", b"while-away", qos=1)
+    assert b.flush(5.0)
+    b.stop()
+    back = MqttSession(settings)
+    back.subscribe("cmd", got.put)
+    back.start()
+    try:
+        assert _get(got).payload == b"while-away"
+    finally:
+        back.stop()
+
+
+_WILL_CHILD = """
+import sys, time
+from edge_agent.comms.session import Will, connect
+from edge_agent.comms.settings import BrokerSettings
+seq = iter(range(1, 100))
+s = connect(BrokerSettings(port=int(sys.argv[1]), keepalive=5, reconnect_min_s=0.05),
+            will=lambda: Will("dev/state", f"offline {next(seq)}".encode()))
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_will_carries_the_value_asked_for_at_connect(broker: LocalBroker) -> None:
+    """kill -9 of a process holding a session: the broker publishes the will it was given."""
+    got: queue.Queue[Message] = queue.Queue()
+    watcher = connect(_settings(broker))
+    watcher.subscribe("dev/state", got.put)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WILL_CHILD, str(broker.port)], stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"up\n"
+        child.kill()
+        assert _get(got).payload == b"offline 1"
+    finally:
+        child.communicate()
+        watcher.stop()
+
+
+def test_unreachable_broker_is_a_clear_error() -> None:
+    with pytest.raises(EdgeAgentError) as err:
+        connect(BrokerSettings(host="127.0.0.1", port=1), timeout=0.5)
+    assert err.value.code == "broker.unreachable"
+
+
+def test_publishing_from_threads_while_receiving_does_not_deadlock(broker: LocalBroker) -> None:
+    """Regression: publish() held the session lock across paho's publish, and paho calls
+    on_publish (which took the same lock) with its own mutex held, on the network thread
+    or at once for a QoS 0 write: the edge-agent demo's fleet froze mid-broadcast."""
+    import threading
+
+    session = connect(_settings(broker))
+    echo = connect(_settings(broker))
+    received: list[Message] = []
+    session.subscribe("load/echo", received.append)
+    # Keep the session's network thread busy reading while other threads publish.
+    echo.subscribe("load/out", lambda m: echo.publish("load/echo", m.payload, qos=1))
+
+    def publisher(qos: int) -> None:
+        for i in range(1500):
+            session.publish("load/out", str(i).encode(), qos=qos)
+
+    threads = [threading.Thread(target=publisher, args=(q,), daemon=True) for q in (0, 1, 0)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30.0)
+        assert not any(t.is_alive() for t in threads), "publish() deadlocked"
+        assert session.flush(30.0)
+    finally:
+        session.stop()
+        echo.stop()
+
+
+def test_a_request_and_its_answer_are_not_held_back_by_nagle(broker: LocalBroker) -> None:
+    """Regression: paho leaves TCP_NODELAY off, so each small PUBLISH waited for the
+    peer's delayed ACK (~40 ms a hop): the agent's ping took 88 ms instead of under 1 ms."""
+    import statistics
+
+    asker = connect(_settings(broker))
+    answerer = connect(_settings(broker))
+    answers: queue.Queue[Message] = queue.Queue()
+    try:
+        answerer.subscribe("rtt/ask", lambda m: answerer.publish("rtt/answer", m.payload))
+        asker.subscribe("rtt/answer", answers.put)
+        time.sleep(0.2)
+        took = []
+        for _ in range(20):
+            started = time.perf_counter()
+            asker.publish("rtt/ask", b"?", qos=1)
+            _get(answers)
+            took.append(time.perf_counter() - started)
+        assert statistics.median(took) < 0.025
+    finally:
+        asker.stop()
+        answerer.stop()

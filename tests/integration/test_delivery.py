@@ -1,0 +1,128 @@
+"""Model delivery end to end on a real mosquitto: edge-fleet publishes, a device pulls.
+
+The reference model text-orientation (6.8 MB, 52 chunks of 128 KiB) goes from
+the fleet's repository through the broker into a device's store, verified,
+activated behind the health gate, and serves.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_agent.delivery.pull import pull
+from edge_agent.errors import EdgeAgentError
+from edge_agent.heads.base import Classification
+from edge_agent.infer import infer_frame
+from edge_agent.paths import Layout
+from edge_agent.runtime import create_backend
+from edge_agent.runtime.base import RuntimeOptions
+from edge_agent.store.health import HealthGate
+from edge_agent.store.release import SignedRelease, generate_key
+from edge_agent.store.store import ModelStore
+from tests.broker import FAST, Fleet, device_session
+from tests.conftest import sample
+
+
+@pytest.mark.parametrize("mqtt_version", ["5", "3.1.1"])
+def test_publish_pull_activate_and_serve(fleet: Fleet, tmp_path: Path, mqtt_version: str) -> None:
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    store = ModelStore(layout)
+    stages: list[str] = []
+    gate = HealthGate(RuntimeOptions(cache_dir=layout.cache), timeout_s=120.0)
+    device = device_session(fleet.broker, mqtt_version)  # type: ignore[arg-type]
+    try:
+        result = pull(
+            device,
+            store,
+            layout,
+            "orient",
+            device_id="dev-1",
+            trusted_keys=[fleet.key.public_key()],
+            activate=True,
+            gate=gate,
+            progress=lambda stage, fraction: stages.append(stage),
+            options=FAST,
+        )
+    finally:
+        device.stop()
+    assert result.installed
+    assert result.activated
+    assert result.stats.stored == fleet.chunks
+    assert result.stats.duplicates == 0
+    assert stages[0] == "release"
+    assert stages[-1] == "done"
+    assert not any(layout.transfers.iterdir())  # the store took the partial's files
+    served = store.current("orient")
+    assert served is not None
+    original = fleet.source / fleet.signed.release.model
+    assert served.path.read_bytes() == original.read_bytes()
+    model = create_backend("openvino").compile(
+        served.path, served.manifest, RuntimeOptions(cache_dir=layout.cache)
+    )
+    try:
+        page = np.repeat(sample("page")[:, :, None], 3, axis=2)
+        best = infer_frame(model, served.manifest, page)[0]
+    finally:
+        model.close()
+    assert isinstance(best, Classification)
+    assert best.label == "0"  # the upright page, as the reference test expects
+
+
+def test_pull_of_an_installed_version_transfers_nothing(fleet: Fleet, tmp_path: Path) -> None:
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    store = ModelStore(layout)
+    device = device_session(fleet.broker)
+    try:
+        first = pull(device, store, layout, "orient", device_id="d", options=FAST)
+        again = pull(device, store, layout, "orient", device_id="d", options=FAST)
+    finally:
+        device.stop()
+    assert first.installed
+    assert not again.installed
+    assert again.stats.frames == 0
+
+
+def test_untrusted_key_is_refused_before_any_transfer(fleet: Fleet, tmp_path: Path) -> None:
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    device = device_session(fleet.broker)
+    try:
+        with pytest.raises(EdgeAgentError) as err:
+            pull(
+                device,
+                ModelStore(layout),
+                layout,
+                "orient",
+                device_id="dev-1",
+                trusted_keys=[generate_key().public_key()],
+                options=FAST,
+            )
+    finally:
+        device.stop()
+    assert err.value.code == "release.signature"
+    assert not layout.transfers.exists() or not any(layout.transfers.iterdir())
+
+
+def test_mosquitto_sub_sees_the_retained_release(fleet: Fleet) -> None:
+    """A client no one here wrote reads the release where docs/PROTOCOL.md says it is."""
+    out = subprocess.run(
+        [
+            "mosquitto_sub",
+            "-p",
+            str(fleet.broker.port),
+            "-t",
+            "edge/v1/releases/orient/latest",
+            "-C",
+            "1",
+            "-W",
+            "5",
+        ],
+        capture_output=True,
+        check=True,
+        timeout=10,
+    )
+    signed = SignedRelease.model_validate_json(out.stdout)
+    assert signed == fleet.signed

@@ -1,0 +1,106 @@
+"""The command lines, as an operator runs them: edge-fleet keygen, publish-model, serve,
+and edge-agent models pull, each a real process against a real mosquitto."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from edge_agent.catalog.catalog import ResolvedModel, default_models_dir
+from edge_agent.comms.local_broker import LocalBroker
+
+REPO = Path(__file__).resolve().parents[2]
+FLEET = [sys.executable, "-m", "edge_agent.fleet.cli"]
+AGENT = [sys.executable, "-c", "import sys; from edge_agent.cli.main import main; sys.exit(main())"]
+
+
+def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, **kw)  # type: ignore[call-overload, no-any-return]
+
+
+def test_keygen_publish_serve_pull(
+    broker: LocalBroker, tmp_path: Path, resolve: Callable[[str], ResolvedModel]
+) -> None:
+    env = {**os.environ, "EDGE_FLEET_REPO": str(tmp_path / "repo")}
+    key = tmp_path / "keys" / "fleet.key"
+    made = _run([*FLEET, "keygen", str(key)])
+    assert made.returncode == 0, made.stderr
+    assert key.stat().st_mode & 0o777 == 0o600
+    model = resolve("text-orientation")
+    folder = tmp_path / "release"
+    folder.mkdir()
+    shutil.copyfile(model.path, folder / "orient.onnx")
+    shutil.copyfile(default_models_dir() / "text-orientation.toml", folder / "orient.toml")
+    broker_flags = ["-h", broker.host, "-p", str(broker.port)]
+    published = _run(
+        [
+            *FLEET,
+            "publish-model",
+            str(folder / "orient.onnx"),
+            "--name",
+            "orient",
+            "--version",
+            "3",
+            "--key",
+            str(key),
+            *broker_flags,
+        ],
+        env=env,
+    )
+    assert published.returncode == 0, published.stderr
+    assert "published orient v3" in published.stdout
+    server = subprocess.Popen(
+        [*FLEET, "serve", "--instance", "cli-1", *broker_flags],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        assert "ready" in server.stdout.readline()
+        state = tmp_path / "state"
+        pulled = _run(
+            [
+                *AGENT,
+                "--state-dir",
+                str(state),
+                "models",
+                "pull",
+                "orient",
+                "--broker",
+                broker.url,
+                "--trusted-key",
+                str(key.with_name("fleet.key.pub")),
+            ],
+        )
+        assert pulled.returncode == 0, pulled.stderr
+        assert "orient v3: pulled" in pulled.stdout
+        again = _run(
+            [
+                *AGENT,
+                "--state-dir",
+                str(state),
+                "models",
+                "pull",
+                "orient",
+                "--broker",
+                broker.url,
+                "--version",
+                "2",
+                "--timeout",
+                "1",
+            ]
+        )
+        assert again.returncode == 2
+        assert "edge-agent: error:" in again.stderr
+        assert "[transfer.failed]" in again.stderr  # v2 was never published
+    finally:
+        server.terminate()
+        server.communicate(timeout=10)
+    assert server.returncode == 0
