@@ -21,13 +21,11 @@ from edge_agent.errors import EdgeAgentError
 
 if TYPE_CHECKING:
     from edge_agent.store.health import HealthGate
-    from edge_agent.store.release import SignedRelease
     from edge_agent.store.store import ModelStore
 
 # The store, rich, numpy and cryptography are imported inside the commands, so that
 # building the parser (every `edge-agent` run) stays cheap.
 
-_IR_WEIGHTS = ".bin"
 
 
 def register(commands: Any) -> None:
@@ -243,7 +241,22 @@ def run_install(args: argparse.Namespace) -> int:
         signed = load_signed_release(source)
         folder = source.parent
     else:
-        signed = _release_for_file(args, store, source)
+        from edge_agent.store.release import load_private_key, release_for_file
+
+        name = args.name
+        if name is None:
+            from edge_agent.catalog.manifest import load_manifest
+
+            sidecar = args.manifest or source.with_suffix(".toml")
+            name = load_manifest(sidecar).name if sidecar.is_file() else source.stem
+        signed = release_for_file(
+            source,
+            name=name,
+            version=args.version or store.state(name).highest + 1,
+            key=load_private_key(args.key) if args.key is not None else None,
+            manifest_path=args.manifest,
+            precision=args.precision,
+        )
         folder = source.parent
     keys = [load_public_key(p) for p in args.trusted_key]
     if args.activate:
@@ -254,40 +267,6 @@ def run_install(args: argparse.Namespace) -> int:
     state = "active" if args.activate else "installed, not active"
     print(f"{release.name} v{release.version} {digest}: {state}")
     return 0
-
-
-def _release_for_file(args: argparse.Namespace, store: ModelStore, path: Path) -> SignedRelease:
-    from edge_agent.catalog.manifest import load_manifest
-    from edge_agent.store.release import SignedRelease, build_release, load_private_key, sign
-
-    if not path.is_file():
-        raise EdgeAgentError(
-            f"model file {path} does not exist", "check the path", "input.not_found"
-        )
-    sidecar = args.manifest or path.with_suffix(".toml")
-    if not sidecar.is_file():
-        raise EdgeAgentError(
-            f"{path} has no manifest beside it ({sidecar.name})",
-            "write one like models/*.toml, or pass --manifest",
-            "input.not_found",
-        )
-    manifest = load_manifest(sidecar)
-    name = args.name or manifest.name
-    files = [path.name]
-    if path.suffix.lower() == ".xml":
-        files.append(path.with_suffix(_IR_WEIGHTS).name)
-    release = build_release(
-        name=name,
-        version=args.version or store.state(name).highest + 1,
-        folder=path.parent,
-        files=files,
-        model=path.name,
-        manifest=manifest,
-        precision=args.precision or ("int8" if manifest.quantization else "f32"),
-    )
-    if args.key is not None:
-        return sign(release, load_private_key(args.key))
-    return SignedRelease(release=release)
 
 
 def run_activate(args: argparse.Namespace) -> int:

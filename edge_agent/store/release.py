@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from edge_agent.catalog.manifest import Manifest
+from edge_agent.catalog.manifest import Manifest, load_manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
 from edge_agent.paths import is_safe_name
@@ -437,3 +437,50 @@ def load_signed_release(path: Path) -> SignedRelease:
             f"release {path} does not exist", "check the path", "input.not_found"
         ) from None
     return parse_signed_release(data)
+
+
+def release_for_file(
+    path: Path,
+    *,
+    name: str | None,
+    version: int,
+    key: Ed25519PrivateKey | None,
+    manifest_path: Path | None = None,
+    precision: Precision | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    lifetime: timedelta = DEFAULT_LIFETIME,
+) -> SignedRelease:
+    """A release of a model file and its manifest (beside it as `<stem>.toml`), signed with
+    `key` (unsigned when None, for a box's own installs).
+
+    An IR's `.xml` brings its `.bin`. The one builder for `edge-fleet publish-model` and
+    `edge-agent models install FILE`.
+
+    Raises:
+        EdgeAgentError: input.not_found, config.invalid, release.invalid.
+    """
+    if not path.is_file():
+        raise EdgeAgentError(f"model file {path} does not exist", code="input.not_found")
+    sidecar = manifest_path or path.with_suffix(".toml")
+    if not sidecar.is_file():
+        raise EdgeAgentError(
+            f"{path} has no manifest beside it ({sidecar.name})",
+            "write one like models/*.toml, or pass --manifest",
+            code="input.not_found",
+        )
+    manifest = load_manifest(sidecar)  # the catalog's reader: one way to read a manifest
+    files = [path.name]
+    if path.suffix.lower() == ".xml":
+        files.append(path.with_suffix(".bin").name)
+    release = build_release(
+        name=name or manifest.name,
+        version=version,
+        folder=path.parent,
+        files=files,
+        model=path.name,
+        manifest=manifest,
+        precision=precision or ("int8" if manifest.quantization else "f32"),
+        chunk_size=chunk_size,
+        lifetime=lifetime,
+    )
+    return sign(release, key) if key is not None else SignedRelease(release=release)
