@@ -11,7 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from edge_agent.config_files import load_validated
 from edge_agent.errors import EdgeAgentError
@@ -67,6 +74,17 @@ class ImageInput(_Strict):
         default=False,
         description="The file's input has free spatial dims; `shape` is only the default.",
     )
+    fit: Literal["letterbox", "stretch", "crop"] = Field(
+        default="stretch",
+        description=(
+            "How a frame (or a tile of it) fills the input: stretch (each axis on its own), "
+            "letterbox (aspect kept, padded with pad_value) or crop (aspect kept, sides cut). "
+            "Defaults to letterbox for YOLO heads, as Ultralytics trains and exports them."
+        ),
+    )
+    pad_value: int = Field(
+        default=114, ge=0, le=255, description="Grey level of letterbox padding (0-255)."
+    )
 
     @property
     def height(self) -> int:
@@ -89,6 +107,7 @@ class ImageInput(_Strict):
             raise EdgeAgentError(
                 f"input shape {list(shape)} does not fit {self.layout} {list(self.shape)}",
                 f"pass 4 dims in {self.layout} order with {self.shape[channels]} channels",
+                code="model.shape",
             )
         return self.model_copy(update={"shape": tuple(shape)})
 
@@ -102,6 +121,17 @@ class AudioInput(_Strict):
 
 
 InputSpec = Annotated[ImageInput | AudioInput, Field(discriminator="kind")]
+
+Task = Literal["detection", "classification", "text-detection", "vad", "raw"]
+# The heads that decode each task's outputs; the raw head (outputs as they are) fits any
+# image task, for inspecting a model before writing its head.
+TASK_HEADS: dict[str, tuple[str, ...]] = {
+    "detection": ("ssd", "blazeface", "yolo", "raw"),
+    "classification": ("classification", "raw"),
+    "text-detection": ("dbnet", "raw"),
+    "vad": ("vad",),
+    "raw": ("raw",),
+}
 
 
 class QuantizationInfo(_Strict):
@@ -122,8 +152,11 @@ class Manifest(_Strict):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="Short name used on the CLI.")
     description: str = Field(description="One line for humans.")
-    task: Literal["detection", "classification", "text-detection", "vad", "raw"] = Field(
-        description="What the model does; selects how `infer` reads its input."
+    task: Task = Field(
+        description=(
+            "What the model does. Selects how `infer` reads its input (vad: a WAV file, "
+            "the rest: an image) and which heads may decode it; `input` and `head` must agree."
+        )
     )
     licence: str = Field(description="SPDX licence of the model file.")
     format: Literal["onnx", "ir", "tflite", "tf"] = Field(description="File format.")
@@ -136,6 +169,46 @@ class Manifest(_Strict):
     quantization: QuantizationInfo | None = Field(
         default=None, description="Set on models that calibration compressed."
     )
+    precision: Literal["f32", "bf16", "f16"] | None = Field(
+        default=None,
+        description="Inference precision the model was accuracy-gated at and must run at "
+        "(calibration pins f32 when only FP32 passed); None keeps the device default. "
+        "An explicit --precision still wins.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yolo_letterboxes(cls, data: object) -> object:
+        # A YOLO head's default fit is Ultralytics' letterbox; an explicit `fit` still wins.
+        if not isinstance(data, dict):
+            return data
+        head, spec = data.get("head"), data.get("input")
+        kind = head.get("type") if isinstance(head, dict) else getattr(head, "type", None)
+        if kind != "yolo":
+            return data
+        if isinstance(spec, dict) and spec.get("kind", "image") == "image" and "fit" not in spec:
+            return {**data, "input": {**spec, "fit": "letterbox"}}
+        if isinstance(spec, ImageInput) and "fit" not in spec.model_fields_set:
+            return {**data, "input": spec.model_copy(update={"fit": "letterbox"})}
+        return data
+
+    @field_validator("input")
+    @classmethod
+    def _input_fits_task(cls, value: ImageInput | AudioInput, info: ValidationInfo) -> object:
+        task = info.data.get("task")
+        wanted = "audio" if task == "vad" else "image"
+        if task is not None and value.kind != wanted:
+            raise ValueError(f"a {task} model takes {wanted} input, not {value.kind}")
+        return value
+
+    @field_validator("head")
+    @classmethod
+    def _head_fits_task(cls, value: HeadConfig, info: ValidationInfo) -> object:
+        task = info.data.get("task")
+        if task is not None and value.type not in TASK_HEADS[task]:
+            heads = " or ".join(TASK_HEADS[task])
+            raise ValueError(f"a {task} model's head is {heads}, not {value.type}")
+        return value
 
 
 def load_manifest(path: Path) -> Manifest:

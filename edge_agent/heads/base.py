@@ -14,6 +14,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.errors import EdgeAgentError
+
 FloatArray = npt.NDArray[np.float32]
 Outputs = Mapping[str, npt.NDArray[np.generic]]
 
@@ -23,14 +25,14 @@ class _Result(BaseModel):
 
 
 class Detection(_Result):
-    """One object found in a frame, in the pixel coordinates of the frame handed in."""
+    """One object found: a head gives it in model-input pixels, a pipeline in frame pixels."""
 
     kind: Literal["detection"] = "detection"
     label: str = Field(description="Class name from the model's manifest.")
     class_id: int = Field(description="Class index as the model numbers it.")
     score: float = Field(ge=0.0, le=1.0, description="Confidence in [0, 1].")
     box: tuple[float, float, float, float] = Field(
-        description="x_min, y_min, x_max, y_max in input pixels."
+        description="x_min, y_min, x_max, y_max in pixels (model input from a head, frame after).",
     )
     keypoints: tuple[tuple[float, float], ...] = Field(
         default=(), description="Optional (x, y) keypoints in input pixels, e.g. face landmarks."
@@ -81,19 +83,37 @@ Result = Detection | Classification | TextBox | SpeechSegment | TensorSummary
 
 
 class FrameHead(Protocol):
-    """Decodes one frame's outputs. `frame_size` is (width, height) of the frame handed in."""
+    """Decodes one model call's outputs into results in model-input pixels.
 
-    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]: ...
+    `input_size` is the (width, height) of the model's input. A head knows nothing of
+    frames: how a frame (or a tile of it) became that input, and the map back, is the
+    caller's `vision.geometry.Geometry`.
+    """
+
+    def decode(self, outputs: Outputs, input_size: tuple[int, int]) -> list[Result]: ...
 
 
-def pick(outputs: Outputs, name: str) -> npt.NDArray[np.generic]:
+def pick(outputs: Outputs, name: str, key: str = "output") -> npt.NDArray[np.generic]:
     """Return output `name`, or fail naming the outputs that do exist.
 
     Backends key each output under every name it has (OpenVINO keeps several),
     so a head can name the role-bearing one from the manifest.
+
+    Args:
+        outputs: the model's outputs by name.
+        name: the output the manifest's head names.
+        key: the head's config key that named it, for the message.
+
+    Raises:
+        EdgeAgentError: `model.incompatible`, the model has no output `name`; the message
+            lists the outputs it has, since the manifest is what the operator must edit.
     """
     try:
         return outputs[name]
     except KeyError:
-        known = ", ".join(sorted(outputs))
-        raise KeyError(f"model has no output {name!r}; it has: {known}") from None
+        known = ", ".join(sorted(outputs)) or "none"
+        raise EdgeAgentError(
+            f"model has no output {name!r} (the manifest's [head] {key}); it has: {known}",
+            f"set [head] {key} in the model's manifest to one of the outputs it has",
+            code="model.incompatible",
+        ) from None

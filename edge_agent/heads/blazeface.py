@@ -76,7 +76,7 @@ def _blend(
     blended: list[tuple[npt.NDArray[np.float64], float]] = []
     while order.size:
         overlaps = iou(boxes[order[0], :4], boxes[order, :4]) > iou_threshold
-        # The leader always belongs to its own cluster, even if its box is degenerate.
+        # The leader always belongs to its own cluster, even if its box has NaN coordinates.
         overlaps[0] = True
         cluster = order[overlaps]
         weights = scores[cluster]
@@ -89,15 +89,15 @@ def _blend(
 def decode_blazeface(
     regressors: npt.NDArray[np.generic],
     logits: npt.NDArray[np.generic],
-    frame_size: tuple[int, int],
+    input_size: tuple[int, int],
     config: BlazeFaceConfig,
 ) -> list[Detection]:
-    """Turn raw BlazeFace outputs into face detections in frame pixels.
+    """Turn raw BlazeFace outputs into face detections in model-input pixels.
 
     Args:
         regressors: [896, 16] or [1, 896, 16], in model-input pixels relative to anchors.
         logits: [896, 1] or [1, 896, 1].
-        frame_size: (width, height) of the frame that was stretched to the model input.
+        input_size: (width, height) of the model input the coordinates are scaled to.
         config: thresholds and label.
 
     Returns:
@@ -128,8 +128,8 @@ def decode_blazeface(
         axis=1,
     )
 
-    width, height = frame_size
-    # The frame was stretched, not letterboxed, so each axis scales on its own.
+    width, height = input_size
+    # Outputs are normalised to the input, each axis on its own.
     scale = np.tile(np.array([width, height], dtype=np.float64), 2 + _KEYPOINTS)
     detections: list[Detection] = []
     for row, score in _blend(rows, scores, config.iou_threshold):
@@ -157,7 +157,7 @@ class BlazeFaceHead:
     def __init__(self, config: BlazeFaceConfig) -> None:
         self.config = config
 
-    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]:
-        regressors = pick(outputs, self.config.regressors)
-        logits = pick(outputs, self.config.scores)
-        return [*decode_blazeface(regressors, logits, frame_size, self.config)]
+    def decode(self, outputs: Outputs, input_size: tuple[int, int]) -> list[Result]:
+        regressors = pick(outputs, self.config.regressors, "regressors")
+        logits = pick(outputs, self.config.scores, "scores")
+        return [*decode_blazeface(regressors, logits, input_size, self.config)]

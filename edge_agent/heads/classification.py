@@ -49,6 +49,6 @@ class ClassificationHead:
     def __init__(self, config: ClassificationConfig) -> None:
         self.config = config
 
-    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]:
+    def decode(self, outputs: Outputs, input_size: tuple[int, int]) -> list[Result]:
         c = self.config
         return list(top_k(pick(outputs, c.output)[0], c.top_k, c.labels, c.softmax))

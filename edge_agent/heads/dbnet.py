@@ -82,17 +82,17 @@ def _mean_inside(prob: npt.NDArray[np.float32], corners: Corners) -> float:
 
 
 def decode_dbnet(
-    prob: npt.NDArray[np.generic], frame_size: tuple[int, int], config: DbnetConfig
+    prob: npt.NDArray[np.generic], input_size: tuple[int, int], config: DbnetConfig
 ) -> list[TextBox]:
     """Find text regions in a DBNet probability map.
 
     Args:
         prob: probability map, [1, 1, H, W] or [H, W].
-        frame_size: (width, height) of the frame that was resized to the model input.
+        input_size: (width, height) of the model input (the map may be smaller).
         config: thresholds.
 
     Returns:
-        Text boxes with corners in frame pixels, clockwise from top-left, clipped to the frame.
+        Text boxes with corners in model-input pixels, clockwise from top-left, clipped to it.
     """
     probs = np.asarray(prob, dtype=np.float32)
     if probs.ndim == 4 and probs.shape[:2] == (1, 1):
@@ -105,7 +105,7 @@ def decode_dbnet(
         bitmap = np.asarray(cv2.dilate(bitmap, np.ones((2, 2), dtype=np.uint8)), dtype=np.uint8)
     contours, _ = cv2.findContours(bitmap, cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
 
-    width, height = frame_size
+    width, height = input_size
     scale = np.array([width / map_w, height / map_h])
     boxes: list[TextBox] = []
     for contour in contours[: config.max_candidates]:
@@ -166,5 +166,5 @@ class DbnetHead:
     def __init__(self, config: DbnetConfig) -> None:
         self.config = config
 
-    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]:
-        return [*decode_dbnet(pick(outputs, self.config.output), frame_size, self.config)]
+    def decode(self, outputs: Outputs, input_size: tuple[int, int]) -> list[Result]:
+        return [*decode_dbnet(pick(outputs, self.config.output), input_size, self.config)]

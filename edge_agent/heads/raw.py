@@ -39,7 +39,7 @@ class RawHead:
     def __init__(self, config: RawConfig) -> None:
         self.config = config
 
-    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]:
+    def decode(self, outputs: Outputs, input_size: tuple[int, int]) -> list[Result]:
         # Backends key one tensor under each of its names; report each tensor once.
         seen: set[int] = set()
         found: list[Result] = []

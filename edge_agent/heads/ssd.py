@@ -1,7 +1,7 @@
 """SSD head for TF Object Detection API graphs that carry their own NMS.
 
 The graph already returns boxes sorted by score; this head only thresholds,
-maps labels and turns normalised (ymin, xmin, ymax, xmax) into frame pixels.
+maps labels and turns normalised (ymin, xmin, ymax, xmax) into model-input pixels.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ def decode_ssd(
     classes: np.ndarray,
     scores: np.ndarray,
     count: int,
-    frame_size: tuple[int, int],
+    input_size: tuple[int, int],
     config: SsdConfig,
 ) -> list[Detection]:
     """Decode one image's SSD outputs (batch dimension already removed)."""
-    width, height = frame_size
+    width, height = input_size
     n = max(0, min(int(count), scores.shape[0]))
     found: list[Detection] = []
     for i in range(n):
@@ -63,16 +63,16 @@ class SsdHead:
     def __init__(self, config: SsdConfig) -> None:
         self.config = config
 
-    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]:
+    def decode(self, outputs: Outputs, input_size: tuple[int, int]) -> list[Result]:
         c = self.config
-        count = pick(outputs, c.count).reshape(-1)
+        count = pick(outputs, c.count, "count").reshape(-1)
         return list(
             decode_ssd(
-                pick(outputs, c.boxes)[0],
-                pick(outputs, c.classes)[0],
-                pick(outputs, c.scores)[0],
+                pick(outputs, c.boxes, "boxes")[0],
+                pick(outputs, c.classes, "classes")[0],
+                pick(outputs, c.scores, "scores")[0],
                 int(count[0]) if count.size else 0,
-                frame_size,
+                input_size,
                 c,
             )
         )

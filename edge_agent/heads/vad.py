@@ -4,12 +4,15 @@ The model sees one window of audio at a time (plus a little context from the
 previous window) and returns a speech probability; its recurrent state is fed
 back by the runtime. This module turns that probability stream into speech
 segments with the same hysteresis as silero's `get_speech_timestamps`, but one
-window at a time so segments can be published as they close.
+window at a time so segments can be published as they close, and into a
+speech timeline whose marks say when speech started and ended as soon as the
+hysteresis has decided it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -78,8 +81,38 @@ def audio_windows(samples: FloatArray, window: int, context: int) -> Iterator[Fl
         yield padded[k * window : k * window + context + window]
 
 
+@dataclass(frozen=True, slots=True)
+class SpeechMark:
+    """A point on a stream's speech timeline, in stream seconds, for event rules.
+
+    Marks come in time order. `speaking=True` means speech is going on at `ts`
+    (a confirmed segment, padded as its results are); `speaking=False` means
+    the stream is known to be silent up to `ts`.
+    """
+
+    ts: float
+    speaking: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VadStep:
+    """What one window (or the end of the stream) told the segmenter."""
+
+    closed: list[SpeechSegment]
+    """Segments that closed, as `push` returns them."""
+    marks: list[SpeechMark]
+    """New points on the speech timeline, for real-time events."""
+
+
 class VadSegmenter:
-    """Turns per-window speech probabilities into speech segments as they close."""
+    """Turns per-window speech probabilities into speech segments and a speech timeline.
+
+    Segments come out when they close. The timeline (`step`) says when speech
+    starts as soon as it has lasted `min_speech_s`, stamped with the segment's
+    padded start, and when it ends as soon as `min_silence_s` of quiet confirms
+    it, stamped with the padded end: the same hysteresis, so a start mark is
+    always followed by a segment, and no later than the segment closes.
+    """
 
     def __init__(self, config: VadConfig) -> None:
         self.config = config
@@ -99,8 +132,11 @@ class VadSegmenter:
         self._windows = 0
         self._start: int | None = None
         self._candidate_end: int | None = None
+        self._confirmed = False
         # Padding must not make a segment reach back into the one before it.
         self._last_end = 0.0
+        self._last_mark = 0.0
+        self._marks: list[SpeechMark] = []
 
     def push(self, probability: float) -> list[SpeechSegment]:
         """Feed the next window's speech probability.
@@ -108,21 +144,7 @@ class VadSegmenter:
         Returns:
             The segment that closed with this window, if any.
         """
-        position = self._windows * self.config.window
-        self._windows += 1
-        if probability >= self.config.threshold:
-            self._candidate_end = None
-            if self._start is None:
-                self._start = position
-            return []
-        if self._start is None or probability >= self._neg_threshold:
-            return []
-        if self._candidate_end is None:
-            self._candidate_end = position
-        # Measured from the start of the first quiet window to the start of this one, as silero.
-        if position - self._candidate_end < self._min_silence:
-            return []
-        return self._close(self._candidate_end)
+        return self.step(probability).closed
 
     def flush(self) -> list[SpeechSegment]:
         """End the stream: close any open segment, then start afresh for a new stream.
@@ -130,25 +152,91 @@ class VadSegmenter:
         Returns:
             The segment that was open, if long enough.
         """
+        return self.finish().closed
+
+    def step(self, probability: float) -> VadStep:
+        """Feed the next window's speech probability; see `VadStep` for what comes back."""
+        window = self.config.window
+        position = self._windows * window
+        self._windows += 1
+        closed: list[SpeechSegment] = []
+        if probability >= self.config.threshold:
+            self._candidate_end = None
+            if self._start is None:
+                self._start = position
+            self._speech_through(position + window)
+        elif self._start is None:
+            # Known silent, except as far back as a later segment's padding may reach.
+            self._mark(position + window - self._pad, speaking=False)
+        elif probability >= self._neg_threshold:
+            if self._candidate_end is None:
+                self._speech_through(position + window)
+        else:
+            if self._candidate_end is None:
+                self._candidate_end = position
+            # Measured from the start of the first quiet window to the start of this one,
+            # as silero.
+            if position - self._candidate_end >= self._min_silence:
+                closed = self._close(self._candidate_end, ended=True)
+        return self._step(closed)
+
+    def finish(self) -> VadStep:
+        """End the stream, as `flush`, with the last marks; then start afresh."""
         closed: list[SpeechSegment] = []
         if self._start is not None:
             # Trailing quiet too short to confirm is still not speech.
             end = self._candidate_end
-            closed = self._close(end if end is not None else self._windows * self.config.window)
+            seen = self._windows * self.config.window
+            # Speech still going when the stream stops has not ended: no end mark.
+            closed = self._close(end if end is not None else seen, ended=end is not None)
+        step = self._step(closed)
         self._reset()
-        return closed
+        return step
 
-    def _close(self, end: int) -> list[SpeechSegment]:
+    def _step(self, closed: list[SpeechSegment]) -> VadStep:
+        marks, self._marks = self._marks, []
+        return VadStep(closed, marks)
+
+    def _mark(self, samples: float, *, speaking: bool) -> None:
+        # Never back in time: event rules read a step backwards as a restarted stream.
+        ts = max(samples / self.config.sample_rate, self._last_mark)
+        self._last_mark = ts
+        self._marks.append(SpeechMark(ts, speaking))
+
+    def _padded_start(self, start: int) -> float:
+        # Never clamp past the segment's own start: that would eat real speech.
+        return max(start - self._pad, min(self._last_end, start), 0.0)
+
+    def _speech_through(self, end: int) -> None:
+        """Speech runs on to sample `end`: confirm it once it is long enough to keep."""
+        start = self._start
+        assert start is not None
+        if not self._confirmed:
+            if end - start < self._min_speech:
+                # Too short to keep yet; the stream was silent up to its padded start.
+                self._mark(self._padded_start(start), speaking=False)
+                return
+            # Every later end is at or past `end`, so a confirmed segment is never dropped.
+            self._confirmed = True
+            self._mark(self._padded_start(start), speaking=True)
+        self._mark(end, speaking=True)
+
+    def _close(self, end: int, *, ended: bool) -> list[SpeechSegment]:
         start = self._start
         self._start = None
         self._candidate_end = None
+        self._confirmed = False
         if start is None or end - start < self._min_speech:
             return []
         seen = self._windows * self.config.window
-        # Never clamp past the segment's own start: that would eat real speech.
-        padded_start = max(start - self._pad, min(self._last_end, start), 0.0)
+        padded_start = self._padded_start(start)
         padded_end = min(end + self._pad, seen)
         self._last_end = padded_end
+        # Kept means confirmed: a segment long enough to keep was long enough at its last
+        # speech window, which confirmed it and marked its start.
+        self._mark(padded_end, speaking=True)
+        if ended:
+            self._mark(padded_end, speaking=False)
         rate = self.config.sample_rate
         return [SpeechSegment(start=padded_start / rate, end=padded_end / rate)]
 

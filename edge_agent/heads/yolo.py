@@ -2,7 +2,7 @@
 
 v5 rows are (cx, cy, w, h, objectness, class scores...); v8 and v11 drop the
 objectness and transpose the tensor to [1, 4 + C, N]. Boxes are in model-input
-pixels of a frame that was stretched (not letterboxed) to the input size.
+pixels; the caller's geometry maps them to the frame (Ultralytics letterboxes with 114).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.heads.base import Detection, Outputs, Result, pick
-from edge_agent.heads.boxes import nms
+from edge_agent.heads.boxes import nms_per_class
 
 
 class YoloConfig(BaseModel):
@@ -63,13 +63,13 @@ def _rows(raw: npt.NDArray[np.generic], config: YoloConfig) -> npt.NDArray[np.fl
 
 
 def decode_yolo(
-    raw: npt.NDArray[np.generic], frame_size: tuple[int, int], config: YoloConfig
+    raw: npt.NDArray[np.generic], input_size: tuple[int, int], config: YoloConfig
 ) -> list[Detection]:
-    """Turn raw YOLO predictions into detections in frame pixels.
+    """Turn raw YOLO predictions into detections in model-input pixels.
 
     Args:
         raw: the model's output tensor, laid out as `config.layout` says.
-        frame_size: (width, height) of the frame that was stretched to the model input.
+        input_size: (width, height) of the model input (`config.input_size` unless reshaped).
         config: labels and thresholds.
 
     Returns:
@@ -84,21 +84,21 @@ def decode_yolo(
     if not len(rows):
         return []
 
-    width, height = frame_size
+    width, height = input_size
     in_w, in_h = config.input_size
     cx, cy, half_w, half_h = rows[:, 0], rows[:, 1], rows[:, 2] / 2, rows[:, 3] / 2
     boxes = np.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], axis=1)
     boxes *= [width / in_w, height / in_h, width / in_w, height / in_h]
     boxes = np.clip(boxes, 0.0, [width, height, width, height])
+    # A box with no area inside the input is no detection; dropping it before NMS keeps it
+    # from taking a place in the ranking.
+    real = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    boxes, class_ids, scores = boxes[real], class_ids[real], scores[real]
 
-    # Shifting each class into its own far-apart region makes one NMS pass class-aware.
-    offsets = class_ids[:, None] * (float(max(width, height)) + 1.0)
-    kept = nms(boxes + offsets, scores, config.iou_threshold)
+    kept = nms_per_class(boxes, scores, class_ids, config.iou_threshold)
     detections: list[Detection] = []
-    for i in kept:
+    for i in kept[: config.max_detections]:
         x1, y1, x2, y2 = boxes[i]
-        if x2 <= x1 or y2 <= y1:
-            continue
         detections.append(
             Detection(
                 label=config.labels[class_ids[i]],
@@ -107,8 +107,6 @@ def decode_yolo(
                 box=(float(x1), float(y1), float(x2), float(y2)),
             )
         )
-        if len(detections) == config.max_detections:
-            break
     return detections
 
 
@@ -118,5 +116,5 @@ class YoloHead:
     def __init__(self, config: YoloConfig) -> None:
         self.config = config
 
-    def decode(self, outputs: Outputs, frame_size: tuple[int, int]) -> list[Result]:
-        return [*decode_yolo(pick(outputs, self.config.output), frame_size, self.config)]
+    def decode(self, outputs: Outputs, input_size: tuple[int, int]) -> list[Result]:
+        return [*decode_yolo(pick(outputs, self.config.output), input_size, self.config)]

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Lock
+from typing import TypeVar
 
 from edge_agent.catalog.manifest import ImageInput
 from edge_agent.errors import EdgeAgentError
@@ -86,14 +87,14 @@ class Detector:
         if self.mode == "regions" and self.spec.learn:
             self._grid = _load_grid(grid_path)
         self._lock = Lock()
-        self._views: dict[tuple[Size, Size], _View] = {}
+        self._views: dict[tuple[Size, Size, int], _View] = {}
         self._geometries: dict[tuple[Size, Rect | None, ImageInput], Geometry] = {}
         self._saved_ts: float | None = None
 
     def plan(self, frame: Frame, image: ImageInput) -> list[Geometry]:
         """The model calls for `frame`, each as the geometry of its input (reader thread)."""
         size = (frame.image.shape[1], frame.image.shape[0])
-        view = self._view(size, image)
+        view = self._view(size, image, frame.scale)
         if self.mode == "frame":
             return [self._geometry(size, image, None)]
         if self.mode == "tiles":
@@ -132,7 +133,7 @@ class Detector:
             ]
             others = [r for _, found in mapped for r in found if not isinstance(r, Detection)]
             results = [*merge_detections(per_call, size), *others]
-        view = self._view(size, image)
+        view = self._view(size, image, frame.scale)
         results = view.scene.unmasked(results)
         if view.planner is not None:
             detections = [r for r in results if isinstance(r, Detection)]
@@ -149,14 +150,16 @@ class Detector:
         """Save the learned grid (regions), so the camera's next run starts from it."""
         self._save()
 
-    def _view(self, size: Size, image: ImageInput) -> _View:
-        key = (size, (image.width, image.height))
+    def _view(self, size: Size, image: ImageInput, scale: int) -> _View:
+        key = (size, (image.width, image.height), scale)
         view = self._views.get(key)
         if view is not None:
             return view
-        scene = Scene(size, self.zones, self.masks)
+        # A frame decoded at 1/`scale` (reduced JPEG decode): pixel-unit zones, masks and
+        # the tile side are the camera's pixels, so they shrink with it.
+        scene = Scene(size, _scaled(self.zones, scale), _scaled(self.masks, scale))
         model_side = max(image.width, image.height)
-        tile = max(model_side, self.spec.tile or size[1] // 2)
+        tile = max(model_side, (self.spec.tile or size[1] * scale // 2) // scale)
         motion: MotionDetector | None = None
         planner: RegionPlanner | None = None
         tiles: list[Geometry] = []
@@ -217,6 +220,18 @@ class Detector:
                 path=str(self._grid_path),
                 error=str(exc),
             )
+
+
+Shape = TypeVar("Shape", Zone, Mask)
+
+
+def _scaled(shapes: Sequence[Shape], scale: int) -> list[Shape]:
+    return [
+        s.model_copy(update={"points": tuple((x / scale, y / scale) for x, y in s.points)})
+        if s.units == "px" and scale != 1
+        else s
+        for s in shapes
+    ]
 
 
 def _load_grid(path: Path | None) -> RegionGrid:

@@ -7,9 +7,9 @@ carrying this same model, so it holds no paths to code, only data.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_agent.config_files import load_validated
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec
@@ -22,6 +22,7 @@ from edge_agent.pipelines.sources import (
     StreamSourceSpec,
 )
 from edge_agent.runtime.base import Hint, Precision
+from edge_agent.vision.zones import Mask, Zone
 
 AnySourceSpec = Annotated[
     FileSourceSpec
@@ -50,6 +51,40 @@ class ModelRef(BaseModel):
     precision: Precision | None = Field(default=None, description="None keeps the device default.")
 
 
+class DetectSpec(BaseModel):
+    """Where in each frame the model looks (the README's spec section gives the costs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["frame", "tiles", "regions"] = Field(
+        default="frame",
+        description=(
+            "frame: one call on the whole frame, aspect-true as the manifest's fit says; "
+            "tiles: overlapping squares over the frame (or its zones), one call each; "
+            "regions: only where there is motion or a tracked object, plus periodic sweeps."
+        ),
+    )
+    tile: int | None = Field(
+        default=None,
+        ge=32,
+        description="Tile side in frame pixels (tiles, and regions' sweeps); "
+        "default half the frame height, never under the model's input.",
+    )
+    overlap: float = Field(
+        default=0.2, ge=0.0, lt=0.9, description="Fraction of a tile shared with its neighbour."
+    )
+    sweep_every_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        description="regions: stream seconds between full tiled sweeps (0: every frame).",
+    )
+    learn: bool = Field(
+        default=True,
+        description="regions: learn object sizes per cell of an 8x8 grid, kept in the state "
+        "directory, to size regions around partial motion.",
+    )
+
+
 def _stdout_sink() -> list[SinkSpec]:
     return [JsonLinesSinkSpec()]
 
@@ -62,10 +97,32 @@ class PipelineSpec(BaseModel):
     id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Unique within the agent.")
     model: ModelRef = Field(description="The model to run.")
     source: AnySourceSpec = Field(description="Where frames or audio come from.")
+    detect: DetectSpec = Field(
+        default_factory=DetectSpec, description="Where in each frame the model looks."
+    )
+    zones: list[Zone] = Field(
+        default_factory=list, description="Named areas; event rules and results name them."
+    )
+    masks: list[Mask] = Field(
+        default_factory=list, description="Areas whose detections and motion are ignored."
+    )
     events: list[EventRule] = Field(default_factory=list, description="Event rules.")
     sinks: list[SinkSpec] = Field(default_factory=_stdout_sink, description="Where results go.")
     max_frames: int | None = Field(default=None, ge=1, description="Stop after this many frames.")
     telemetry: bool = Field(default=True, description="Keep per-stage latency histograms.")
+
+    @model_validator(mode="after")
+    def _zones_named(self) -> PipelineSpec:
+        names = [z.name for z in self.zones]
+        if len(set(names)) != len(names):
+            raise ValueError(f"zone names must be unique; got {names}")
+        for rule in self.events:
+            if rule.zone is not None and rule.zone not in names:
+                known = ", ".join(names) or "none"
+                raise ValueError(
+                    f"event rule {rule.name!r} names zone {rule.zone!r}; the zones are: {known}"
+                )
+        return self
 
 
 def load_spec(path: Path) -> PipelineSpec:

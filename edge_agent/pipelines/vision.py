@@ -1,16 +1,20 @@
 """The vision pipeline: read frames, keep every infer request busy, emit in order.
 
-Three threads share the work so none waits on another more than it must:
-- the caller's thread reads frames and submits them (blocking only while every
+Three kinds of thread share the work so none waits on another more than it must:
+- a reader thread reads frames and submits them (blocking only while every
   infer request is busy: that wait is the "queue" stage);
 - the engine's threads run inference and hand outputs back;
 - an emitter thread puts results back in frame order, decodes them, applies
-  event rules and feeds the sinks.
+  event rules and feeds the sinks; it is the sinks' only caller.
 A semaphore bounds frames in flight, so a slow sink slows reading (a file) or
 makes a live source drop its oldest frames, instead of growing memory.
 
+The caller's thread only supervises, so `stop()` is kept within
+`stopping.STOP_BUDGET_S` whatever the others are stuck in (see `stopping`).
+
 A model swap is applied between two submits: frames already in flight finish
-on the old model and decode with its head, the next frame goes to the new one.
+on the old model and decode with its head, the next frame goes to the new one;
+the old model is retired as soon as its last frame has been emitted.
 """
 
 from __future__ import annotations
@@ -20,55 +24,30 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from edge_agent.catalog.manifest import ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
-from edge_agent.heads.base import FrameHead
-from edge_agent.heads.registry import build_frame_head
+from edge_agent.logs import error_text, log_crash, log_event
+from edge_agent.pipelines.active import ActiveModel
 from edge_agent.pipelines.base import Event, Frame, FrameResult, FrameSource, Sink, SourceError
+from edge_agent.pipelines.detect import Detector
 from edge_agent.pipelines.events import EventTracker
+from edge_agent.pipelines.flight import Call, End, InFlight, InputBuffers, Retire
+from edge_agent.pipelines.guard import guard_sinks
+from edge_agent.pipelines.stopping import GRACE_S, POLL_S, StopFlag, acquire_unless, supervise
 from edge_agent.runtime.base import CompiledModel, Tensors
-from edge_agent.runtime.preprocess import fit_frame
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 
 log = logging.getLogger(__name__)
 
-Retire = Callable[[CompiledModel], None]
+OnRetire = Callable[[CompiledModel], None]
 """Called, off the hot path, with a model that no frame will use again."""
 
-
-@dataclass(frozen=True, slots=True)
-class ActiveModel:
-    """A compiled model with what decoding its outputs needs."""
-
-    model: CompiledModel
-    manifest: Manifest
-    label: str
-    head: FrameHead
-    image: ImageInput
-    """The input spec at the compiled model's shape: what frames are fitted to."""
-
-    @classmethod
-    def build(cls, model: CompiledModel, manifest: Manifest, label: str) -> ActiveModel:
-        spec = manifest.input
-        if not isinstance(spec, ImageInput):
-            raise EdgeAgentError(
-                f"{manifest.name} takes audio; a video source needs an image model",
-                "use an audio source (a .wav file or a microphone) with it",
-            )
-        image = spec.with_shape(model.report.model_shape)
-        return cls(model, manifest, label, build_frame_head(manifest.head), image)
+STALL_S = 10.0
+"""A frame the engine has not returned after this long, while later ones have, is lost."""
 
 
-@dataclass(slots=True)
-class _InFlight:
-    seq: int
-    frame: Frame
-    active: ActiveModel
-    started: float
-    prepare_s: float
-    submitted: float
+_Done = tuple[InFlight, float]
+"""A frame whose calls are all back, and when the last came back."""
 
 
 class VisionPipeline:
@@ -83,27 +62,37 @@ class VisionPipeline:
         telemetry: PipelineTelemetry,
         events: EventTracker,
         max_frames: int | None = None,
-        on_retire: Retire | None = None,
+        on_retire: OnRetire | None = None,
+        grace_s: float = GRACE_S,
+        detector: Detector | None = None,
     ) -> None:
         self.name = name
         self.source = source
         self.telemetry = telemetry
-        self.error: SourceError | None = None
-        self.failures = 0
+        self.error: EdgeAgentError | None = None
         self._last_ts = 0.0
         self._active = active
-        self._sinks = sinks
+        self._sinks = guard_sinks(sinks, name, lambda: telemetry.count("sink_failures"))
         self._events = events
+        self._detector = detector or Detector()
+        self._buffers = InputBuffers()
+        telemetry.mode = self._detector.mode
         self._max_frames = max_frames
         self._on_retire = on_retire
+        self._grace_s = grace_s
         self._pending: ActiveModel | None = None
         self._swap_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._done: queue.SimpleQueue[tuple[_InFlight, Tensors, float, float] | Event | None] = (
-            queue.SimpleQueue()
-        )
+        self._stop = StopFlag()
+        self._done: queue.SimpleQueue[_Done | Event | End | Retire] = queue.SimpleQueue()
         self._window = threading.BoundedSemaphore(max(2, 2 * active.model.report.requests + 2))
         self._swapped: list[Event] = []
+        # Frames submitted vs settled (emitted, failed or lost); `_left` is set once, when
+        # run() gives up on the workers, and whatever is unsettled then was dropped.
+        self._count_lock = threading.Lock()
+        self._submitted = 0
+        self._settled = 0
+        self._left = False
+        self._emitter_crashed = False
 
     def request_swap(self, active: ActiveModel) -> None:
         """Run `active` from the next frame on; thread-safe, returns at once."""
@@ -115,151 +104,292 @@ class VisionPipeline:
         self._done.put(event.model_copy(update={"ts": self._last_ts}))
 
     def stop(self) -> None:
-        """Finish the frames in flight and return from `run`; thread-safe."""
+        """Make `run` return within 2 s: frames in flight finish or are dropped and counted.
+
+        Thread-safe, and safe to call from a signal handler (it takes no lock).
+        """
         self._stop.set()
 
     def run(self) -> PipelineStats:
         """Process frames until the source ends, `max_frames`, `stop()` or a source error."""
         # FPS counts from the first frame, not from when the model was compiled.
         self.telemetry.reset()
+        reader = threading.Thread(target=self._read_loop, name=f"read-{self.name}", daemon=True)
         emitter = threading.Thread(target=self._emit_loop, name=f"emit-{self.name}", daemon=True)
         emitter.start()
-        used = [self._active]
+        reader.start()
+        # The emitter ends last: after the reader's end marker and the last frame.
+        finished = supervise(emitter, self._stop, self._grace_s) and not self._emitter_crashed
+        if finished:
+            # The reader is only closing its source now; wait for it within the same budget.
+            finished = supervise(reader, self._stop, self._grace_s)
+        else:
+            self._stop.set()
+        if not finished:
+            self._leave(reader, emitter)
+        return self.telemetry.snapshot()
+
+    def _halted(self) -> bool:
+        return self._stop.is_set() or self._left or self._emitter_crashed
+
+    def _leave(self, reader: threading.Thread, emitter: threading.Thread) -> None:
+        """Give up on workers still busy; count what they held as dropped, or failed."""
+        with self._count_lock:
+            self._left = True
+            unsettled = self._submitted - self._settled
+        if self._emitter_crashed:
+            self.telemetry.count("frame_failures", unsettled)
+        else:
+            self.telemetry.count("dropped_on_stop", unsettled)
+        stuck = [t.name for t in (reader, emitter) if t.is_alive()]
+        log_event(
+            log,
+            logging.WARNING,
+            "pipeline_left_workers",
+            pipeline=self.name,
+            stuck=",".join(stuck) or "none",
+            unsettled=unsettled,
+        )
+
+    # --- reader thread ----------------------------------------------------------------
+    def _read_loop(self) -> None:
         seq = 0
+        error: EdgeAgentError | None = None
         try:
-            while not self._stop.is_set() and (self._max_frames is None or seq < self._max_frames):
-                swapped = self._take_swap()
-                if swapped is not None:
-                    used.append(swapped)
+            while not self._halted() and (self._max_frames is None or seq < self._max_frames):
+                self._take_swap(seq)
                 try:
                     frame = self.source.read()
                 except SourceError as exc:
-                    self.error = exc
+                    error = exc
                     break
                 if frame is None:
                     break
-                self._submit(seq, frame)
+                if self._halted() or not self._submit(seq, frame):
+                    self.telemetry.count("dropped_on_stop")
+                    break
                 seq += 1
+        except EdgeAgentError as exc:
+            # The engine refused a frame (e.g. its device went away): end like a source error.
+            error = exc
+        except Exception as exc:
+            log_crash(log, "reader_crashed", pipeline=self.name)
+            error = EdgeAgentError(f"the pipeline failed: {error_text(exc)}", code="internal")
         finally:
-            for active in used:
-                active.model.wait()
-            self._done.put(None)
-            emitter.join()
-            self.telemetry.set_dropped(self.source.dropped)
-            self.source.close()
-        if self.error is not None:
-            self._emit_error(self.error, seq)
-        for active in used[:-1]:
-            if self._on_retire is not None:
-                self._on_retire(active.model)
-        return self.telemetry.snapshot()
+            self.error = error
+            self._done.put(End(seq, error))
+            try:
+                self.telemetry.set_dropped(self.source.dropped)
+                self.source.close()
+            except Exception as exc:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "source_close_failed",
+                    pipeline=self.name,
+                    error=error_text(exc),
+                )
 
-    def _take_swap(self) -> ActiveModel | None:
+    def _take_swap(self, seq: int) -> None:
         with self._swap_lock:
             pending, self._pending = self._pending, None
         if pending is None:
-            return None
+            return
         old, self._active = self._active, pending
+        self._done.put(Retire(seq - 1, old.model))
         self._swapped.append(
             Event(kind="model_swapped", ts=0.0, detail=f"{old.label} -> {pending.label}")
         )
-        log.info(
-            "pipeline=%s event=model_swapped from=%s to=%s", self.name, old.label, pending.label
+        log_event(
+            log,
+            logging.INFO,
+            "model_swapped",
+            pipeline=self.name,
+            old=old.label,
+            model=pending.label,
         )
-        return pending
 
-    def _submit(self, seq: int, frame: Frame) -> None:
+    def _submit(self, seq: int, frame: Frame) -> bool:
         active = self._active
         self._last_ts = frame.ts
         started = time.perf_counter() - frame.read_s
-        self._window.acquire()
+        if not acquire_unless(self._window, self._halted):
+            return False
         t0 = time.perf_counter()
-        # Fitting here (not inside submit) makes it the "preprocess" stage; the backend
-        # then finds the frame already at the model's size and does not copy it again.
-        inputs = {active.image.name: fit_frame(frame.image, active.image)[None]}
-        prepared = time.perf_counter()
-        item = _InFlight(seq, frame, active, started, prepared - t0, prepared)
-        active.model.submit(inputs, self._completed, item)
+        # Planning (motion, regions) and fitting here make the "preprocess" stage; the
+        # backend then finds each input already at the model's size and copies nothing.
+        item = InFlight(seq, frame, active, started, self._detector.plan(frame, active.image))
+        inputs = [self._buffers.take(g) for g in item.calls]
+        for geometry, buffer in zip(item.calls, inputs, strict=True):
+            geometry.prepare(frame.image, buffer)
+        item.submitted = time.perf_counter()
+        item.prepare_s = item.submitted - t0
+        with self._count_lock:
+            if self._left:
+                return False
+            self._submitted += 1
+        if not item.calls:
+            # Nothing to look at (a still scene between sweeps): straight to the emitter.
+            self._done.put((item, item.submitted))
+        for index, buffer in enumerate(inputs):
+            # Parallel requests: the engine runs a frame's tiles or regions side by side.
+            name = active.image.name
+            active.model.submit({name: buffer[None]}, self._completed, Call(item, index, buffer))
+        return True
 
     def _completed(self, outputs: Tensors, userdata: object, infer_s: float) -> None:
         # Engine thread: hand over and return at once, the emitter does the rest.
-        assert isinstance(userdata, _InFlight)
-        self._done.put((userdata, outputs, infer_s, time.perf_counter()))
+        assert isinstance(userdata, Call)
+        self._buffers.give(userdata.buffer)
+        if userdata.frame.call_done(userdata.index, outputs, infer_s):
+            self._done.put((userdata.frame, time.perf_counter()))
 
+    # --- emitter thread ---------------------------------------------------------------
     def _emit_loop(self) -> None:
-        waiting: dict[int, tuple[_InFlight, Tensors, float, float]] = {}
+        try:
+            if self._drain():
+                self._finish()
+        except BaseException:
+            # A bug here must not leave the reader waiting for a slot: run() sees the flag.
+            self._emitter_crashed = True
+            log_crash(log, "emitter_crashed", pipeline=self.name)
+
+    def _drain(self) -> bool:
+        """Emit frames in order until the reader's last one; False when run() left first."""
+        waiting: dict[int, _Done] = {}
+        retiring: list[Retire] = []
         expected = 0
-        while True:
-            item = self._done.get()
-            if item is None:
-                break
-            if isinstance(item, Event):
-                # The emitter is the sinks' only caller, so they need no locks of their own.
-                self._send(FrameResult(self.name, -1, item.ts, [], [item], {}, self._active.label))
-                continue
-            waiting[item[0].seq] = item
+        end: End | None = None
+        progress = time.monotonic()
+        while not self._left:
+            try:
+                item = self._done.get(timeout=POLL_S)
+            except queue.Empty:
+                owed = waiting or (end is not None and expected < end.submitted)
+                if owed and time.monotonic() - progress > STALL_S:
+                    # Later frames came back, this one never will: count it lost, go on.
+                    self._settle(lost=True)
+                    expected += 1
+                    progress = time.monotonic()
+            else:
+                if isinstance(item, Event):
+                    self._send(FrameResult(self.name, -1, item.ts, [], [item], {}, self._label()))
+                elif isinstance(item, End):
+                    end = item
+                elif isinstance(item, Retire):
+                    retiring.append(item)
+                elif item[0].seq >= expected:
+                    waiting[item[0].seq] = item
+                progress = time.monotonic()
             while expected in waiting:
                 self._emit_safely(waiting.pop(expected))
                 expected += 1
-                self._window.release()
-        # Anything left is out of order only if a frame never completed: emit what we have.
-        for key in sorted(waiting):
-            self._emit_safely(waiting.pop(key))
+            for mark in [m for m in retiring if m.last < expected]:
+                retiring.remove(mark)
+                self._retire(mark.model)
+            if end is not None and expected >= end.submitted:
+                return True
+        return False
 
-    def _emit_safely(self, item: tuple[_InFlight, Tensors, float, float]) -> None:
-        # A head or sink that fails on one frame must not stop the pipeline (or hang
-        # the reader waiting for a free slot): log it, count it, go on.
+    def _finish(self) -> None:
+        """End of stream: close open presences, report the error, close the sinks."""
+        self._detector.close()
+        gone = self._events.flush(self._last_ts)
+        if gone:
+            self._send(FrameResult(self.name, -1, self._last_ts, [], gone, {}, self._label()))
+        if self.error is not None:
+            self._emit_error(self.error)
+        for sink in self._sinks:
+            sink.close()
+
+    def _settle(self, *, lost: bool = False) -> None:
+        if lost:
+            self.telemetry.count("frame_failures")
+        self._window.release()
+        with self._count_lock:
+            self._settled += 1
+
+    def _retire(self, model: CompiledModel) -> None:
+        if self._on_retire is None:
+            return
+        try:
+            self._on_retire(model)
+        except Exception as exc:
+            log_event(
+                log, logging.WARNING, "retire_failed", pipeline=self.name, error=error_text(exc)
+            )
+
+    def _label(self) -> str:
+        return self._active.label
+
+    def _emit_safely(self, item: _Done) -> None:
+        # A head that fails on one frame must not stop the pipeline (or hang the
+        # reader waiting for a free slot): log it, count it, go on.
+        failed = False
         try:
             self._emit(*item)
-        except Exception:
-            self.failures += 1
-            log.exception("pipeline=%s event=emit_failed frame=%d", self.name, item[0].frame.index)
+        except Exception as exc:
+            failed = True
+            log_event(
+                log,
+                logging.WARNING,
+                "frame_failed",
+                pipeline=self.name,
+                model=item[0].active.label,
+                frame=item[0].frame.index,
+                error=error_text(exc),
+            )
+        self._settle(lost=failed)
 
-    def _emit(self, item: _InFlight, outputs: Tensors, infer_s: float, finished: float) -> None:
+    def _emit(self, item: InFlight, finished: float) -> None:
         t0 = time.perf_counter()
-        frame = item.frame
-        height, width = frame.image.shape[:2]
-        results = item.active.head.decode(outputs, (width, height))
-        events = self._events.update(frame.ts, results)
+        frame, head = item.frame, item.active.head
+        parts = [
+            (g, head.decode(out, g.model_size))
+            for g, out in zip(item.calls, item.outputs, strict=True)
+            if out is not None
+        ]
+        results, zoned = self._detector.combine(frame, item.active.image, parts)
+        events = self._events.update(frame.ts, results, zoned)
         if self._swapped:
             events = [e.model_copy(update={"ts": frame.ts}) for e in self._swapped] + events
             self._swapped.clear()
         decoded = time.perf_counter()
+        timings = {
+            "read": frame.read_s,
+            "preprocess": item.prepare_s,
+            "queue": max(0.0, finished - item.submitted - item.infer_s),
+            "infer": item.infer_s,
+            "postprocess": decoded - t0,
+        }
         result = FrameResult(
             pipeline=self.name,
             frame=frame.index,
             ts=frame.ts,
             results=list(results),
             events=events,
-            timings={},
+            timings=timings,
             model=item.active.label,
             image=frame.image,
+            source=frame.source,
+            calls=len(item.calls),
         )
         self._send(result)
         done = time.perf_counter()
         t = self.telemetry
-        t.record("read", frame.read_s)
-        t.record("preprocess", item.prepare_s)
-        t.record("queue", max(0.0, finished - item.submitted - infer_s))
-        t.record("infer", infer_s)
-        t.record("postprocess", decoded - t0)
+        for stage, seconds in timings.items():
+            t.record(stage, seconds)
         t.record("sink", done - decoded)
         t.record("end_to_end", done - item.started)
-        t.frame_done()
+        t.frame_done(len(item.calls))
 
-    def _emit_error(self, error: SourceError, frames: int) -> None:
-        event = Event(kind="source_error", ts=self._last_ts, detail=str(error))
-        log.error("pipeline=%s event=source_error detail=%s", self.name, error)
-        result = FrameResult(
-            pipeline=self.name,
-            frame=frames,
-            ts=self._last_ts,
-            results=[],
-            events=[event],
-            timings={},
-            model=self._active.label,
+    def _emit_error(self, error: EdgeAgentError) -> None:
+        kind = "source_error" if isinstance(error, SourceError) else "pipeline_error"
+        event = Event(kind=kind, ts=self._last_ts, detail=str(error))
+        log_event(
+            log, logging.ERROR, kind, pipeline=self.name, code=error.code, error=error.problem
         )
-        self._send(result)
+        self._send(FrameResult(self.name, -1, self._last_ts, [], [event], {}, self._label()))
 
     def _send(self, result: FrameResult) -> None:
         for sink in self._sinks:

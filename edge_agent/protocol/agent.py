@@ -215,6 +215,9 @@ class State(_Strict):
     ts: float = Field(description="Unix seconds when the message was made.")
     agent_version: str | None = Field(default=None, description="edge-agent version.")
     mqtt_version: str | None = Field(default=None, description="MQTT protocol in use: 5 or 3.1.1.")
+    group: str | None = Field(
+        default=None, description="Fleet group whose commands it takes (group/<group>/cmd)."
+    )
     devices: list[str] = Field(default_factory=list, description="Inference devices on the box.")
     models: list[ModelState] = Field(default_factory=list, description="Models.")
     pipelines: list[PipelineState] = Field(default_factory=list, description="Pipelines.")

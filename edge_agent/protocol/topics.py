@@ -28,6 +28,10 @@ class Topics:
         """Where the fleet answers a device's repair requests (its MQTT 5 Response Topic)."""
         return self.device(device_id, "delivery")
 
+    def group(self, group: str, leaf: str) -> str:
+        """A group's topic, e.g. `group(g, "cmd")`: every device in group `g` takes it."""
+        return f"{self.prefix}/group/{group}/{leaf}"
+
     # --- releases ---------------------------------------------------------------------------
     def release(self, name: str, version: int) -> str:
         """Retained signed release of one version."""

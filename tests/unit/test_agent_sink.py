@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from edge_agent.agent.sink import UPDATE_EVERY_S, AgentSink, ResultsPolicy
@@ -39,10 +41,10 @@ def frame(index: int, results: list[Result], events: list[Event] | None = None) 
     return FrameResult("dock", index, index / FPS, results, events or [], {}, "person-det")
 
 
-def feed(out: _Out, sink: AgentSink, frames: list[list[Result]]) -> None:
+def feed(out: _Out, sink: AgentSink, frames: Sequence[Sequence[Result]]) -> None:
     for index, results in enumerate(frames):
         out.now = T0 + index / FPS
-        sink.emit(frame(index, results))
+        sink.emit(frame(index, list(results)))
 
 
 @pytest.mark.parametrize(
@@ -67,13 +69,16 @@ def test_a_walker_gives_new_throttled_updates_and_end_in_frigate_shape() -> None
     feed(out, sink, [[person(10 + 5 * i)] for i in range(seen)] + [[] for _ in range(30)])
     events = out.detections()
     kinds = [e.type for e in events]
-    assert kinds[0] == "new" and kinds[-1] == "end"
-    assert kinds.count("new") == 1 and kinds.count("end") == 1
+    assert kinds[0] == "new"
+    assert kinds[-1] == "end"
+    assert kinds.count("new") == 1
+    assert kinds.count("end") == 1
     # One update per second of stream time while nothing changes, not one per frame.
     assert kinds.count("update") == pytest.approx((seen - 1) / FPS / UPDATE_EVERY_S, abs=1)
     assert len({e.id for e in events}) == 1
     first, last = events[0], events[-1]
-    assert first.start_time == T0 and first.end_time is None
+    assert first.start_time == T0
+    assert first.end_time is None
     assert last.start_time == T0
     assert last.end_time == pytest.approx(T0 + (seen - 1) / FPS)  # last seen, not noticed gone
     assert last.box[0] == pytest.approx(10 + 5 * (seen - 1))

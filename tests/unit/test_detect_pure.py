@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from edge_agent.catalog.manifest import ImageInput
 from edge_agent.heads.base import Classification, Detection, TextBox
+from edge_agent.pipelines.base import Frame
+from edge_agent.pipelines.detect import Detector
 from edge_agent.pipelines.events import EventRule, EventTracker
 from edge_agent.pipelines.sources import FileSourceSpec
 from edge_agent.pipelines.spec import DetectSpec, ModelRef, PipelineSpec
@@ -83,3 +87,19 @@ def test_calls_per_frame_is_the_mean_over_the_run_and_the_interval() -> None:
     telemetry.frame_done(2)
     assert telemetry.interval().calls_per_frame == 2.0
     assert telemetry.snapshot().calls_per_frame == pytest.approx(18 / 5)
+
+
+def test_pixel_zones_are_camera_pixels_on_a_reduced_decode() -> None:
+    # A 1280x720 camera decoded at 1/2: the zone drawn at camera rows 600-720 is rows 300-360.
+    image = ImageInput(
+        name="x", shape=(1, 300, 300, 3), layout="NHWC", element_type="u8", color="RGB"
+    )
+    floor = Zone(name="floor", points=((0, 600), (1280, 600), (1280, 720), (0, 720)))
+    detector = Detector(zones=[floor])
+    frame = Frame(0, 0.0, np.zeros((360, 640, 3), np.uint8), 0.0, scale=2)
+    [geometry] = detector.plan(frame, image)
+    # Feet at model row 290 of 300: frame row 348 of the 360-row decode.
+    person = PERSON.model_copy(update={"box": (100, 200, 150, 290), "keypoints": ()})
+    results, zoned = detector.combine(frame, image, [(geometry, [person])])
+    assert len(results) == 1
+    assert zoned["floor"] == results

@@ -1,0 +1,241 @@
+"""Tiles: overlapping squares that cover a frame (or its zones), and the merge of their boxes.
+
+A person 180 px tall in a 1280x720 frame squeezed into a 300x300 input is 40 px tall:
+too small for a small detector. Cut into 360 px tiles, each run at the model's size, the
+same person is 150 px tall. The cost is one model call per tile.
+
+Merging (the idea of supervision's InferenceSlicer and SAHI, greedy and class-aware):
+1. NMS over the union drops the copies of an object seen whole by two overlapping tiles.
+2. A box that touches an interior edge of its tile (an edge that is not the frame's) saw
+   only part of its object. It is joined with a box of the same class when
+   - it lies mostly inside that box (another tile saw the object whole), or
+   - the other box was cut on the facing edge of its own tile, the two overlap across
+     the cut, and they agree along it (their spans along the edge overlap by half);
+   the pair becomes their union, with the higher score.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_agent.heads.base import Detection
+from edge_agent.heads.boxes import nms_per_class
+from edge_agent.vision.geometry import Rect
+
+FloatArray = npt.NDArray[np.float64]
+
+EDGE_TOLERANCE = 0.02
+"""A box edge within this fraction of the tile's side from the tile's edge touches it."""
+
+
+def _starts(length: int, tile: int, stride: float) -> list[int]:
+    if length <= tile:
+        return [0]
+    count = math.ceil((length - tile) / stride) + 1
+    # Spread evenly so the last tile ends at the edge: overlaps are equal, never less.
+    return [round(v) for v in np.linspace(0, length - tile, count)]
+
+
+def tile_grid(
+    frame_size: tuple[int, int],
+    tile: int,
+    overlap: float = 0.2,
+    bounds: Sequence[Rect] = (),
+) -> list[Rect]:
+    """Square tiles of `tile` px overlapping by at least `overlap` of a side.
+
+    Args:
+        frame_size: (width, height) of the frame.
+        tile: the side of a tile in frame pixels; a frame side shorter than it gives
+            tiles as long as that side (letterboxed into the model later).
+        overlap: fraction of a tile shared with its neighbour, 0 to under 1.
+        bounds: rectangles to cover instead of the whole frame (the zones' bounding
+            boxes); each is grown to at least a tile and kept inside the frame.
+
+    Returns:
+        Tiles as (x_min, y_min, x_max, y_max), row by row, without duplicates.
+    """
+    width, height = frame_size
+    stride = max(1.0, tile * (1.0 - overlap))
+    areas = list(bounds) or [(0, 0, width, height)]
+    tiles: list[Rect] = []
+    for x0, y0, x1, y1 in areas:
+        # Grow a small area to a whole tile around its centre, then shift it into the frame.
+        w, h = max(x1 - x0, min(tile, width)), max(y1 - y0, min(tile, height))
+        left = min(max(0, (x0 + x1) // 2 - w // 2), max(0, width - w))
+        top = min(max(0, (y0 + y1) // 2 - h // 2), max(0, height - h))
+        side_w, side_h = min(tile, w), min(tile, h)
+        for ty in _starts(h, side_h, stride):
+            for tx in _starts(w, side_w, stride):
+                rect = (left + tx, top + ty, left + tx + side_w, top + ty + side_h)
+                if rect not in tiles:
+                    tiles.append(rect)
+    return tiles
+
+
+def cut_edges(boxes: FloatArray, tile: Rect, frame_size: tuple[int, int]) -> npt.NDArray[np.bool_]:
+    """Per box, [N, 4]: which of its left, top, right, bottom edges a tile edge cut.
+
+    An edge counts when it lies on (within `EDGE_TOLERANCE` of) an edge of `tile`
+    that is inside the frame; an edge on the frame's own border cut nothing.
+    """
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    width, height = frame_size
+    tol = EDGE_TOLERANCE * max(tile[2] - tile[0], tile[3] - tile[1])
+    interior = np.array([tile[0] > 0, tile[1] > 0, tile[2] < width, tile[3] < height])
+    near = np.stack(
+        [
+            b[:, 0] <= tile[0] + tol,
+            b[:, 1] <= tile[1] + tol,
+            b[:, 2] >= tile[2] - tol,
+            b[:, 3] >= tile[3] - tol,
+        ],
+        axis=1,
+    )
+    return np.asarray(near & interior, dtype=np.bool_)
+
+
+def _span_overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    inter = min(a1, b1) - max(a0, b0)
+    union = max(a1, b1) - min(a0, b0)
+    return inter / union if inter > 0 and union > 0 else 0.0
+
+
+def _joinable(
+    a: FloatArray,
+    cut_a: npt.NDArray[np.bool_],
+    b: FloatArray,
+    cut_b: npt.NDArray[np.bool_],
+    within: float,
+) -> bool:
+    """Whether box `a` (cut on edges `cut_a`) and `b` are parts of one object."""
+    if not (cut_a.any() or cut_b.any()):
+        return False
+    inter_w = min(a[2], b[2]) - max(a[0], b[0])
+    inter_h = min(a[3], b[3]) - max(a[1], b[1])
+    if inter_w <= 0 or inter_h <= 0:
+        return False
+    inter = inter_w * inter_h
+    for box, cut in ((a, cut_a), (b, cut_b)):
+        area = (box[2] - box[0]) * (box[3] - box[1])
+        if cut.any() and area > 0 and inter / area >= within:
+            return True
+    # Facing cuts: a's right with b's left (or the reverse), spans agree vertically; and
+    # a's bottom with b's top (or the reverse), spans agree horizontally.
+    across_x = (cut_a[2] and cut_b[0]) or (cut_a[0] and cut_b[2])
+    across_y = (cut_a[3] and cut_b[1]) or (cut_a[1] and cut_b[3])
+    if across_x and _span_overlap(a[1], a[3], b[1], b[3]) >= 0.5:
+        return True
+    return bool(across_y and _span_overlap(a[0], a[2], b[0], b[2]) >= 0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """Boxes after the merge, in frame pixels."""
+
+    boxes: FloatArray
+    scores: FloatArray
+    class_ids: npt.NDArray[np.int64]
+    sources: list[list[int]]
+    """Per merged box, the indices of the input boxes joined into it."""
+
+
+def merge_tiles(
+    boxes: npt.ArrayLike,
+    scores: npt.ArrayLike,
+    class_ids: npt.ArrayLike,
+    cuts: npt.ArrayLike,
+    iou_threshold: float = 0.5,
+    within: float = 0.7,
+) -> Merged:
+    """Merge the boxes of all tiles of a frame (see the module's docstring).
+
+    Args:
+        boxes: [N, 4] in frame pixels, every tile's boxes together.
+        scores: [N].
+        class_ids: [N].
+        cuts: [N, 4] bool, from `cut_edges` for each box's own tile.
+        iou_threshold: NMS threshold over the union.
+        within: a cut box this much inside another box (by its own area) is joined to it.
+
+    Returns:
+        The merged boxes, highest score first.
+    """
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    c = np.asarray(class_ids, dtype=np.int64).reshape(-1)
+    cut = np.asarray(cuts, dtype=np.bool_).reshape(-1, 4)
+    # Uncut boxes first at equal footing: a whole view of an object beats a piece of it.
+    keep = nms_per_class(b, s + np.where(cut.any(axis=1), 0.0, 1.0), c, iou_threshold)
+    items = [(b[i].copy(), float(s[i]), int(c[i]), cut[i].copy(), [int(i)]) for i in keep]
+    joined = True
+    while joined:
+        joined = False
+        for i in range(len(items)):
+            for j in range(i + 1, len(items)):
+                a, bb = items[i], items[j]
+                if a[2] != bb[2] or not _joinable(a[0], a[3], bb[0], bb[3], within):
+                    continue
+                union = np.concatenate(
+                    [np.minimum(a[0][:2], bb[0][:2]), np.maximum(a[0][2:], bb[0][2:])]
+                )
+                # The union is cut only where a part of it still ends on a tile edge.
+                edge = np.zeros(4, dtype=np.bool_)
+                for box, cuts_of in ((a[0], a[3]), (bb[0], bb[3])):
+                    edge |= cuts_of & np.isclose(box, union)
+                items[i] = (union, max(a[1], bb[1]), a[2], edge, a[4] + bb[4])
+                del items[j]
+                joined = True
+                break
+            if joined:
+                break
+    items.sort(key=lambda item: -item[1])
+    return Merged(
+        boxes=np.array([it[0] for it in items], dtype=np.float64).reshape(-1, 4),
+        scores=np.array([it[1] for it in items], dtype=np.float64),
+        class_ids=np.array([it[2] for it in items], dtype=np.int64),
+        sources=[sorted(it[4]) for it in items],
+    )
+
+
+def merge_detections(
+    per_tile: Sequence[tuple[Rect, Sequence[Detection]]],
+    frame_size: tuple[int, int],
+    iou_threshold: float = 0.5,
+) -> list[Detection]:
+    """`merge_tiles` for heads' detections already mapped to frame pixels, tile by tile.
+
+    Args:
+        per_tile: each tile (or region) with the detections found in it.
+        frame_size: (width, height), so edges on the frame's border do not count as cuts.
+        iou_threshold: NMS threshold over the union.
+
+    Returns:
+        One detection per object, highest score first; a joined one keeps the label and
+        keypoints of its best-scoring part.
+    """
+    found = [(rect, d) for rect, dets in per_tile for d in dets]
+    if not found:
+        return []
+    boxes = np.array([d.box for _, d in found], dtype=np.float64)
+    cuts = np.concatenate(
+        [cut_edges(boxes[i : i + 1], rect, frame_size) for i, (rect, _) in enumerate(found)]
+    )
+    merged = merge_tiles(
+        boxes,
+        [d.score for _, d in found],
+        [d.class_id for _, d in found],
+        cuts,
+        iou_threshold,
+    )
+    out: list[Detection] = []
+    for box, sources in zip(merged.boxes, merged.sources, strict=True):
+        best = max((found[i][1] for i in sources), key=lambda d: d.score)
+        x0, y0, x1, y1 = (float(v) for v in box)
+        out.append(best.model_copy(update={"box": (x0, y0, x1, y1)}))
+    return out
