@@ -3,7 +3,10 @@
 Every payload that reaches a command topic gets an answer, a malformed one
 included, and nothing in a payload can stop the agent:
 - too large, not JSON, not an envelope: `error` with code and the field;
-- a duplicate id: not run again; its stored final answer is sent again;
+- a duplicate id: not run again; its stored final answer is sent again, or
+  `accepted` again while the first delivery still runs;
+- a long command while MAX_QUEUED_JOBS wait: `error` command.busy, not stored,
+  so the same id may be sent again later;
 - past `expires_at`: `error` command.expired, not run;
 - an unknown type or bad args: `error` naming the field;
 - a short command runs on a small worker pool (a slow compile never delays a
@@ -28,9 +31,11 @@ from pydantic import BaseModel, ValidationError
 from edge_agent.agent.jobs import JobContext, Jobs
 from edge_agent.agent.records import CommandLog
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_crash, log_event
 from edge_agent.protocol.agent import (
     COMMAND_ARGS,
     LONG_COMMANDS,
+    MAX_QUEUED_JOBS,
     Command,
     ErrorBody,
     Progress,
@@ -94,7 +99,7 @@ class Dispatcher:
         try:
             self._handle(payload)
         except Exception:  # a bug must cost one answer, not the agent
-            log.exception("event=command_crashed")
+            log_crash(log, "command_crashed")
             self._error("", EdgeAgentError("the agent failed on this command", code="internal"))
 
     def _handle(self, payload: bytes) -> None:
@@ -146,9 +151,11 @@ class Dispatcher:
             return
         fresh, stored = self._commands.claim(command.id)
         if not fresh:
-            log.info("event=duplicate_command command_id=%s", command.id)
+            log_event(log, logging.INFO, "command_duplicate", command_id=command.id)
             if stored is not None:
-                self._answer(Response.model_validate_json(stored))
+                self._send(Response.model_validate_json(stored))
+            else:  # still running: say so; its final answer follows
+                self._send(Response(id=command.id, status="accepted", **self._base()))
             return
         if command.expires_at is not None and self._clock() > command.expires_at:
             self._finish(
@@ -190,6 +197,18 @@ class Dispatcher:
             self._cancel(command, args)
             return
         if command.type in LONG_COMMANDS:
+            waiting = len(self.jobs.running())
+            if waiting > MAX_QUEUED_JOBS:
+                self._commands.forget(command.id)
+                self._error(
+                    command.id,
+                    EdgeAgentError(
+                        f"{waiting} long commands are running or waiting",
+                        "send it again once some have finished (watch get_status jobs)",
+                        code="command.busy",
+                    ),
+                )
+                return
             self._send(Response(id=command.id, status="accepted", **self._base()))
             self.jobs.start(
                 command.id, lambda job: self._run(command, args, job), self._progress(command.id)
@@ -198,13 +217,13 @@ class Dispatcher:
             self._pool.submit(self._run, command, args, JobContext.detached())
 
     def _run(self, command: Command, args: BaseModel, job: JobContext) -> None:
-        log.info("event=command_started command_id=%s type=%s", command.id, command.type)
+        log_event(log, logging.INFO, "command_started", command_id=command.id, type=command.type)
         try:
             result = self._supervisor.run_command(command.type, args, job)
         except EdgeAgentError as exc:
             self._finish(command.id, error=exc)
         except Exception:
-            log.exception("event=command_crashed command_id=%s", command.id)
+            log_crash(log, "command_crashed", command_id=command.id, type=command.type)
             self._finish(
                 command.id,
                 error=EdgeAgentError(
@@ -268,8 +287,13 @@ class Dispatcher:
     def _error_response(
         self, command_id: str, error: EdgeAgentError, field: str | None
     ) -> Response:
-        log.warning(
-            "event=command_failed command_id=%s code=%s detail=%r", command_id, error.code, error
+        log_event(
+            log,
+            logging.WARNING,
+            "command_failed",
+            command_id=command_id,
+            code=error.code,
+            detail=str(error),
         )
         body = ErrorBody(code=error.code, message=str(error), field=field or None)
         return Response(id=command_id, status="error", error=body, **self._base())
@@ -278,7 +302,7 @@ class Dispatcher:
         try:
             self._answer(response)
         except Exception:
-            log.exception("event=answer_failed command_id=%s", response.id)
+            log_crash(log, "answer_failed", command_id=response.id)
 
     def _base(self) -> dict[str, Any]:
         return {"device_id": self.device_id, "ts": self._clock()}

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_crash, log_event
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Jobs:
                 job.run(job.context)
             except Exception:
                 # run() answers the command itself; anything escaping is a bug, logged here.
-                log.exception("event=job_crashed command_id=%s", job.id)
+                log_crash(log, "job_crashed", command_id=job.id)
             finally:
                 watchdog.cancel()
             with self._lock:
@@ -120,7 +121,9 @@ class Jobs:
         with self._lock:
             if self._running is not job:
                 return
-            log.error("event=job_deadline command_id=%s deadline_s=%.0f", job.id, self.deadline_s)
+            log_event(
+                log, logging.ERROR, "job_deadline", command_id=job.id, deadline_s=self.deadline_s
+            )
             job.context.cancel_event.set()
             self._running = None
             self._worker = None

@@ -25,6 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from edge_agent.logs import log_event
+
 log = logging.getLogger(__name__)
 
 
@@ -77,11 +79,13 @@ class AgentRecords:
             aside = self.path.with_suffix(f".damaged-{int(time.time())}")
             with contextlib.suppress(OSError):
                 self.path.replace(aside)
-            log.error(
-                "event=agent_record_damaged path=%s kept_as=%s detail=%r",
-                self.path,
-                aside.name,
-                str(exc).splitlines()[0],
+            log_event(
+                log,
+                logging.ERROR,
+                "agent_record_damaged",
+                path=str(self.path),
+                kept_as=aside.name,
+                detail=str(exc).splitlines()[0],
             )
             return AgentRecord()
 
@@ -146,6 +150,11 @@ class CommandLog:
                 "DELETE FROM answers WHERE n <= (SELECT MAX(n) FROM answers) - ?", (self._keep,)
             )
             return True, None
+
+    def forget(self, command_id: str) -> None:
+        """Drop a claim, so the same id may run when it is sent again (after command.busy)."""
+        with self._lock:
+            self._db.execute("DELETE FROM answers WHERE id = ?", (command_id,))
 
     def finish(self, command_id: str, answer: bytes) -> None:
         """Store the final answer of a claimed command."""

@@ -8,11 +8,7 @@ NNCF and OpenVINO are imported when the command runs, not when the CLI starts.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         check_output(out)
     if recipe is None:
         recipe = recipe_for(resolved.manifest)
-    with _stdout_to_stderr():
+    from edge_agent.quiet import stdout_to_stderr
+
+    with stdout_to_stderr():
         # NNCF and OpenVINO load here: seconds of imports the rest of the CLI does not pay.
         from edge_agent.quantize.api import calibrate
 
@@ -94,27 +92,6 @@ def _progress(resolved: ResolvedModel) -> Progress:
             last[0] = stage
 
     return progress
-
-
-@contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """Send everything written to stdout meanwhile to stderr, at both levels.
-
-    NNCF draws rich progress bars on sys.stdout and logs through a handler bound to
-    the original sys.stdout at import; native code writes to fd 1. Redirecting fd 1
-    catches all of them; redirect_stdout catches Python writers that look it up late.
-    """
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        with contextlib.suppress(ValueError, OSError):
-            sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def summary(report: CalibrationReport, path: Path) -> dict[str, Any]:

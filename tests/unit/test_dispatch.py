@@ -15,7 +15,7 @@ from edge_agent.agent.dispatch import Dispatcher
 from edge_agent.agent.jobs import JobContext, Jobs
 from edge_agent.agent.records import CommandLog
 from edge_agent.errors import EdgeAgentError
-from edge_agent.protocol.agent import Response
+from edge_agent.protocol.agent import MAX_QUEUED_JOBS, Response
 
 
 class _Supervisor:
@@ -24,6 +24,8 @@ class _Supervisor:
     def __init__(self) -> None:
         self.runs: list[str] = []
         self.release = threading.Event()
+        self.hold = threading.Event()
+        self.hold.set()
 
     def run_command(self, kind: str, args: BaseModel, job: JobContext) -> dict[str, Any]:
         self.runs.append(kind)
@@ -34,6 +36,7 @@ class _Supervisor:
         if kind == "list_models":
             raise EdgeAgentError("store is gone", "reinstall", code="store.not_found")
         if kind == "deploy_model":
+            self.hold.wait(10)
             for step in range(4):
                 job.progress("pull", step / 4)
                 if self.release.wait(0.05) or job.cancelled:
@@ -198,3 +201,42 @@ def test_a_stuck_job_past_its_deadline_does_not_block_the_next() -> None:
     hang.set()
     assert done == ["next"]
     jobs.join(1.0)
+
+
+def test_a_duplicate_of_a_running_command_is_told_it_runs_and_runs_once(
+    harness: _Harness,
+) -> None:
+    harness.supervisor.hold.clear()
+    harness.send(_cmd("d3", "deploy_model", {"name": "m"}))
+    harness.send(_cmd("d3", "deploy_model", {"name": "m"}))
+    deadline = time.monotonic() + 2
+    while len([a for a in harness.answers if a.id == "d3"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [a.status for a in harness.answers if a.id == "d3"] == ["accepted", "accepted"]
+    harness.supervisor.hold.set()
+    assert harness.final("d3").status == "ok"
+    assert harness.supervisor.runs == ["deploy_model"]
+
+
+def test_long_commands_past_the_queue_limit_are_busy_and_may_be_sent_again(
+    harness: _Harness,
+) -> None:
+    harness.supervisor.release.set()  # each job finishes at once when let go
+    harness.supervisor.hold.clear()
+    for i in range(MAX_QUEUED_JOBS + 1):
+        harness.send(_cmd(f"q{i}", "deploy_model", {"name": "m"}))
+    harness.send(_cmd("over", "deploy_model", {"name": "m"}))
+    busy = harness.final("over")
+    assert busy.error is not None
+    assert busy.error.code == "command.busy"
+    harness.send(_cmd("ping", "ping"))
+    assert harness.final("ping").status == "ok"  # short commands are not held up
+    harness.supervisor.hold.set()
+    for i in range(MAX_QUEUED_JOBS + 1):
+        assert harness.final(f"q{i}", timeout=10).status == "ok"
+    # Refused, not remembered: the same id runs when sent again.
+    harness.send(_cmd("over", "deploy_model", {"name": "m"}))
+    deadline = time.monotonic() + 5
+    while harness.final("over").status != "ok" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert harness.final("over").status == "ok"

@@ -1,0 +1,264 @@
+"""Model commands: deploy, activate, roll back, remove, list, calibrate.
+
+Thin on purpose: the store owns what is on disk and which version is active,
+delivery owns the transfer, the health gate owns "is it healthy here". This
+module sequences them for a command, reports progress, and tells the running
+pipelines to pick up the new version (a hot swap between two frames).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from edge_agent.agent.jobs import JobContext
+from edge_agent.agent.pipelines import Pipelines
+from edge_agent.agent.sink import EmitEvent
+from edge_agent.catalog.catalog import Catalog
+from edge_agent.comms.base import Communicator
+from edge_agent.errors import EdgeAgentError
+from edge_agent.paths import Layout
+from edge_agent.protocol.agent import AgentEvent, ModelState
+from edge_agent.protocol.topics import Topics
+from edge_agent.quiet import stdout_to_stderr
+from edge_agent.runtime.base import CompileReport, RuntimeOptions
+from edge_agent.store.health import HealthGate
+from edge_agent.store.store import ModelStore
+
+log = logging.getLogger(__name__)
+
+
+class ModelOps:
+    """What the model commands do.
+
+    Args:
+        store: The model store.
+        catalog: Store first, then reference models.
+        layout: Cache and state folders.
+        pipelines: Told to reload a model that changed.
+        emit_event: Queues events.
+        trusted_keys: Keys releases must be signed by; empty runs unverified.
+        device: The device the health gate plans models on.
+    """
+
+    def __init__(
+        self,
+        store: ModelStore,
+        catalog: Catalog,
+        layout: Layout,
+        pipelines: Pipelines,
+        emit_event: EmitEvent,
+        trusted_keys: Sequence[Ed25519PublicKey],
+        device_id: str,
+        device: str = "CPU",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.layout = layout
+        self.pipelines = pipelines
+        self._emit_event = emit_event
+        self.trusted_keys = list(trusted_keys)
+        self.device_id = device_id
+        self.device = device
+        self._clock = clock
+        self.comm: Communicator | None = None
+        self.topics = Topics()
+
+    def gate(self) -> HealthGate:
+        """The health gate for this box: compile on the planned device, smoke-run, budget."""
+        options = RuntimeOptions(device=self.device, cache_dir=self.layout.cache)
+        return HealthGate(options, planned_device=self.device)
+
+    # --- commands ------------------------------------------------------------------------------
+    def deploy(self, name: str, version: int | None, activate: bool, job: JobContext) -> Any:
+        from edge_agent.delivery.pull import pull  # the delivery stack loads only when used
+
+        if self.comm is None:
+            raise EdgeAgentError("not connected to the broker", code="broker.unreachable")
+        try:
+            result = pull(
+                self.comm,
+                self.store,
+                self.layout,
+                name,
+                device_id=self.device_id,
+                version=version,
+                trusted_keys=self.trusted_keys,
+                topics=self.topics,
+                activate=activate,
+                gate=self.gate(),
+                progress=job.progress,
+                cancel=job.cancel_event,
+            )
+        except EdgeAgentError as exc:
+            if exc.code == "health.failed":
+                self._event("model_health_failed", name, version, exc.code, str(exc))
+            raise
+        swapped: list[str] = []
+        if result.activated:
+            self._event("model_activated", name, result.release.version)
+            swapped = self.pipelines.reload_model(name)
+        return {
+            "name": name,
+            "version": result.release.version,
+            "installed": result.installed,
+            "activated": result.activated,
+            "chunks": result.chunks,
+            "pipelines_swapped": swapped,
+        }
+
+    def activate(self, name: str, version: int) -> dict[str, Any]:
+        try:
+            release = self.store.activate(name, version, self.gate())
+        except EdgeAgentError as exc:
+            if exc.code == "health.failed":
+                self._event("model_health_failed", name, version, exc.code, str(exc))
+            raise
+        self._event("model_activated", name, release.version)
+        return {
+            "name": name,
+            "version": version,
+            "pipelines_swapped": self.pipelines.reload_model(name),
+        }
+
+    def rollback(self, name: str) -> dict[str, Any]:
+        version = self.store.rollback(name)
+        self._event("model_rolled_back", name, version)
+        return {
+            "name": name,
+            "version": version,
+            "pipelines_swapped": self.pipelines.reload_model(name),
+        }
+
+    def remove(self, name: str, version: int) -> dict[str, Any]:
+        self.store.remove(name, version)
+        return {"name": name, "version": version, "removed": True}
+
+    def states(self) -> list[ModelState]:
+        """Installed versions (current ones), then the reference models; those loaded say
+        the device they run on, the precision used and any device fallback."""
+        loaded = self.pipelines.pool.reports()
+        found = []
+        for entry in self.store.entries():
+            if entry.current:
+                found.append(
+                    _state(entry.name, entry.version, entry.digest, loaded.get(entry.name))
+                )
+        named = {m.name for m in found}
+        for name in self.catalog.names():
+            if name in named:
+                continue
+            manifest = self.catalog.manifest(name)
+            digest = manifest.source.sha256 if manifest.source is not None else ""
+            found.append(_state(name, None, digest, loaded.get(name)))
+        named |= {m.name for m in found}
+        # Models run by path (a file with its manifest) are neither stored nor reference.
+        found += [_state(n, None, "", r) for n, r in loaded.items() if n not in named]
+        return found
+
+    def listing(self) -> dict[str, Any]:
+        versions = [
+            {
+                "name": e.name,
+                "version": e.version,
+                "digest": e.digest,
+                "current": e.current,
+                "previous": e.previous,
+            }
+            for e in self.store.entries()
+        ]
+        return {
+            "installed": versions,
+            "reference": self.catalog.names(),
+        }
+
+    def calibrate(
+        self, model: str, data: str, device: str, install_as: str | None, job: JobContext
+    ) -> dict[str, Any]:
+        """Calibrate on this box's data; the result is installed (not activated) in the store.
+
+        The store takes it unsigned: these bytes were made here, not received.
+        """
+        from edge_agent.catalog.manifest import load_manifest
+        from edge_agent.quantize.api import calibrate  # NNCF loads only when used
+        from edge_agent.quantize.data import calibration_data, recipe_for, resolve_data
+        from edge_agent.store.release import SignedRelease, build_release
+
+        resolved = self.catalog.resolve(model)
+        job.progress("data", 0.02)
+        recipe = recipe_for(resolved.manifest)
+        samples = calibration_data(resolve_data(data, self.layout), resolved.manifest, recipe)
+        job.check()
+        name = install_as or f"{resolved.manifest.name}-int8"
+        with tempfile.TemporaryDirectory(dir=self._scratch(), prefix="calibrate-") as tmp:
+            out = Path(tmp) / "out"
+
+            def progress(stage: str, fraction: float) -> None:
+                job.progress(stage, 0.05 + 0.85 * fraction)
+                job.check()
+
+            # NNCF draws progress bars on stdout; under systemd they would land in the
+            # journal as carriage-return soup, and stdout is no channel of the agent's.
+            with stdout_to_stderr():
+                path, report = calibrate(resolved, samples, recipe, out, device, progress)
+            job.check()
+            version = self.store.state(name).highest + 1
+            files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+            release = build_release(
+                name=name,
+                version=version,
+                folder=out,
+                files=files,
+                model=str(path.relative_to(out)),
+                manifest=load_manifest(path.with_suffix(".toml")),
+            )
+            self.store.install(SignedRelease(release=release), out, move=True)
+        self._event("calibration_done", name, version, detail=report.mode)
+        return {"name": name, "version": version, "report": report.model_dump(mode="json")}
+
+    def _scratch(self) -> Path:
+        folder = self.layout.state_tmp
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def _event(
+        self,
+        kind: str,
+        model: str,
+        version: int | None,
+        code: str | None = None,
+        detail: str = "",
+    ) -> None:
+        self._emit_event(
+            AgentEvent.model_validate(
+                {
+                    "kind": kind,
+                    "ts": self._clock(),
+                    "model": model,
+                    "version": version,
+                    "code": code,
+                    "detail": detail,
+                }
+            )
+        )
+
+
+def _state(name: str, version: int | None, digest: str, report: CompileReport | None) -> ModelState:
+    if report is None:
+        return ModelState(name=name, version=version, digest=digest)
+    fallback = "; ".join(f"{f.device}: {f.reason}" for f in report.fallbacks) or None
+    return ModelState(
+        name=name,
+        version=version,
+        digest=digest,
+        device=report.device,
+        precision=report.precision,
+        fallback=fallback,
+    )

@@ -1,0 +1,398 @@
+"""The pipelines the agent runs: start, stop, swap, restore, and restart after failures.
+
+Each pipeline runs on its own thread around a `PipelineHandle`, sharing one
+`ModelPool` so pipelines on the same model share one compiled model. What was
+started by command is written to the agent record, so a restart or a reboot
+brings the same pipelines back without the fleet resending anything; a stop
+by command forgets it.
+
+A live source (camera, stream, microphone) that fails for good is retried
+with backoff (5 s doubling to 5 min): cameras come back after power cuts and
+the agent must not need a command for it. A file source that ends is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from edge_agent.agent.loaded import TrackedPool
+from edge_agent.agent.records import AgentRecords
+from edge_agent.agent.sink import AgentSink, EmitEvent, EmitResult, ResultsPolicy
+from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_crash, log_event
+from edge_agent.paths import Layout
+from edge_agent.pipelines.runner import PipelineHandle
+from edge_agent.pipelines.spec import ModelRef, PipelineSpec
+from edge_agent.protocol.agent import AgentEvent, PipelineState
+from edge_agent.telemetry.stats import PipelineStats
+
+log = logging.getLogger(__name__)
+
+_LIVE = {"camera", "stream", "mic"}
+_RETRY_MIN_S, _RETRY_MAX_S = 5.0, 300.0
+
+
+@dataclass
+class _Running:
+    spec: PipelineSpec
+    status: str = "starting"
+    detail: str = ""
+    handle: PipelineHandle | None = None
+    sink: AgentSink | None = None
+    thread: threading.Thread | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    frames_seen: int = 0
+    fresh_at: float = field(default_factory=time.monotonic)
+    retry_s: float = _RETRY_MIN_S
+
+
+def parse_spec(data: dict[str, Any]) -> PipelineSpec:
+    """Validate a spec from a command, naming the first bad field.
+
+    A spec without `sinks` gets none: in the agent, results go to MQTT through the
+    agent's own sink, and the CLI's default (JSON lines on stdout) would only fill
+    the journal.
+    """
+    try:
+        return PipelineSpec.model_validate({"sinks": [], **data})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise EdgeAgentError(
+            f"bad pipeline spec at spec.{where}: {first['msg']}",
+            "see the pipeline spec format in the README",
+            code="command.invalid",
+        ) from None
+
+
+class Pipelines:
+    """Every pipeline the agent runs. Thread-safe.
+
+    Args:
+        pool: Compiled models, shared.
+        layout: Where captures live.
+        records: Where the running set is persisted.
+        policy: Which results to publish.
+        emit_result: Queues results.
+        emit_event: Queues events.
+    """
+
+    def __init__(
+        self,
+        pool: TrackedPool,
+        layout: Layout,
+        records: AgentRecords,
+        policy: ResultsPolicy,
+        emit_result: EmitResult,
+        emit_event: EmitEvent,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.pool = pool
+        self.layout = layout
+        self.records = records
+        self.policy = policy
+        self._emit_result = emit_result
+        self._emit_event = emit_event
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._record_lock = threading.Lock()
+        self._running: dict[str, _Running] = {}
+        self._closed = threading.Event()
+
+    # --- commands ----------------------------------------------------------------------------
+    def start(self, data: dict[str, Any], persist: bool = True) -> PipelineState:
+        """Build and start a pipeline from a spec; raises if the id runs or the spec is bad."""
+        spec = parse_spec(data)
+        with self._lock:
+            if spec.id in self._running:
+                raise EdgeAgentError(
+                    f"pipeline {spec.id} is already running",
+                    "stop it first, or use swap_model to change its model",
+                    code="pipeline.exists",
+                )
+            entry = self._running[spec.id] = _Running(spec)
+        try:
+            self._launch(entry)
+        except BaseException:
+            with self._lock:
+                self._running.pop(spec.id, None)
+            raise
+        if persist:
+            self._persist(spec.id, spec)
+        return self._state(entry)
+
+    def _persist(self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False) -> None:
+        """Record `spec` as the pipeline to restore (None forgets it); `known`: only if the
+        record already has it. Serialised: concurrent commands must not lose an update."""
+        with self._record_lock:
+            pipelines = dict(self.records.record.pipelines)
+            if known and pipeline_id not in pipelines:
+                return
+            if spec is None:
+                pipelines.pop(pipeline_id, None)
+            else:
+                pipelines[pipeline_id] = spec.model_dump(mode="json")
+            self.records.update(pipelines=pipelines)
+
+    def _launch(self, entry: _Running) -> None:
+        spec = entry.spec
+        sink = AgentSink(spec.id, self.policy, self._emit_result, self._emit_event, self._clock)
+        # Building compiles the model: on the command's thread, so its errors answer it.
+        handle = PipelineHandle(spec, self.pool, [sink], layout=self.layout)
+        entry.handle, entry.sink = handle, sink
+        entry.status, entry.detail = "running", ""
+        entry.fresh_at = time.monotonic()
+        entry.thread = threading.Thread(
+            target=self._run, args=(entry, handle), name=f"pipeline-{spec.id}", daemon=True
+        )
+        entry.thread.start()
+        self._event("pipeline_started", spec.id, detail=f"model {spec.model.name}")
+
+    def _run(self, entry: _Running, handle: PipelineHandle) -> None:
+        spec = entry.spec
+        try:
+            handle.run()
+        except Exception as exc:  # a bug in one pipeline must not take the agent down
+            log_crash(log, "pipeline_crashed", pipeline=spec.id)
+            entry.status, entry.detail = "failed", f"crashed: {exc}"
+        finally:
+            handle.close()
+        error = handle.pipeline.error
+        if entry.stopping.is_set():
+            entry.status = "stopped"
+            return
+        if error is not None:
+            entry.status, entry.detail = "failed", str(error)
+            self._event("pipeline_failed", spec.id, code=error.code, detail=str(error))
+            if spec.source.type in _LIVE:
+                self._schedule_retry(entry)
+        elif entry.status != "failed":
+            entry.status, entry.detail = "stopped", "source ended"
+            self._event("pipeline_stopped", spec.id, detail="source ended")
+
+    def _schedule_retry(self, entry: _Running) -> None:
+        delay = entry.retry_s
+        entry.retry_s = min(_RETRY_MAX_S, entry.retry_s * 2)
+        log_event(log, logging.INFO, "pipeline_retry", pipeline=entry.spec.id, delay_s=delay)
+
+        def retry() -> None:
+            if entry.stopping.wait(delay) or self._closed.is_set():
+                return
+            try:
+                self._launch(entry)
+            except EdgeAgentError as exc:
+                entry.status, entry.detail = "failed", str(exc)
+                self._schedule_retry(entry)
+
+        threading.Thread(target=retry, name=f"retry-{entry.spec.id}", daemon=True).start()
+
+    def stop(self, pipeline_id: str, forget: bool = True, timeout: float = 5.0) -> PipelineState:
+        """Stop a pipeline (within `timeout`) and, by default, forget it across restarts."""
+        with self._lock:
+            entry = self._running.pop(pipeline_id, None)
+        if entry is None:
+            raise EdgeAgentError(
+                f"no pipeline {pipeline_id!r}",
+                "list them with list_pipelines",
+                code="pipeline.not_found",
+            )
+        entry.stopping.set()
+        if entry.handle is not None:
+            entry.handle.stop()
+        if entry.thread is not None:
+            entry.thread.join(timeout)
+        entry.status = "stopped"
+        if forget:
+            self._persist(pipeline_id, None)
+            self._event("pipeline_stopped", pipeline_id, detail="stopped by command")
+        return self._state(entry)
+
+    def swap(self, pipeline_id: str, ref: dict[str, Any]) -> PipelineState:
+        """Hot-swap the model of a running pipeline; the swap compiles in the background."""
+        entry = self._get(pipeline_id)
+        try:
+            model = ModelRef.model_validate(ref)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise EdgeAgentError(
+                f"bad model at args.model.{where}: {first['msg']}", code="command.invalid"
+            ) from None
+        if entry.handle is None or entry.status != "running":
+            raise EdgeAgentError(
+                f"pipeline {pipeline_id} is {entry.status}, not running",
+                "start it again first",
+                code="pipeline.not_found",
+            )
+        old = entry.spec.model
+        self._remember(entry, model)
+        entry.handle.swap_model(model, on_error=self._on_swap_error(entry, old))
+        return self._state(entry)
+
+    def _remember(self, entry: _Running, model: ModelRef) -> None:
+        # The record follows the swap at once, so a restart during the compile runs the
+        # new model; a failed swap puts the old one back.
+        entry.spec = entry.spec.model_copy(update={"model": model})
+        self._persist(entry.spec.id, entry.spec, known=True)
+
+    def _on_swap_error(self, entry: _Running, old: ModelRef) -> Callable[[EdgeAgentError], None]:
+        def failed(exc: EdgeAgentError) -> None:
+            if entry.spec.model != old:
+                self._remember(entry, old)
+            self._event(
+                "pipeline_failed",
+                entry.spec.id,
+                code=exc.code,
+                detail=f"swap failed, still running {old.name}: {exc}",
+            )
+
+        return failed
+
+    def reload_model(self, name: str) -> list[str]:
+        """Swap every running pipeline on model `name` to what the catalog now resolves."""
+        swapped = []
+        with self._lock:
+            entries = [e for e in self._running.values() if e.spec.model.name == name]
+        for entry in entries:
+            if entry.handle is not None and entry.status == "running":
+                entry.handle.swap_model(
+                    entry.spec.model, on_error=self._on_swap_error(entry, entry.spec.model)
+                )
+                swapped.append(entry.spec.id)
+        return swapped
+
+    def restore(self) -> list[str]:
+        """Start every pipeline the record holds; failures are reported, not raised."""
+        started = []
+        for pipeline_id, data in self.records.record.pipelines.items():
+            try:
+                self.start(data, persist=False)
+                started.append(pipeline_id)
+            except EdgeAgentError as exc:
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "pipeline_restore_failed",
+                    pipeline=pipeline_id,
+                    code=exc.code,
+                    detail=str(exc),
+                )
+                self._event("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
+        return started
+
+    # --- reading -----------------------------------------------------------------------------
+    def _get(self, pipeline_id: str) -> _Running:
+        with self._lock:
+            entry = self._running.get(pipeline_id)
+        if entry is None:
+            raise EdgeAgentError(
+                f"no pipeline {pipeline_id!r}",
+                "list them with list_pipelines",
+                code="pipeline.not_found",
+            )
+        return entry
+
+    def _state(self, entry: _Running) -> PipelineState:
+        status = entry.status if entry.status in ("starting", "running", "failed") else "stopped"
+        return PipelineState(
+            id=entry.spec.id,
+            model=entry.spec.model.name,
+            status=status,
+            detail=entry.detail,
+        )
+
+    def states(self) -> list[PipelineState]:
+        with self._lock:
+            entries = list(self._running.values())
+        return [self._state(e) for e in entries]
+
+    def handles(self) -> dict[str, PipelineHandle]:
+        """The running pipelines' handles, for telemetry."""
+        with self._lock:
+            return {
+                i: e.handle
+                for i, e in self._running.items()
+                if e.handle is not None and e.status == "running"
+            }
+
+    def serving(self) -> dict[str, str]:
+        """The model serving each running pipeline now: the one that made its latest frame
+        (a requested swap counts once it has landed), else the spec's."""
+        with self._lock:
+            entries = list(self._running.values())
+        return {
+            e.spec.id: (e.sink.model if e.sink is not None and e.sink.model else e.spec.model.name)
+            for e in entries
+            if e.status == "running"
+        }
+
+    def interval_stats(self) -> dict[str, PipelineStats]:
+        """Each running pipeline's figures since the last call, and heartbeat bookkeeping."""
+        stats = {}
+        now = time.monotonic()
+        with self._lock:
+            entries = list(self._running.values())
+        for entry in entries:
+            if entry.handle is None or entry.status != "running":
+                continue
+            snapshot = entry.handle.telemetry.interval()
+            stats[entry.spec.id] = snapshot
+            if snapshot.frames > 0:
+                entry.fresh_at = now
+        return stats
+
+    def stale(self, max_age_s: float) -> list[str]:
+        """Running pipelines that look wedged: the thread died, or a file source made no
+        frame for `max_age_s`. A live source that waits for its camera is not wedged (it
+        gives up by its own bounds and is retried), so only its thread is checked."""
+        now = time.monotonic()
+        with self._lock:
+            entries = list(self._running.values())
+        found = []
+        for entry in entries:
+            if entry.status != "running":
+                continue
+            alive = entry.thread is not None and entry.thread.is_alive()
+            frames = entry.handle.telemetry.snapshot().frames if entry.handle else 0
+            if frames != entry.frames_seen:
+                entry.frames_seen, entry.fresh_at = frames, now
+            idle = now - entry.fresh_at > max_age_s and entry.spec.source.type not in _LIVE
+            if not alive or idle:
+                found.append(entry.spec.id)
+        return found
+
+    def fps(self) -> float:
+        """Total recent FPS over every running pipeline, for systemd's STATUS=."""
+        return sum(h.telemetry.snapshot().fps_recent for h in self.handles().values())
+
+    def _event(self, kind: str, pipeline: str, code: str | None = None, detail: str = "") -> None:
+        self._emit_event(
+            AgentEvent.model_validate(
+                {
+                    "kind": kind,
+                    "ts": self._clock(),
+                    "pipeline": pipeline,
+                    "code": code,
+                    "detail": detail,
+                }
+            )
+        )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop every pipeline (remembered for the next start) within about `timeout`."""
+        self._closed.set()
+        with self._lock:
+            ids = list(self._running)
+        deadline = time.monotonic() + timeout
+        for pipeline_id in ids:
+            left = max(0.1, deadline - time.monotonic())
+            with contextlib.suppress(EdgeAgentError):
+                self.stop(pipeline_id, forget=False, timeout=left)

@@ -1,0 +1,431 @@
+"""`edge-agent run`: the agent as a long-running service.
+
+Wires the parts together and runs the loop that keeps them honest:
+- the MQTT session (comms) with a will and a birth message carrying a
+  connection sequence number (`state`, retained);
+- commands from `<prefix>/<device>/cmd` and `<prefix>/group/<group>/cmd` into
+  the dispatcher;
+- everything published goes through the outbox, and one pump thread moves it
+  to the broker in order, deleting a message only once the broker has it;
+- telemetry every interval; the watchdog pinged only while the MQTT loop and
+  every pipeline are healthy; `STATUS=` with the FPS;
+- a clean stop: STOPPING=1, pipelines stopped (and remembered), the outbox
+  flushed as far as the broker allows, `{online: false}` published, then the
+  disconnect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from edge_agent import __version__
+from edge_agent.agent.dispatch import Dispatcher
+from edge_agent.agent.loaded import TrackedPool
+from edge_agent.agent.models import ModelOps
+from edge_agent.agent.pipelines import Pipelines
+from edge_agent.agent.procstats import CpuMeter, hottest_celsius, rss_bytes
+from edge_agent.agent.records import AgentRecords, CommandLog
+from edge_agent.agent.supervisor import AgentSupervisor
+from edge_agent.agent.telemetry import model_telemetry, pipeline_telemetry
+from edge_agent.catalog.catalog import Catalog
+from edge_agent.comms.base import Message
+from edge_agent.comms.session import MqttSession, Will
+from edge_agent.comms.settings import BrokerSettings, TlsSettings
+from edge_agent.config.agent import AgentConfig
+from edge_agent.integrations.hub import Integrations
+from edge_agent.logs import log_event
+from edge_agent.outbox import Outbox, Priority
+from edge_agent.protocol import agent as msg
+from edge_agent.protocol.topics import Topics
+from edge_agent.reference import reference_dir
+from edge_agent.service.sdnotify import Notifier
+from edge_agent.store.release import load_public_key
+from edge_agent.store.store import ModelStore
+
+log = logging.getLogger(__name__)
+
+_PUMP_BATCH = 200
+_FLUSH_TIMEOUT_S = 10.0
+
+
+def broker_settings(config: AgentConfig) -> BrokerSettings:
+    """The session settings the agent's config asks for: a fixed id, a persistent session."""
+    mqtt = config.mqtt
+    tls = None
+    if mqtt.tls is not None:
+        tls = TlsSettings(
+            ca_file=mqtt.tls.ca_file,
+            cert_file=mqtt.tls.cert_file,
+            key_file=mqtt.tls.key_file,
+            insecure=mqtt.tls.insecure,
+        )
+    return BrokerSettings(
+        host=mqtt.host,
+        port=mqtt.port,
+        version=mqtt.version,
+        keepalive=mqtt.keepalive,
+        client_id=mqtt.client_id or f"edge-agent-{config.device_id}",
+        # Commands sent while the box was away wait in the broker for it.
+        persistent=True,
+        session_expiry_s=mqtt.session_expiry_s,
+        username=mqtt.username,
+        password=mqtt.password,
+        tls=tls,
+        reconnect_min_s=mqtt.reconnect_min_s,
+        reconnect_max_s=mqtt.reconnect_max_s,
+    )
+
+
+class AgentService:
+    """The whole agent. `run(stop)` blocks until `stop` is set, then shuts down cleanly."""
+
+    def __init__(self, config: AgentConfig, env: Mapping[str, str]) -> None:
+        self.config = config
+        self.layout = config.layout(env)
+        self.topics = Topics(config.topic_prefix)
+        self.device = config.device_id
+        self.records = AgentRecords(self.layout.agent)
+        self.outbox = Outbox(self.layout.outbox, int(config.outbox_quota_mb * 1024 * 1024))
+        self.commands = CommandLog(self.layout.agent / "commands.sqlite")
+        keys = [load_public_key(path) for path in config.trusted_keys]
+        if not keys:
+            log_event(
+                log,
+                logging.WARNING,
+                "release_unverified",
+                device=self.device,
+                detail="no trusted_keys configured: model releases are not verified",
+            )
+        self.store = ModelStore(self.layout)
+        self.catalog = Catalog(reference_dir("models"), self.layout.cache, self.store)
+        self.pool = TrackedPool(self.catalog)
+        self.interval_s = self.records.record.telemetry_interval_s or config.telemetry_interval_s
+        self.pipelines = Pipelines(
+            self.pool,
+            self.layout,
+            self.records,
+            config.results,
+            self._emit_result,
+            self._emit_event,
+        )
+        self.models = ModelOps(
+            self.store,
+            self.catalog,
+            self.layout,
+            self.pipelines,
+            self._emit_event,
+            keys,
+            self.device,
+        )
+        self.models.topics = self.topics
+        self.supervisor = AgentSupervisor(
+            self.pipelines, self.models, self.records, self._set_interval, self._status_extra
+        )
+        self.dispatcher = Dispatcher(
+            self.device, self.supervisor, self._answer, self.commands, config.max_command_bytes
+        )
+        self.notifier = Notifier(env)
+        self._seq = self.records.record.seq
+        self._cpu = CpuMeter()
+        self._started = time.time()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._reschedule = threading.Event()
+        self._state_dirty = threading.Event()
+        self._device_names: list[str] | None = None
+        self.session = MqttSession(
+            broker_settings(config), will=self._will, on_connected=self._on_connected
+        )
+        self.models.comm = self.session
+        self.integrations = Integrations(
+            config.integrations,
+            self.device,
+            self.topics,
+            lambda topic, payload: self._queue(topic, payload, Priority.CRITICAL, retain=True),
+            self.pipelines.handles,
+            env,
+        )
+
+    # --- publishing: everything through the outbox ---------------------------------------------
+    def _queue(self, topic: str, payload: bytes, priority: Priority, retain: bool = False) -> None:
+        self.outbox.put(topic, payload, priority, qos=1, retain=retain)
+        self._wake.set()
+
+    def _answer(self, response: msg.Response) -> None:
+        self._queue(
+            self.topics.device(self.device, "resp"),
+            response.model_dump_json(exclude_none=True).encode(),
+            Priority.CRITICAL,
+        )
+
+    def _emit_event(self, event: msg.AgentEvent | msg.DetectionEvent) -> None:
+        self.integrations.on_event(event)
+        message = msg.EventMessage(device_id=self.device, event=event)
+        if isinstance(event, msg.AgentEvent):
+            # Every change to what `state` lists (a model activated or rolled back, a
+            # pipeline started, swapped, stopped or failed) comes with an event.
+            self._state_dirty.set()
+        self._queue(
+            self.topics.device(self.device, "events"),
+            message.model_dump_json(exclude_none=True).encode(),
+            Priority.CRITICAL,
+        )
+
+    def _emit_result(self, pipeline: str, result: msg.ResultMessage) -> None:
+        self.integrations.on_result(pipeline, result)
+        self._queue(
+            self.topics.device(self.device, f"results/{pipeline}"),
+            result.model_dump_json().encode(),
+            Priority.RESULT,
+        )
+
+    # --- state: birth and will --------------------------------------------------------------
+    def _will(self) -> Will:
+        # Asked before every connect: this connection's seq, persisted before use.
+        try:
+            self._seq = self.records.next_seq()
+        except OSError as exc:
+            # A full or read-only state disk must not kill the network thread: the seq
+            # still goes up in memory (and with the clock), it just is not remembered.
+            self._seq = max(self._seq + 1, int(time.time()))
+            log_event(log, logging.ERROR, "seq_not_saved", seq=self._seq, error=str(exc))
+        return Will(self._state_topic, self._offline())
+
+    def _offline(self) -> bytes:
+        # The will and the clean-stop message say only this: {online: false, seq, ts}.
+        offline = msg.State(online=False, seq=self._seq, ts=time.time())
+        return offline.model_dump_json(include={"online", "seq", "ts"}).encode()
+
+    @property
+    def _state_topic(self) -> str:
+        return self.topics.device(self.device, "state")
+
+    def _birth(self) -> msg.State:
+        return msg.State(
+            online=True,
+            seq=self._seq,
+            ts=time.time(),
+            agent_version=__version__,
+            mqtt_version=self.session.mqtt_version,
+            group=self.config.group,
+            devices=self._devices(),
+            models=self.models.states(),
+            pipelines=self.pipelines.states(),
+            config_hash=self.config.config_hash(),
+            unverified=not self.models.trusted_keys,
+        )
+
+    def _devices(self) -> list[str]:
+        # Asked once: enumerating devices loads every plugin, too slow for each reconnect.
+        if self._device_names is None:
+            try:
+                import openvino as ov
+
+                self._device_names = list(ov.Core().available_devices)
+            except Exception as exc:  # a broken driver must not stop the birth message
+                log_event(log, logging.WARNING, "devices_unavailable", error=str(exc))
+                self._device_names = []
+        return self._device_names
+
+    def _on_connected(self, session: MqttSession) -> None:
+        self._publish_state()
+        log_event(log, logging.INFO, "mqtt_connected", device=self.device, seq=self._seq)
+        self.integrations.on_connected()
+        self._wake.set()
+
+    def _publish_state(self) -> None:
+        # Directly, not through the outbox: the birth is about this connection, and an
+        # old state is worth nothing once a newer one exists.
+        self._state_dirty.clear()
+        self.session.publish(
+            self._state_topic,
+            self._birth().model_dump_json(exclude_none=True).encode(),
+            qos=1,
+            retain=True,
+        )
+
+    def _on_state(self, message: Message) -> None:
+        # A stale will (an older connection's, published by the broker after our birth)
+        # must not leave the box marked offline: answer it with a fresh birth.
+        try:
+            data = json.loads(message.payload)
+        except ValueError:
+            return
+        if (
+            isinstance(data, dict)
+            and data.get("online") is False
+            and data.get("seq", 0) < self._seq
+        ):
+            log_event(
+                log, logging.INFO, "stale_will_answered", stale_seq=data.get("seq"), seq=self._seq
+            )
+            self._publish_state()
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> int:
+        """Serve until `stop` is set; returns the process exit code."""
+        self._stop = stop
+        self.session.subscribe(self.topics.device(self.device, "cmd"), self._on_command)
+        if self.config.group:
+            self.session.subscribe(
+                f"{self.topics.prefix}/group/{self.config.group}/cmd", self._on_command
+            )
+        self.session.subscribe(self._state_topic, self._on_state)
+        self._devices()
+        self.session.start()
+        restored = self.pipelines.restore()
+        log_event(log, logging.INFO, "agent_started", device=self.device, restored=len(restored))
+        self._state_dirty.set()  # the birth may have gone out before the pipelines were back
+        self.notifier.ready(self._status_line())
+        pump = threading.Thread(target=self._pump, name="outbox-pump", daemon=True)
+        pump.start()
+        next_telemetry = time.monotonic() + self.interval_s
+        watchdog_every = (self.notifier.watchdog_s or 0) / 2
+        next_watchdog = time.monotonic()
+        try:
+            while not stop.wait(0.25):
+                now = time.monotonic()
+                if self._reschedule.is_set():  # set_telemetry: the new interval from now
+                    self._reschedule.clear()
+                    next_telemetry = min(next_telemetry, now + self.interval_s)
+                if self._state_dirty.is_set() and self.session.connected.is_set():
+                    self._publish_state()
+                self.integrations.tick()
+                if now >= next_telemetry:
+                    self._publish_telemetry()
+                    next_telemetry = now + self.interval_s
+                    self.notifier.status(self._status_line())
+                if watchdog_every and now >= next_watchdog:
+                    if self._healthy():
+                        self.notifier.watchdog()
+                    next_watchdog = now + watchdog_every
+        finally:
+            self._shutdown(pump)
+        return 0
+
+    def _on_command(self, message: Message) -> None:
+        self.dispatcher.handle(message.payload)
+
+    def _pump(self) -> None:
+        """Move the outbox to the broker in order; delete only what the broker acknowledged."""
+        sent_upto = 0
+        in_flight: list[int] = []
+        while not self._stop.is_set() or in_flight:
+            if in_flight:
+                if self.session.flush(_FLUSH_TIMEOUT_S if not self._stop.is_set() else 2.0):
+                    self.outbox.ack(in_flight)
+                    in_flight = []
+                elif self._stop.is_set():
+                    return  # they stay in the outbox for the next start
+                continue
+            if not self.session.connected.is_set():
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            batch = self.outbox.peek(_PUMP_BATCH, after=sent_upto)
+            if not batch:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            for queued in batch:
+                self.session.publish(
+                    queued.topic, queued.payload, qos=queued.qos, retain=queued.retain
+                )
+                sent_upto = queued.seq
+                in_flight.append(queued.seq)
+
+    def _healthy(self) -> bool:
+        threads = [self.session._net, self.session._dispatch]
+        if not all(t.is_alive() for t in threads):
+            log_event(log, logging.ERROR, "watchdog_withheld", reason="mqtt loop stopped")
+            return False
+        stale = self.pipelines.stale(max(60.0, 3 * self.interval_s))
+        if stale:
+            log_event(
+                log,
+                logging.ERROR,
+                "watchdog_withheld",
+                reason="stale pipelines",
+                pipelines=",".join(stale),
+            )
+            return False
+        return True
+
+    def _set_interval(self, seconds: float) -> None:
+        self.interval_s = seconds
+        self._reschedule.set()
+
+    def _status_line(self) -> str:
+        stats = self.outbox.stats()
+        link = "connected" if self.session.connected.is_set() else "broker unreachable"
+        return (
+            f"{len(self.pipelines.states())} pipelines, {self.pipelines.fps():.1f} FPS, "
+            f"outbox {stats.depth}, {link}"
+        )
+
+    def _status_extra(self) -> dict[str, Any]:
+        return {
+            "device_id": self.device,
+            "mqtt_version": self.session.mqtt_version,
+            "connected": self.session.connected.is_set(),
+            "reconnects": self.session.reconnects,
+            "outbox": self.outbox.stats().model_dump(mode="json"),
+            "telemetry_interval_s": self.interval_s,
+            "jobs": self.dispatcher.jobs.running(),
+        }
+
+    # --- telemetry -----------------------------------------------------------------------------
+    def _publish_telemetry(self) -> None:
+        stats = self.pipelines.interval_stats()
+        outbox = self.outbox.stats()
+        agent = msg.AgentTelemetry(
+            cpu_percent=round(self._cpu.percent(), 2),
+            rss_bytes=rss_bytes(),
+            temperature_c=hottest_celsius(),
+            outbox_depth=outbox.depth,
+            outbox_bytes=outbox.bytes,
+            outbox_dropped=outbox.dropped_critical
+            + outbox.dropped_result
+            + outbox.dropped_telemetry,
+            reconnects=self.session.reconnects,
+            uptime_s=round(time.time() - self._started, 3),
+        )
+        telemetry = msg.Telemetry(
+            ts=time.time(),
+            interval_s=self.interval_s,
+            pipelines={k: pipeline_telemetry(s) for k, s in stats.items()},
+            models=model_telemetry(
+                stats,
+                self.pipelines.serving(),
+                self.pool.reports(),
+            ),
+            agent=agent,
+        )
+        self._queue(
+            self.topics.device(self.device, "telemetry"),
+            telemetry.model_dump_json(by_alias=True).encode(),
+            Priority.TELEMETRY,
+        )
+        self.integrations.on_telemetry(telemetry)
+
+    # --- stop ----------------------------------------------------------------------------------
+    def _shutdown(self, pump: threading.Thread) -> None:
+        log_event(log, logging.INFO, "agent_stopping", device=self.device)
+        self.notifier.stopping()
+        self.dispatcher.close(2.0)
+        self.pipelines.close(5.0)
+        self._wake.set()
+        pump.join(5.0)
+        if self.session.connected.is_set():
+            self.session.publish(self._state_topic, self._offline(), qos=1, retain=True)
+            self.session.flush(2.0)
+        self.session.stop(3.0)
+        self.integrations.close()
+        self.outbox.close()
+        self.commands.close()
+        self.notifier.close()

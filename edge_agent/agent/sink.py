@@ -1,0 +1,199 @@
+"""The sink that turns a pipeline's results into the agent's messages.
+
+A pipeline knows nothing of MQTT; this sink sits at its end and hands
+`results/<pipeline>` and `events` messages to the agent's emitters (the
+outbox). It runs on the pipeline's emitter thread, so it only builds small
+messages and returns: the outbox write is a local sqlite insert.
+
+- `results/<pipeline>` follows the config's `results` policy: every frame,
+  only frames with results (the default), or nothing (events only).
+- Detections are tracked (vision/tracker.py) into Frigate-shaped detection
+  events: `new` when an object appears, `update` when its best score rises or
+  at most once a second of stream time while it stays, `end` when it is gone
+  (or the pipeline stops). Updates are throttled because events are never
+  dropped by the outbox: one per frame per object would crowd out everything
+  else while the broker is away.
+- Pipeline events (a rule's appeared/gone, a source lost, a model swapped)
+  become `events`, stamped with the box's clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from edge_agent.heads.base import Detection
+from edge_agent.pipelines.base import FrameResult
+from edge_agent.protocol.agent import AgentEvent, DetectionEvent, ResultMessage
+from edge_agent.vision.tracker import Tracker, TrackEvent
+
+ResultsPolicy = Literal["all", "detections", "events"]
+
+EmitResult = Callable[[str, ResultMessage], None]
+"""(pipeline id, message): queue a result for `results/<pipeline>`."""
+EmitEvent = Callable[[AgentEvent | DetectionEvent], None]
+"""Queue an event for `events`."""
+
+UPDATE_EVERY_S = 1.0
+"""Stream seconds between two `update` events of one object whose score did not rise."""
+
+_EVENT_KIND = {
+    "source_error": "source_lost",
+    "source_reconnecting": "source_lost",
+    "pipeline_error": "pipeline_failed",
+    "model_swapped": "model_swapped",
+}
+
+
+@dataclass(slots=True)
+class _Object:
+    """What the detection events of one track need beyond the tracker's own state."""
+
+    event_id: str
+    start_time: float
+    last_seen: float
+    best_score: float
+    updated_ts: float
+    """Stream time of the last `new`/`update` event sent."""
+
+
+class AgentSink:
+    """Pipeline sink: results per the policy, events always.
+
+    Args:
+        pipeline: The pipeline id.
+        policy: Which frames' results to publish.
+        emit_result: Where results go.
+        emit_event: Where events go.
+        clock: Unix seconds, injectable.
+        tracker: Follows detections across frames; a fresh one by default.
+    """
+
+    def __init__(
+        self,
+        pipeline: str,
+        policy: ResultsPolicy,
+        emit_result: EmitResult,
+        emit_event: EmitEvent,
+        clock: Callable[[], float] = time.time,
+        tracker: Tracker | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.policy = policy
+        self._emit_result = emit_result
+        self._emit_event = emit_event
+        self._clock = clock
+        self._tracker = tracker or Tracker()
+        self._objects: dict[int, _Object] = {}
+        self._last_ts = 0.0
+        self.model: str | None = None
+        """The model that produced the latest frame (the new one once a swap landed)."""
+        self.results = 0
+        self.events = 0
+
+    def emit(self, result: FrameResult) -> None:
+        now = self._clock()
+        for event in result.events:
+            kind = _EVENT_KIND.get(event.kind, "rule")
+            detail = event.detail or ""
+            if kind == "rule":
+                detail = (
+                    f"{event.kind}: {event.label} ({event.rule})" if event.label else event.kind
+                )
+            self._send(
+                AgentEvent.model_validate(
+                    {
+                        "kind": kind,
+                        "ts": now,
+                        "pipeline": self.pipeline,
+                        "model": result.model,
+                        "detail": detail,
+                    }
+                )
+            )
+        if result.frame < 0:
+            return
+        self.model = result.model
+        self._track(result, now)
+        if self.policy == "events":
+            return
+        if self.policy == "detections" and not result.results:
+            return
+        body: list[dict[str, Any]] = [r.model_dump(mode="json") for r in result.results]
+        self._emit_result(
+            self.pipeline,
+            ResultMessage(
+                pipeline=self.pipeline,
+                frame=result.frame,
+                ts=now,
+                stream_ts=result.ts,
+                model=result.model,
+                results=body,
+            ),
+        )
+        self.results += 1
+
+    def _track(self, result: FrameResult, now: float) -> None:
+        detections = [r for r in result.results if isinstance(r, Detection)]
+        if not detections and not self._objects:
+            return  # nothing tracked and nothing to track: a classifier, or an empty scene
+        self._last_ts = result.ts
+        for change in self._tracker.update(result.ts, detections):
+            self._on_track(change, now)
+
+    def _on_track(self, change: TrackEvent, now: float) -> None:
+        seen = self._objects.get(change.id)
+        if change.kind == "new" or seen is None:
+            seen = self._objects[change.id] = _Object(
+                event_id=f"{now:.3f}-{self.pipeline}-{change.id}",
+                start_time=now,
+                last_seen=now,
+                best_score=change.score,
+                updated_ts=change.ts,
+            )
+            self._detection("new", change, seen)
+            return
+        if change.kind == "end":
+            del self._objects[change.id]
+            self._detection("end", change, seen, end_time=seen.last_seen)
+            return
+        seen.last_seen = now
+        rose = change.score > seen.best_score
+        seen.best_score = max(seen.best_score, change.score)
+        if rose or change.ts - seen.updated_ts >= UPDATE_EVERY_S:
+            seen.updated_ts = change.ts
+            self._detection("update", change, seen)
+
+    def _detection(
+        self,
+        kind: Literal["new", "update", "end"],
+        change: TrackEvent,
+        seen: _Object,
+        end_time: float | None = None,
+    ) -> None:
+        x0, y0, x1, y1 = (round(v, 1) for v in change.box)
+        self._send(
+            DetectionEvent(
+                type=kind,
+                id=seen.event_id,
+                pipeline=self.pipeline,
+                label=change.label,
+                score=round(seen.best_score, 4),
+                box=(x0, y0, x1, y1),
+                start_time=seen.start_time,
+                end_time=end_time,
+            )
+        )
+
+    def _send(self, event: AgentEvent | DetectionEvent) -> None:
+        self._emit_event(event)
+        self.events += 1
+
+    def close(self) -> None:
+        """End every object still tracked: the pipeline stopped or its source ended."""
+        for change in self._tracker.flush(self._last_ts):
+            seen = self._objects.pop(change.id, None)
+            if seen is not None:
+                self._detection("end", change, seen, end_time=seen.last_seen)
