@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,16 @@ def run(args: argparse.Namespace) -> int:
     received: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        # Only set a flag: the main loop does the stopping, outside the handler.
+        # Only record it. Event.set() takes a lock the interrupted main thread may hold
+        # (inside stop.wait), which would deadlock; a watcher thread sets it instead.
         received.append(signum)
+
+    def watch() -> None:
+        while not received:
+            time.sleep(0.1)
         stop.set()
 
+    threading.Thread(target=watch, name="signals", daemon=True).start()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     service = AgentService(config, env)
