@@ -49,8 +49,8 @@ from rich.table import Table
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
-from edge_agent.demo.console import DeviceConsole
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fleet.console import DeviceConsole
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 

@@ -27,10 +27,10 @@ from rich.console import Console
 from edge_agent.comms.base import MqttVersion
 from edge_agent.comms.session import MqttSession, Will, connect
 from edge_agent.demo.brokers import BrokerChoice, choose_broker
-from edge_agent.demo.console import DemoInterrupted, DeviceConsole
 from edge_agent.demo.summary import DemoSummary
 from edge_agent.demo.view import LiveView
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fleet.console import DeviceConsole, Interrupted
 from edge_agent.paths import Layout
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
@@ -107,7 +107,7 @@ class Demo:
             with contextlib.ExitStack() as stack:
                 try:
                     interrupted = not self._run(stack)
-                except DemoInterrupted:
+                except Interrupted:
                     interrupted = True
                 # Taken before the agent and the broker go (the stack unwinds after).
                 return self._summary(interrupted)
@@ -123,7 +123,7 @@ class Demo:
 
     def _checkpoint(self) -> None:
         if self._stop.is_set():
-            raise DemoInterrupted
+            raise Interrupted
 
     def _run(self, stack: contextlib.ExitStack) -> bool:
         """All the steps; False when stopped before the video ended."""
@@ -217,7 +217,7 @@ class Demo:
 
         if self._watch(video.frames):
             return True
-        with contextlib.suppress(EdgeAgentError, DemoInterrupted):
+        with contextlib.suppress(EdgeAgentError, Interrupted):
             self.console.send("stop_pipeline", {"id": PIPELINE}, timeout=5.0)
         return False
 

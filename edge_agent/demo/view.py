@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from edge_agent.demo.console import DeviceView
+from edge_agent.fleet.console import DeviceView
 from edge_agent.protocol import agent as msg
 
 REFRESH_HZ = 4.0

@@ -19,6 +19,7 @@ from typing import Any
 
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fleet.console_cmd import add_console_verbs
 from edge_agent.paths import default_fleet_repo
 from edge_agent.protocol.topics import DEFAULT_PREFIX, DEFAULT_SHARE_GROUP, Topics
 
@@ -35,7 +36,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="edge-fleet", description="Publish models to a fleet and serve them.")
+    parser = _Parser(
+        prog="edge-fleet",
+        description="Publish models to a fleet, serve them, and command its devices.",
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="-v INFO, -vv DEBUG")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
@@ -72,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--share-group", default=DEFAULT_SHARE_GROUP, help="$share group")
     serve.add_argument("--window", type=int, default=4, help="frames a puller may lag")
     serve.set_defaults(run=run_serve)
+
+    add_console_verbs(verbs)  # cmd, deploy, status, watch (fleet/console_cmd.py)
     return parser
 
 

@@ -1,0 +1,370 @@
+"""`edge-fleet cmd | deploy | status | watch`: talk to devices over the command protocol.
+
+- `cmd DEVICE TYPE [--arg k=v ...] [--args-file F]`: one command; the final answer as JSON
+  on stdout, progress on stderr. Exit 0 ok, 1 an error answer, 2 usage or no broker,
+  124 no answer in time (the command expires with the wait), 130 Ctrl-C.
+- `deploy NAME VERSION --to DEVICE | --group G`: deploy_model to one device, or one group
+  command answered by every online member; a per-device table, non-zero if any failed.
+- `status`: every device's retained state (the seq rule applied), as a table or --json.
+- `watch`: a live table of state, FPS, end-to-end p95, outbox depth and last seen, from
+  telemetry; Ctrl-C ends it; `--once S` prints one snapshot after S seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+
+from edge_agent.comms.cli_args import add_broker_args, broker_settings
+from edge_agent.comms.session import MqttSession, connect
+from edge_agent.errors import EdgeAgentError
+from edge_agent.fleet import tables
+from edge_agent.fleet.console import DeviceConsole, NoAnswerError
+from edge_agent.fleet.roster import DeviceResult, Outcome, Roster, send_group, settle
+from edge_agent.protocol import agent as msg
+from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics
+
+EXIT_FAILED = 1
+EXIT_TIMEOUT = 124
+SHORT_TIMEOUT_S = 30.0
+LONG_TIMEOUT_S = 600.0
+"""deploy_model, calibrate and activate_model pull, compile and gate: minutes, not seconds."""
+
+
+def add_console_verbs(verbs: Any) -> None:
+    """Add cmd, deploy, status and watch to `edge-fleet`'s sub-command parsers."""
+
+    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+        # -h is the broker host, as in mosquitto_sub: help is --help only.
+        sub: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, add_help=False)
+        sub.add_argument("--help", action="help", help="show this help and exit")
+        add_broker_args(sub)
+        sub.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix")
+        return sub
+
+    cmd = verb("cmd", "send one command to a device and print its answer")
+    cmd.add_argument("device", help="device id")
+    cmd.add_argument("type", help="command type: ping, get_status, start_pipeline, ...")
+    cmd.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an argument; VALUE is JSON when it parses (3, true, {...}), else a string",
+    )
+    cmd.add_argument("--args-file", type=Path, help="arguments as a JSON or TOML file")
+    cmd.add_argument("--timeout", type=float, help="seconds to wait (default 30; long: 600)")
+    cmd.set_defaults(run=run_cmd)
+
+    deploy = verb("deploy", "deploy a published model to a device or a group")
+    deploy.add_argument("name", help="model name as published")
+    deploy.add_argument("version", help="release version, or `latest`")
+    where = deploy.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to", metavar="DEVICE", help="one device")
+    where.add_argument("--group", metavar="G", help="every online device of group G")
+    deploy.add_argument("--no-activate", action="store_true", help="install only")
+    deploy.add_argument("--timeout", type=float, default=LONG_TIMEOUT_S, help="seconds to wait")
+    deploy.add_argument("--json", action="store_true", help="results as JSON")
+    deploy.set_defaults(run=run_deploy)
+
+    status = verb("status", "every device's retained state")
+    status.add_argument("--json", action="store_true", help="as JSON")
+    status.add_argument("--wait", type=float, default=5.0, help="longest wait for the broker")
+    status.set_defaults(run=run_status)
+
+    watch = verb("watch", "a live table of every device's state, FPS, p95 and outbox")
+    watch.add_argument("--once", type=float, metavar="S", help="one snapshot after S seconds")
+    watch.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
+    watch.set_defaults(run=run_watch)
+
+
+# --- arguments --------------------------------------------------------------------------------
+def parse_arg(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE`, VALUE as JSON when it parses, else as the string it is."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise EdgeAgentError(
+            f"--arg {text!r} is not KEY=VALUE",
+            'e.g. --arg version=3, --arg name=orient, --arg \'spec={"id": "cam"}\'',
+            code="input.invalid",
+        )
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def load_args_file(path: Path) -> dict[str, Any]:
+    """A JSON or TOML file of arguments (by suffix; JSON first when it has neither)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EdgeAgentError(
+            f"cannot read {path}: {exc.strerror}", "check the path", code="input.not_found"
+        ) from exc
+    loaders: list[Any] = [json.loads, tomllib.loads]
+    if path.suffix == ".toml":
+        loaders = [tomllib.loads]
+    elif path.suffix == ".json":
+        loaders = [json.loads]
+    for load in loaders:
+        try:
+            found = load(text)
+        except ValueError:  # JSONDecodeError and TOMLDecodeError both are
+            continue
+        if isinstance(found, dict):
+            return found
+    raise EdgeAgentError(
+        f"{path} is not a JSON object or a TOML table",
+        "write the arguments as {...} in JSON, or key = value lines in TOML",
+        code="input.invalid",
+    )
+
+
+def command_args(pairs: list[str], args_file: Path | None) -> dict[str, Any]:
+    """The file's arguments, with each --arg on top."""
+    found = load_args_file(args_file) if args_file is not None else {}
+    found.update(parse_arg(pair) for pair in pairs)
+    return found
+
+
+# --- progress ---------------------------------------------------------------------------------
+class Bars:
+    """Progress of long commands on stderr: bars on a terminal, a line per step elsewhere."""
+
+    def __init__(self, err: Console) -> None:
+        self.err = err
+        self._progress: Progress | None = None
+        self._tasks: dict[str, TaskID] = {}
+        self._last: dict[str, tuple[str, int]] = {}
+
+    def update(self, key: str, progress: msg.Progress) -> None:
+        if not self.err.is_terminal:
+            step = (progress.stage, int(progress.fraction * 10))
+            if self._last.get(key) != step:
+                self._last[key] = step
+                # Plain lines: a log or a pipe keeps each step, unwrapped.
+                print(f"{key}: {progress.stage} {progress.fraction:.0%}", file=sys.stderr)
+            return
+        if self._progress is None:
+            self._progress = Progress(
+                TextColumn("{task.fields[key]}"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}% {task.description}"),
+                console=self.err,
+            )
+            self._progress.start()
+        if key not in self._tasks:
+            self._tasks[key] = self._progress.add_task(progress.stage, total=1.0, key=key)
+        self._progress.update(
+            self._tasks[key], completed=progress.fraction, description=progress.stage
+        )
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def _session(args: argparse.Namespace) -> tuple[MqttSession, Topics]:
+    return connect(broker_settings(args)), Topics(args.prefix)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False), flush=True)
+
+
+def _error_line(text: str, code: str) -> None:
+    print(f"edge-fleet: error: {text} [{code}]", file=sys.stderr, flush=True)
+
+
+# --- cmd --------------------------------------------------------------------------------------
+def run_cmd(args: argparse.Namespace) -> int:
+    arguments = command_args(args.arg, args.args_file)
+    long = args.type in msg.LONG_COMMANDS
+    timeout = args.timeout or (LONG_TIMEOUT_S if long else SHORT_TIMEOUT_S)
+    session, topics = _session(args)
+    console = DeviceConsole(session, topics, args.device, follow=False)
+    bars = Bars(Console(stderr=True))
+    try:
+        answer = console.request(
+            args.type,
+            arguments,
+            timeout=timeout,
+            on_progress=lambda progress: bars.update(args.device, progress),
+        )
+    except NoAnswerError as exc:
+        bars.close()
+        _error_line(str(exc), exc.code)
+        return EXIT_TIMEOUT
+    finally:
+        bars.close()
+        console.close()
+        session.stop()
+    _print_json(answer.model_dump(mode="json", exclude_none=True))
+    if answer.error is not None:
+        where = f" (field {answer.error.field})" if answer.error.field else ""
+        _error_line(
+            f"{args.device}: {args.type} failed{where}: {answer.error.message}", answer.error.code
+        )
+        return EXIT_FAILED
+    return 0
+
+
+# --- deploy -----------------------------------------------------------------------------------
+def _version(text: str) -> int | None:
+    if text == "latest":
+        return None
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise EdgeAgentError(
+        f"version {text!r} is not a number >= 1 or `latest`",
+        "e.g. edge-fleet deploy person-det 3 --to dock-7",
+        code="input.invalid",
+    )
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    deploy_args = {
+        "name": args.name,
+        "version": _version(args.version),
+        "activate": not args.no_activate,
+    }
+    bars = Bars(Console(stderr=True))
+    session, topics = _session(args)
+    try:
+        if args.to:
+            console = DeviceConsole(session, topics, args.to, follow=False)
+            try:
+                answer = console.request(
+                    "deploy_model",
+                    deploy_args,
+                    timeout=args.timeout,
+                    on_progress=lambda progress: bars.update(args.to, progress),
+                )
+                outcome: Outcome = "ok" if answer.status == "ok" else "error"
+                results = [DeviceResult(args.to, outcome, answer)]
+            except NoAnswerError as exc:
+                print(f"edge-fleet: {exc}", file=sys.stderr, flush=True)
+                results = [DeviceResult(args.to, "timeout")]
+            finally:
+                console.close()
+        else:
+            roster = Roster(topics)
+            roster.follow(session)
+            settle(session, topics)
+            members = roster.members(args.group)
+            if not members:
+                bars.close()
+                _error_line(
+                    f"no online device says it is in group {args.group!r}; see `edge-fleet status`",
+                    "input.invalid",
+                )
+                return EXIT_FAILED
+            print(
+                f"deploy_model to group {args.group}: {', '.join(members)}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+            def shown(answer: msg.Response) -> None:
+                if answer.progress is not None:
+                    bars.update(answer.device_id, answer.progress)
+
+            found = send_group(
+                session,
+                topics,
+                args.group,
+                "deploy_model",
+                deploy_args,
+                members,
+                timeout=args.timeout,
+                on_answer=shown,
+            )
+            results = [found[d] for d in sorted(found)]
+    finally:
+        bars.close()
+        session.stop()
+    where = args.to or f"group {args.group}"
+    if args.json:
+        _print_json(tables.results_json(results))
+    else:
+        title = f"deploy {args.name} {args.version} to {where}"
+        Console(soft_wrap=True).print(tables.results_table(title, results))
+    outcomes = {r.outcome for r in results}
+    if "error" in outcomes:
+        return EXIT_FAILED
+    return EXIT_TIMEOUT if "timeout" in outcomes else 0
+
+
+# --- status and watch -------------------------------------------------------------------------
+def _roster(session: MqttSession, topics: Topics, wait: float, *, telemetry: bool) -> Roster:
+    roster = Roster(topics)
+    roster.follow(session, telemetry=telemetry)
+    if not settle(session, topics, wait):
+        print(
+            f"edge-fleet: the broker did not answer within {wait:g} s: states may be missing",
+            file=sys.stderr,
+        )
+    return roster
+
+
+def run_status(args: argparse.Namespace) -> int:
+    session, topics = _session(args)
+    try:
+        records = _roster(session, topics, args.wait, telemetry=False).snapshot()
+    finally:
+        session.stop()
+    if args.json:
+        _print_json(tables.status_json(records))
+    elif not records:
+        print(f"no device has published a state under {topics.prefix}/", file=sys.stderr)
+    else:
+        Console(soft_wrap=True).print(tables.status_table(records))
+    return 0
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    session, topics = _session(args)
+    out = Console(soft_wrap=True)
+    try:
+        roster = _roster(session, topics, 5.0, telemetry=True)
+        if args.once is not None:
+            stop.wait(args.once)
+            records = roster.snapshot()
+            if args.json:
+                _print_json(tables.watch_json(records))
+            else:
+                out.print(tables.watch_table(records))
+        elif out.is_terminal:
+            first = tables.watch_table(roster.snapshot())
+            with Live(first, console=out, auto_refresh=False) as live:
+                while not stop.wait(0.5):
+                    live.update(tables.watch_table(roster.snapshot()), refresh=True)
+        else:
+            _snapshots(out, roster, stop)
+    finally:
+        session.stop()
+    return 0
+
+
+def _snapshots(out: Console, roster: Roster, stop: threading.Event, every_s: float = 2.0) -> None:
+    """Not a terminal (a pipe, a log): a snapshot when something changed, at most every 2 s."""
+    while not stop.is_set():
+        if roster.changed.wait(0.5):
+            roster.changed.clear()
+            out.print(tables.watch_table(roster.snapshot()))
+            stop.wait(every_s)

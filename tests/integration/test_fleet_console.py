@@ -1,0 +1,215 @@
+"""`edge-fleet cmd | deploy | status | watch` as a user runs them, against real agents.
+
+Each command runs as its own process (exit codes and streams are the interface), on
+the suite's mosquitto; agents are real: `python -m edge_agent run` where process
+behaviour matters (a clean stop), the same service on a thread elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_agent.clips import write_walk
+from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.store.release import generate_key, save_public_key
+from tests.agent_kit import AgentProcess, InProcessAgent, fleet, retained_state, write_config
+
+DEVICE = "dock-7"
+
+
+def fleet_cli(
+    broker: LocalBroker, *args: str, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "edge_agent.fleet.cli", *args[:1], "-p", str(broker.port)]
+    return subprocess.run(
+        [*command, *args[1:]], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def as_json(done: subprocess.CompletedProcess[str]) -> Any:
+    try:
+        return json.loads(done.stdout)
+    except ValueError as exc:
+        raise AssertionError(
+            f"not JSON (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+        ) from exc
+
+
+def cells(row: str) -> list[str]:
+    """A rich table row's cells, stripped."""
+    return [cell.strip() for cell in row.split("│")[1:-1]]
+
+
+@pytest.fixture
+def agent(broker: LocalBroker, tmp_path: Path) -> Iterator[AgentProcess]:
+    config = write_config(
+        tmp_path / "agent.toml", port=broker.port, device=DEVICE, state=tmp_path / "state"
+    )
+    running = AgentProcess(config, tmp_path / "agent.log").start()
+    try:
+        # Online: what a console connecting now reads.
+        retained_state(broker.port, DEVICE, timeout=30.0)
+        yield running
+    finally:
+        running.close()
+
+
+def test_cmd_prints_the_answer_and_exits_by_its_status(
+    broker: LocalBroker, agent: AgentProcess
+) -> None:
+    done = fleet_cli(broker, "cmd", DEVICE, "ping")
+    assert done.returncode == 0, done.stderr
+    answer = as_json(done)
+    assert (answer["status"], answer["device_id"], answer["result"]["pong"]) == ("ok", DEVICE, True)
+
+    # Wrong argument type: the device's error answer on stdout, one line on stderr, exit 1.
+    done = fleet_cli(broker, "cmd", DEVICE, "set_telemetry", "--arg", "interval_s=often")
+    assert done.returncode == 1, done.stderr
+    assert as_json(done)["error"]["code"] == "command.invalid"
+    assert as_json(done)["error"]["field"] == "args.interval_s"
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(
+        f"edge-fleet: error: {DEVICE}: set_telemetry failed (field args.interval_s)"
+    )
+    assert line.endswith("[command.invalid]")
+
+    # Values are JSON when they parse: 0 is a number, and out of range.
+    done = fleet_cli(broker, "cmd", DEVICE, "remove_model", "--arg", "name=x", "--arg", "version=0")
+    assert done.returncode == 1
+    assert as_json(done)["error"]["field"] == "args.version"
+
+    # A usage error never reaches the device.
+    done = fleet_cli(broker, "cmd", DEVICE, "ping", "--arg", "no-equals-sign")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "[input.invalid]" in done.stderr
+
+    # Nobody answers: a clear line and 124, within the timeout.
+    done = fleet_cli(broker, "cmd", "nobody", "ping", "--timeout", "1")
+    assert (done.returncode, done.stdout) == (124, "")
+    assert "no answer from nobody within 1 s (no retained state" in done.stderr
+    assert done.stderr.strip().endswith("[command.timeout]")
+
+
+def test_status_shows_the_device_online_then_offline_after_a_clean_stop(
+    broker: LocalBroker, agent: AgentProcess
+) -> None:
+    done = fleet_cli(broker, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    [online] = as_json(done)
+    assert (online["device"], online["online"]) == (DEVICE, True)
+    table = fleet_cli(broker, "status")
+    assert f"{DEVICE} │ online" in table.stdout, table.stdout
+
+    assert agent.stop() == 0
+    done = fleet_cli(broker, "status", "--json")
+    [offline] = as_json(done)
+    assert (offline["device"], offline["online"]) == (DEVICE, False)
+    assert offline["seq"] == online["seq"]  # the same connection's clean-stop message
+    assert "offline" in fleet_cli(broker, "status").stdout
+
+
+def test_watch_once_shows_the_fps_of_a_running_pipeline(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    walk = write_walk(tmp_path / "walk.avi", empty=5, crossing=10, frames=40)
+    config = write_config(
+        tmp_path / "agent.toml", port=broker.port, device=DEVICE, state=tmp_path / "state"
+    )
+    spec = {
+        "id": "cam",
+        "model": {"name": "person-ssdlite"},
+        # Played at 10 FPS, over and over: running for as long as the test watches.
+        "source": {
+            "type": "file",
+            "path": str(walk.path),
+            "realtime": True,
+            "loop": True,
+            "fps_cap": 10,
+        },
+        "sinks": [],
+    }
+    args_file = tmp_path / "start.json"
+    args_file.write_text(json.dumps({"spec": spec}), encoding="utf-8")
+    agent = InProcessAgent(config)
+    try:
+        started = fleet_cli(broker, "cmd", DEVICE, "start_pipeline", "--args-file", str(args_file))
+        assert started.returncode == 0, started.stderr
+        assert as_json(started)["result"]["status"] == "running"
+        snapshot = subprocess.Popen(
+            [sys.executable, "-m", "edge_agent.fleet.cli", "watch", "-p", str(broker.port),
+             "--once", "3.5"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        done = fleet_cli(broker, "watch", "--once", "3.5", "--json")
+        table, errors = snapshot.communicate(timeout=30)
+    finally:
+        agent.close()
+    assert done.returncode == 0, done.stderr
+    [device] = as_json(done)
+    assert (device["device"], device["online"], device["outbox_depth"]) == (DEVICE, True, 0)
+    cam = device["pipelines"]["cam"]
+    assert cam["status"] == "running"
+    assert 5.0 <= cam["fps"] <= 11.0, cam
+    assert cam["p95_ms"] > 0
+    assert snapshot.returncode == 0, errors
+    row = next(line for line in table.splitlines() if DEVICE in line)
+    assert cells(row)[:4] == [DEVICE, "online", "cam", "running"], table
+    assert any(f"{fps:.1f}" in row for fps in [x / 10 for x in range(50, 111)]), row
+
+
+def test_deploy_to_a_group_collects_every_members_answer(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    stranger = tmp_path / "stranger.pub"
+    save_public_key(generate_key().public_key(), stranger)
+    with fleet(broker.port, tmp_path / "fleet", [("text-orientation", "orient", 1)]) as f:
+        agents = []
+        try:
+            # dock-3 trusts another fleet's key only: its part must fail, and say why.
+            for device, key in (("dock-1", f.public_key), ("dock-2", f.public_key),
+                                ("dock-3", stranger)):  # fmt: skip
+                config = write_config(
+                    tmp_path / f"{device}.toml",
+                    port=broker.port,
+                    device=device,
+                    state=tmp_path / device,
+                    trusted_keys=[key],
+                    extra='group = "docks"',
+                )
+                agents.append(InProcessAgent(config))
+            for device in ("dock-1", "dock-2", "dock-3"):
+                assert retained_state(broker.port, device, 30.0)["group"] == "docks"
+
+            done = fleet_cli(broker, "deploy", "orient", "1", "--group", "docks")
+            assert done.returncode == 1, done.stderr
+            assert "deploy_model to group docks: dock-1, dock-2, dock-3" in done.stderr
+            # Progress, a line per step when stderr is not a terminal.
+            assert re.search(r"^dock-2: transfer \d+%$", done.stderr, re.MULTILINE), done.stderr
+            rows = {line.split()[1]: line for line in done.stdout.splitlines() if "dock-" in line}
+            assert sorted(rows) == ["dock-1", "dock-2", "dock-3"], done.stdout
+            for device in ("dock-1", "dock-2"):
+                assert cells(rows[device])[:4] == [device, "ok", "1", ""], done.stdout
+                assert cells(rows[device])[4].startswith("activated")
+            assert cells(rows["dock-3"])[:4] == ["dock-3", "error", "-", "release.signature"]
+
+            # To one device, as JSON: it has v1 already, and says so; exit 0.
+            done = fleet_cli(broker, "deploy", "orient", "latest", "--to", "dock-1", "--json")
+            assert done.returncode == 0, done.stderr
+            entry = as_json(done)["dock-1"]
+            assert entry["outcome"] == "ok"
+            assert entry["answer"]["result"]["version"] == 1
+
+            missing = fleet_cli(broker, "deploy", "orient", "1", "--group", "nobody")
+            assert missing.returncode == 1
+            assert "no online device says it is in group 'nobody'" in missing.stderr
+        finally:
+            for running in agents:
+                running.close()
