@@ -132,6 +132,9 @@ class FrameResult:
     calls: int = 1
     """Model calls this frame took: 1 in mode "frame", one per tile or region otherwise
     (0 when a still scene needed none); not serialised, telemetry reports the mean."""
+    scale: int = 1
+    """The frame's `Frame.scale`: `image` pixels times it are the results' (the camera's)
+    pixels, so whoever draws on `image` divides by it; not serialised."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON-lines form: `frame`, `ts`, `source` if known, results, events (no image)."""

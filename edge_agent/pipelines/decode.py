@@ -48,6 +48,13 @@ _HW_NAMES = {
 }
 _MJPG = int.from_bytes(b"MJPG", "little")
 
+REDUCED_DECODE_DOC = (
+    "Decode JPEG frames (a folder's images, an MJPEG file, camera or stream) at 1/2, 1/4 "
+    "or 1/8 when the model's input (or its tiles) needs no more; results stay in the "
+    "camera's pixels. false decodes every frame whole."
+)
+"""The description of every video source spec's `reduced_decode`."""
+
 
 def min_size_for_fit(
     model_size: Size, fit: Literal["letterbox", "stretch", "crop"] = "stretch"
@@ -69,10 +76,15 @@ def min_size_for_fit(
     return need
 
 
-def min_size_for_tiles(model_side: int, tile: int) -> MinSize:
-    """What square tiles of `tile` frame pixels need, each fed at `model_side` pixels."""
-    scale = model_side / tile
-    return lambda full: (math.ceil(full[0] * scale), math.ceil(full[1] * scale))
+def min_size_for_tiles(model_side: int, tile: int | None) -> MinSize:
+    """What square tiles of `tile` frame pixels need, each fed at `model_side` pixels;
+    `tile` None is half the frame's height, as `[detect]` defaults it."""
+
+    def need(full: Size) -> Size:
+        scale = model_side / (tile or max(1, full[1] // 2))
+        return math.ceil(full[0] * scale), math.ceil(full[1] * scale)
+
+    return need
 
 
 def reduction_for(full: Size, need: Size) -> int:

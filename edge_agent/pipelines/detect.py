@@ -10,6 +10,12 @@
 through its own geometry, merges what overlapping calls found, drops what masks hide,
 feeds the tracker (regions), and says which detections are in which zone.
 
+A frame decoded at a reduced JPEG scale (`Frame.scale` above 1) is planned and combined
+in its decoded pixels; the Detector is the one owner of that conversion both ways:
+pixel-unit zones and masks come down to it, and results go back up to the camera's
+pixels (`mapping.to_camera`) as the last step of `combine`. `min_size` tells the source
+how far a frame may be reduced for this mode and model.
+
 The reader plans frame k while the emitter may still be combining frame k-1, so the
 tracker and the learned grid are shared under one lock; the planner looks where tracks
 are guessed to be at the frame's time, so a frame or two of lag costs nothing.
@@ -29,10 +35,11 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Detection, Result
 from edge_agent.logs import log_event
 from edge_agent.pipelines.base import Frame
+from edge_agent.pipelines.decode import MinSize, min_size_for_fit, min_size_for_tiles
 from edge_agent.pipelines.spec import DetectSpec
 from edge_agent.runtime.preprocess import input_geometry
 from edge_agent.vision.geometry import Geometry, Rect
-from edge_agent.vision.mapping import to_frame
+from edge_agent.vision.mapping import to_camera, to_frame
 from edge_agent.vision.motion import MotionDetector
 from edge_agent.vision.regions import RegionGrid, RegionPlanner
 from edge_agent.vision.tiles import merge_detections, tile_grid
@@ -91,6 +98,13 @@ class Detector:
         self._geometries: dict[tuple[Size, Rect | None, ImageInput], Geometry] = {}
         self._saved_ts: float | None = None
 
+    def min_size(self, image: ImageInput) -> MinSize:
+        """The smallest decode of a frame that loses nothing the model would see, for the
+        source's reduced JPEG decode: the fitted input in mode "frame", else the tiles'."""
+        if self.mode == "frame":
+            return min_size_for_fit((image.width, image.height), image.fit)
+        return min_size_for_tiles(max(image.width, image.height), self.spec.tile)
+
     def plan(self, frame: Frame, image: ImageInput) -> list[Geometry]:
         """The model calls for `frame`, each as the geometry of its input (reader thread)."""
         size = (frame.image.shape[1], frame.image.shape[0])
@@ -121,7 +135,8 @@ class Detector:
             parts: per call, its geometry and what the head decoded (model-input pixels).
 
         Returns:
-            The frame's results, and per zone name the detections whose bottom centre is in it.
+            The frame's results, and per zone name the detections whose bottom centre is
+            in it; both in the camera's pixels whatever scale the frame was decoded at.
         """
         size = (frame.image.shape[1], frame.image.shape[0])
         mapped = [(g, to_frame(found, g)) for g, found in parts]
@@ -144,7 +159,14 @@ class Detector:
                 view.planner.learn([e.box for e in events if e.kind == "update"])
             self._maybe_save(frame.ts)
         zoned = {z.name: view.scene.in_zone(results, z.name) for z in self.zones}
-        return results, zoned
+        if frame.scale == 1:
+            return results, zoned
+        camera = to_camera(results, frame.scale)
+        same = {id(decoded): up for decoded, up in zip(results, camera, strict=True)}
+        return camera, {
+            name: [d for d in (same[id(r)] for r in found) if isinstance(d, Detection)]
+            for name, found in zoned.items()
+        }
 
     def close(self) -> None:
         """Save the learned grid (regions), so the camera's next run starts from it."""

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from edge_agent.logs import log_event
 from edge_agent.pipelines.base import Frame, SourceError
 from edge_agent.pipelines.decode import (
+    REDUCED_DECODE_DOC,
     Decoding,
     JpegDecoder,
     capture_size,
@@ -60,6 +61,7 @@ class LiveSpec(BaseModel):
     stall_timeout_s: float = Field(
         5.0, gt=0, description="An open feed that sends no frame for this long counts as lost."
     )
+    reduced_decode: bool = Field(True, description=REDUCED_DECODE_DOC)
 
     @model_validator(mode="after")
     def _backoff_in_order(self) -> Self:

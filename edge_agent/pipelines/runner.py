@@ -119,8 +119,17 @@ class PipelineHandle:
                 )
             else:
                 active = ActiveModel.build(model, resolved.manifest, spec.model.name)
+                detector = Detector(
+                    spec.detect, spec.zones, spec.masks, self.layout.regions(spec.id)
+                )
                 if frames is None:
-                    frames = open_source(source_spec, on_state=self._source_state)
+                    # Sized for the first model: a hot swap to a larger input keeps the
+                    # decode scale (results stay in camera pixels, detail may be lost).
+                    frames = open_source(
+                        source_spec,
+                        on_state=self._source_state,
+                        min_size=detector.min_size(active.image),
+                    )
                 self.pipeline = VisionPipeline(
                     spec.id,
                     frames,
@@ -130,9 +139,7 @@ class PipelineHandle:
                     tracker,
                     spec.max_frames,
                     on_retire=self._retire,
-                    detector=Detector(
-                        spec.detect, spec.zones, spec.masks, self.layout.regions(spec.id)
-                    ),
+                    detector=detector,
                 )
         except BaseException:
             self.close()

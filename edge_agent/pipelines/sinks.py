@@ -44,12 +44,14 @@ _TEXT_COLOUR = (255, 255, 255)
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
 
 
-def annotate(image: Image, results: Sequence[Result]) -> Image:
+def annotate(image: Image, results: Sequence[Result], scale: int = 1) -> Image:
     """Draw detections (box, label, score, keypoints), text regions and the top class.
 
     Args:
         image: H x W x 3 BGR frame; left untouched.
         results: The frame's results, in the frame's pixel coordinates.
+        scale: `image` is the frame decoded at 1/scale (`FrameResult.scale`), so the
+            results' coordinates are divided by it.
 
     Returns:
         An annotated copy of `image`.
@@ -63,13 +65,14 @@ def annotate(image: Image, results: Sequence[Result]) -> Image:
     for result in results:
         if isinstance(result, Detection):
             colour = _PALETTE[result.class_id % len(_PALETTE)]
-            x0, y0, x1, y1 = (round(v) for v in result.box)
+            x0, y0, x1, y1 = (round(v / scale) for v in result.box)
             cv2.rectangle(out, (x0, y0), (x1, y1), colour, thickness)
             _label(out, f"{result.label} {result.score:.2f}", (x0, y0), colour, font_scale)
             for x, y in result.keypoints:
-                cv2.circle(out, (round(x), round(y)), thickness + 1, colour, -1)
+                cv2.circle(out, (round(x / scale), round(y / scale)), thickness + 1, colour, -1)
         elif isinstance(result, TextBox):
-            points = np.round(np.array(result.polygon, dtype=np.float64)).astype(np.int32)
+            polygon = np.array(result.polygon, dtype=np.float64) / scale
+            points = np.round(polygon).astype(np.int32)
             cv2.polylines(out, [points.reshape(-1, 1, 2)], True, _TEXT_BOX_COLOUR, thickness)
         elif isinstance(result, Classification) and (
             top_class is None or result.score > top_class.score
@@ -217,7 +220,7 @@ class SnapshotSink:
         # Counted as taken even if the write fails: a full disk should not be
         # retried on every event frame.
         self._last_ts = result.ts
-        self._write(self._name(result, event), annotate(result.image, result.results))
+        self._write(self._name(result, event), annotate(result.image, result.results, result.scale))
         self._enforce_quota()
 
     def close(self) -> None:

@@ -24,7 +24,13 @@ import cv2
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge_agent.pipelines.base import FrameSource
-from edge_agent.pipelines.decode import JpegDecoder, MinSize, open_capture, read_packets
+from edge_agent.pipelines.decode import (
+    REDUCED_DECODE_DOC,
+    JpegDecoder,
+    MinSize,
+    open_capture,
+    read_packets,
+)
 from edge_agent.pipelines.file_sources import DEFAULT_FPS, FileSource, FolderSource, VideoFile
 from edge_agent.pipelines.live_sources import (
     FeedUnavailableError,
@@ -79,6 +85,7 @@ class FileSourceSpec(BaseModel):
         description="Ask FFmpeg for hardware video decode; the source says when it decodes "
         "on the CPU instead, and never fails for it.",
     )
+    reduced_decode: bool = Field(True, description=REDUCED_DECODE_DOC)
 
     @model_validator(mode="after")
     def _realtime_options(self) -> Self:
@@ -98,6 +105,7 @@ class FolderSourceSpec(BaseModel):
     fps: float = Field(
         DEFAULT_FPS, gt=0, description="Frame rate the images stand for; sets each frame's ts."
     )
+    reduced_decode: bool = Field(True, description=REDUCED_DECODE_DOC)
 
 
 class CameraSourceSpec(LiveSpec):
@@ -237,12 +245,15 @@ def open_source(
             reader thread when the feed goes live, is lost, or is given up.
         min_size: what the pipeline needs of a frame (`decode.min_size_for_fit`, or
             `min_size_for_tiles`); a JPEG larger than that by 2x or more is decoded
-            reduced, and its frames carry the `scale`. None decodes every frame whole.
+            reduced, and its frames carry the `scale`. None, or a spec with
+            `reduced_decode = false`, decodes every frame whole.
 
     Raises:
         SourceError: a file or folder is missing or unreadable (live sources report
             failure from `read()` instead, after retrying).
     """
+    if not spec.reduced_decode:
+        min_size = None
     if isinstance(spec, FileSourceSpec):
         if spec.realtime:
             return RealtimeFileSource(

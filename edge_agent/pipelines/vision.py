@@ -1,8 +1,9 @@
 """The vision pipeline: read frames, keep every infer request busy, emit in order.
 
 Three kinds of thread share the work so none waits on another more than it must:
-- a reader thread reads frames and submits them (blocking only while every
-  infer request is busy: that wait is the "queue" stage);
+- a reader thread takes a slot in the window of frames in flight, then reads a
+  frame and submits it: waiting for the slot before reading means a live source
+  hands over its newest frame at capacity, not one that aged in the wait;
 - the engine's threads run inference and hand outputs back;
 - an emitter thread puts results back in frame order, decodes them, applies
   event rules and feeds the sinks; it is the sinks' only caller.
@@ -157,14 +158,20 @@ class VisionPipeline:
         error: EdgeAgentError | None = None
         try:
             while not self._halted() and (self._max_frames is None or seq < self._max_frames):
+                if not acquire_unless(self._window, self._halted):
+                    break
                 self._take_swap(seq)
                 try:
                     frame = self.source.read()
                 except SourceError as exc:
+                    self._window.release()
                     error = exc
                     break
                 if frame is None:
+                    self._window.release()
                     break
+                # Per frame, so that interval telemetry shows drops as they happen.
+                self.telemetry.set_dropped(self.source.dropped)
                 if self._halted() or not self._submit(seq, frame):
                     self.telemetry.count("dropped_on_stop")
                     break
@@ -210,12 +217,11 @@ class VisionPipeline:
         )
 
     def _submit(self, seq: int, frame: Frame) -> bool:
+        """Plan, fit and submit `frame`, whose window slot the reader holds."""
         active = self._active
         self._last_ts = frame.ts
-        started = time.perf_counter() - frame.read_s
-        if not acquire_unless(self._window, self._halted):
-            return False
         t0 = time.perf_counter()
+        started = t0 - frame.read_s
         # Planning (motion, regions) and fitting here make the "preprocess" stage; the
         # backend then finds each input already at the model's size and copies nothing.
         item = InFlight(seq, frame, active, started, self._detector.plan(frame, active.image))
@@ -373,6 +379,7 @@ class VisionPipeline:
             image=frame.image,
             source=frame.source,
             calls=len(item.calls),
+            scale=frame.scale,
         )
         self._send(result)
         done = time.perf_counter()

@@ -2,8 +2,10 @@
 
 A pooled model is called from several pipelines' threads at once, and closed
 by whichever lets go last. `Runs` admits runs until `close`, bounds how many
-queued runs may wait, lets `wait` block until the queued ones have called
-back, and hands a failed callback's exception to the next `wait`. `Slots`
+queued runs may wait, and serves the callers blocked on that bound first come,
+first served (so no pipeline sharing the model starves another); it lets `wait`
+block until the queued ones have called back, and hands a failed callback's
+exception to the next `wait`. `Slots`
 lends out engine objects (OpenVINO infer requests) one caller at a time.
 `ThreadedModel` builds a backend's `CompiledModel` methods on the two.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -38,7 +41,11 @@ class Runs:
     def __init__(self, model: str, queue_limit: int | None = None) -> None:
         self._model = model
         self._limit = queue_limit
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # `wait` and `close`: a run ended
+        # Callers blocked on the queue limit, oldest first, each woken on its own turn:
+        # one condition for all and notify_all would let any of them (or a newcomer) in.
+        self._waiters: deque[threading.Condition] = deque()
         self._running = 0  # synchronous runs
         self._queued = 0  # submitted runs that have not called back yet
         self._closed = False
@@ -48,17 +55,22 @@ class Runs:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def waiting(self) -> int:
+        """Queued runs blocked on `queue_limit` right now."""
+        return len(self._waiters)
+
     def start(self, queued: bool = False) -> None:
-        """Admit one run; a queued run waits while `queue_limit` are already queued.
+        """Admit one run; a queued run waits, in arrival order, while `queue_limit` are
+        already queued (or others wait before it).
 
         Raises:
             EdgeAgentError: the model is closed.
         """
-        with self._cond:
-            while queued and self._limit is not None and self._queued >= self._limit:
-                if self._closed:
-                    break
-                self._cond.wait()
+        with self._lock:
+            limit = self._limit if queued else None
+            if limit is not None and not self._closed and (self._waiters or self._queued >= limit):
+                self._wait_turn(limit)
             if self._closed:
                 raise closed_error(self._model)
             if queued:
@@ -76,6 +88,22 @@ class Runs:
             if error is not None and self._error is None:
                 self._error = error
             self._cond.notify_all()
+            if queued and self._waiters:
+                self._waiters[0].notify()
+
+    def _wait_turn(self, limit: int) -> None:
+        # Holding the lock: queue up, and leave once at the head with room (or closed).
+        turn = threading.Condition(self._lock)
+        self._waiters.append(turn)
+        try:
+            while not self._closed and (self._waiters[0] is not turn or self._queued >= limit):
+                turn.wait()
+        finally:
+            self._waiters.remove(turn)
+            # The next in line may have room too (several runs ended at once), or must
+            # learn that the model closed.
+            if self._waiters:
+                self._waiters[0].notify()
 
     @contextmanager
     def running(self) -> Iterator[None]:
@@ -100,7 +128,8 @@ class Runs:
         with self._cond:
             first = not self._closed
             self._closed = True
-            self._cond.notify_all()  # queued callers blocked on the limit now raise
+            for turn in self._waiters:  # queued callers blocked on the limit now raise
+                turn.notify()
             while self._queued or self._running:
                 self._cond.wait()
             return first

@@ -3,6 +3,8 @@
 The one inverse every head's results go through: boxes, keypoints and text polygons
 take the same `Geometry.to_frame` / `points_to_frame` as the transform that made the
 input, so a head never learns how its input was made (stretch, letterbox, crop, tile).
+`to_camera` is the last step out of a pipeline: a frame decoded at a reduced JPEG scale
+has its results multiplied back into the camera's own pixels.
 """
 
 from __future__ import annotations
@@ -37,6 +39,25 @@ def to_frame(results: Sequence[Result], geometry: Geometry) -> list[Result]:
                     update={"polygon": tuple((float(x), float(y)) for x, y in points)}
                 )
             )
+        else:
+            out.append(result)
+    return out
+
+
+def to_camera(results: Sequence[Result], scale: int) -> list[Result]:
+    """`results` (frame pixels of a frame decoded at 1/`scale`) in the camera's pixels."""
+    if scale == 1:
+        return list(results)
+    out: list[Result] = []
+    for result in results:
+        if isinstance(result, Detection):
+            update: dict[str, object] = {"box": tuple(float(v) * scale for v in result.box)}
+            if result.keypoints:
+                update["keypoints"] = tuple((x * scale, y * scale) for x, y in result.keypoints)
+            out.append(result.model_copy(update=update))
+        elif isinstance(result, TextBox):
+            polygon = tuple((x * scale, y * scale) for x, y in result.polygon)
+            out.append(result.model_copy(update={"polygon": polygon}))
         else:
             out.append(result)
     return out

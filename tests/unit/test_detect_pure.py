@@ -103,3 +103,23 @@ def test_pixel_zones_are_camera_pixels_on_a_reduced_decode() -> None:
     results, zoned = detector.combine(frame, image, [(geometry, [person])])
     assert len(results) == 1
     assert zoned["floor"] == results
+    # What leaves the Detector is in the camera's pixels: twice the decoded frame's.
+    [decoded] = to_frame([person], geometry)
+    assert isinstance(decoded, Detection)
+    assert isinstance(results[0], Detection)
+    assert results[0].box == pytest.approx(tuple(2 * v for v in decoded.box))
+    assert results[0].box[3] > 600, "the feet are at camera row ~700, in the zone"
+
+
+def test_min_size_asks_the_source_for_what_the_mode_needs() -> None:
+    image = ImageInput(
+        name="x", shape=(1, 300, 300, 3), layout="NHWC", element_type="u8", color="RGB"
+    )
+    full = (2048, 1536)
+    assert Detector().min_size(image)(full) == (300, 300)  # stretch: the input itself
+    letterbox = image.model_copy(update={"fit": "letterbox"})
+    assert Detector().min_size(letterbox)(full) == (300, 225)
+    # Tiles of half the frame's height (768 px) fed at 300 px: the frame at 300/768.
+    tiles = Detector(DetectSpec(mode="tiles"))
+    assert tiles.min_size(image)(full) == (800, 600)
+    assert Detector(DetectSpec(mode="regions", tile=512)).min_size(image)(full) == (1200, 900)

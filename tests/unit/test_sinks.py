@@ -212,6 +212,24 @@ def test_snapshots_are_valid_jpegs_with_boxes_drawn(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_snapshot_of_a_reduced_frame_draws_camera_pixel_boxes_where_they_are(
+    tmp_path: Path,
+) -> None:
+    # The frame was decoded at 1/2: its results are in the camera's pixels, twice BOX.
+    result = frame_result(5, 0.5, [appeared(0.5)])
+    result.results = [Detection(label="person", class_id=0, score=0.87, box=(40, 60, 240, 180))]
+    result.scale = 2
+    SnapshotSink(tmp_path).emit(result)
+    (path,) = _jpegs(tmp_path)
+    image = cv2.imread(str(path))
+    assert image is not None
+    assert image.shape == (160, 200, 3)
+    assert np.abs(image[75, 120].astype(int) - GREY).max() > 40  # BOX's right edge
+    assert np.abs(image[75, 100].astype(int) - GREY).max() < 10  # inside BOX
+    # Where the camera-pixel box would be if drawn unscaled: its top edge, right of BOX.
+    assert np.abs(image[60, 150].astype(int) - GREY).max() < 10
+
+
 def test_snapshot_quota_deletes_the_oldest(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not a snapshot", encoding="utf-8")
     sink = SnapshotSink(tmp_path, min_interval_s=0.0, max_files=3)

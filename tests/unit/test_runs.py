@@ -1,0 +1,104 @@
+"""`Runs`: queued callers blocked on the queue limit are served first come, first served.
+
+Real threads on a real `Runs`; each round releases one slot at a time, so the order
+the waiters get in is exactly the order they are served in.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from edge_agent.errors import EdgeAgentError
+from edge_agent.runtime.runs import Runs
+
+WAIT_S = 5.0
+
+
+def _until(condition: threading.Condition, check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    with condition:
+        while not check():
+            left = deadline - time.monotonic()
+            assert left > 0, "timed out"
+            condition.wait(left)
+
+
+def _served_order() -> list[str]:
+    """Six submitters queue up one by one; a seventh arrives as the first slot frees."""
+    runs = Runs("model", queue_limit=1)
+    runs.start(queued=True)  # the slot is taken: everyone after waits
+    served: list[str] = []
+    changed = threading.Condition()
+
+    def submit(name: str) -> None:
+        runs.start(queued=True)
+        with changed:
+            served.append(name)
+            changed.notify_all()
+
+    threads = []
+    for i in range(6):
+        thread = threading.Thread(target=submit, args=(f"t{i}",), daemon=True)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + WAIT_S
+        while runs.waiting < i + 1:  # in line before the next one arrives
+            assert time.monotonic() < deadline, "a submitter never queued"
+            time.sleep(0.001)
+    for n in range(7):
+        runs.finish(queued=True)  # one slot at a time: who gets it is who is served
+        if n == 0:
+            # Arrives as a slot frees, with six before it: it must not jump the line.
+            late = threading.Thread(target=submit, args=("late",), daemon=True)
+            late.start()
+            threads.append(late)
+        _until(changed, lambda: len(served) > n)  # noqa: B023 (called before n moves on)
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert runs.waiting == 0
+    return served
+
+
+def test_queued_runs_are_served_in_arrival_order() -> None:
+    for _ in range(5):  # several threads contend for every freed slot, round after round
+        assert _served_order() == [f"t{i}" for i in range(6)] + ["late"]
+
+
+def test_a_free_slot_admits_at_once_and_close_turns_waiters_away() -> None:
+    runs = Runs("model", queue_limit=2)
+    started = time.perf_counter()
+    runs.start(queued=True)
+    runs.start(queued=True)
+    assert time.perf_counter() - started < 0.05, "an uncontended start must not wait"
+    errors: list[EdgeAgentError] = []
+
+    def blocked() -> None:
+        try:
+            runs.start(queued=True)
+        except EdgeAgentError as exc:
+            errors.append(exc)
+
+    waiters = [threading.Thread(target=blocked, daemon=True) for _ in range(3)]
+    for thread in waiters:
+        thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while runs.waiting < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    closer = threading.Thread(target=runs.close, daemon=True)
+    closer.start()
+    for thread in waiters:
+        thread.join(WAIT_S)
+        assert not thread.is_alive(), "a waiter was not woken by close"
+    assert len(errors) == 3
+    assert runs.waiting == 0
+    runs.finish(queued=True)
+    runs.finish(queued=True)
+    closer.join(WAIT_S)
+    assert not closer.is_alive()
+    with pytest.raises(EdgeAgentError):
+        runs.start(queued=True)
