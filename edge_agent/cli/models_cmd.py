@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 # building the parser (every `edge-agent` run) stays cheap.
 
 
-
 def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "models", help="the model store and the reference models"
