@@ -41,8 +41,15 @@ def load_validated(path: Path, model: type[Model], what: str, fix: str = "") -> 
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where, message = first_error(exc)
         raise EdgeAgentError(
-            f"{what} {path} is invalid at {where}: {first['msg']}", fix, code="config.invalid"
+            f"{what} {path} is invalid at {where}: {message}", fix, code="config.invalid"
         ) from None
+
+
+def first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
+    """The dotted place and the message of a validation error's first problem: what every
+    one-line error about a bad field names (files, specs, commands, releases)."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return (f"{prefix}{where}" if where else prefix.rstrip(".") or "(top)"), first["msg"]

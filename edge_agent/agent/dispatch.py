@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from edge_agent.agent.jobs import JobContext, Jobs
 from edge_agent.agent.records import CommandLog
+from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
 from edge_agent.protocol.agent import (
@@ -54,12 +55,6 @@ class Supervisor(Protocol):
     def run_command(self, kind: str, args: BaseModel, job: JobContext) -> dict[str, Any]:
         """Carry out one validated command and return its result."""
         ...
-
-
-def _field_of(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return (f"{prefix}{where}" if where else prefix.rstrip(".")), first["msg"]
 
 
 class Dispatcher:
@@ -138,7 +133,7 @@ class Dispatcher:
         try:
             command = Command.model_validate(raw)
         except ValidationError as exc:
-            where, message = _field_of(exc)
+            where, message = first_error(exc)
             self._error(
                 command_id[:128],
                 EdgeAgentError(
@@ -182,7 +177,7 @@ class Dispatcher:
         try:
             args = arg_model.model_validate(command.args)
         except ValidationError as exc:
-            where, message = _field_of(exc, "args.")
+            where, message = first_error(exc, "args.")
             self._finish(
                 command.id,
                 error=EdgeAgentError(

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from edge_agent.agent.loaded import TrackedPool
 from edge_agent.agent.records import AgentRecords
 from edge_agent.agent.sink import AgentSink, EmitEvent, EmitResult, ResultsPolicy
+from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
 from edge_agent.paths import Layout
@@ -64,10 +65,9 @@ def parse_spec(data: dict[str, Any]) -> PipelineSpec:
     try:
         return PipelineSpec.model_validate({"sinks": [], **data})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where, message = first_error(exc, "spec.")
         raise EdgeAgentError(
-            f"bad pipeline spec at spec.{where}: {first['msg']}",
+            f"bad pipeline spec at {where}: {message}",
             "see the pipeline spec format in the README",
             code="command.invalid",
         ) from None
@@ -221,10 +221,9 @@ class Pipelines:
         try:
             model = ModelRef.model_validate(ref)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
+            where, message = first_error(exc, "args.model.")
             raise EdgeAgentError(
-                f"bad model at args.model.{where}: {first['msg']}", code="command.invalid"
+                f"bad model at {where}: {message}", code="command.invalid"
             ) from None
         if entry.handle is None or entry.status != "running":
             raise EdgeAgentError(

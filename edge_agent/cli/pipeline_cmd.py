@@ -29,6 +29,7 @@ from edge_agent.cli.common import (
     positive_int,
     require_writable,
 )
+from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 
 if TYPE_CHECKING:
@@ -154,10 +155,9 @@ def _with_overrides(args: argparse.Namespace, base: dict[str, Any], where: str) 
         # Validated again whole: model_copy(update=...) would let a bad override through.
         return PipelineSpec.model_validate(base)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
+        field, message = first_error(exc)
         raise EdgeAgentError(
-            f"invalid pipeline from {where}: {field}: {first['msg']}",
+            f"invalid pipeline from {where}: {field}: {message}",
             "fix that value; see `edge-agent run-pipeline --help`",
             code="config.invalid",
         ) from None

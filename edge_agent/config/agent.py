@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout, is_safe_name
 
@@ -323,10 +324,9 @@ def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
     try:
         config = AgentConfig.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where, message = first_error(exc)
         raise EdgeAgentError(
-            f"agent config {path} is invalid at {where}: {first['msg']}",
+            f"agent config {path} is invalid at {where}: {message}",
             "see the config reference in the README",
             code="config.invalid",
         ) from None

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from edge_agent.catalog.manifest import Manifest, load_manifest
+from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
 from edge_agent.paths import is_safe_name
@@ -421,10 +422,9 @@ def parse_signed_release(data: bytes | str) -> SignedRelease:
     try:
         return SignedRelease.model_validate_json(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top)"
+        where, message = first_error(exc)
         raise EdgeAgentError(
-            f"release is invalid at {where}: {first['msg']}", code="release.invalid"
+            f"release is invalid at {where}: {message}", code="release.invalid"
         ) from None
 
 
