@@ -188,17 +188,22 @@ class RealtimeFileSource:
         start = time.monotonic()
         index = 0
         cap_due = 0.0
+        # Half a frame of slack: the cap is kept on the file's own clock (offsets from the
+        # start, not wall-clock sums), so a frame exactly on the cap's schedule is taken
+        # whatever rounding says of `start + 4 * 0.05` against `start + 0.2`.
+        slack = self._interval / 2
         while True:
-            due = start + index * self._interval
+            offset = index * self._interval
+            due = start + offset
             if self._stop.wait(max(0.0, due - time.monotonic())):
                 return
             index += 1
-            capped = bool(self._cap_interval) and due < cap_due
+            capped = bool(self._cap_interval) and offset < cap_due - slack
             if not capped and self._cap_interval:
                 # A schedule, not "an interval since the last one", so jitter does not pull
-                # the rate under the cap; after a gap it restarts instead of bursting.
-                cap_due = cap_due + self._cap_interval
-                cap_due = cap_due if cap_due > due else due + self._cap_interval
+                # the rate under the cap. The decision reads media time only: which frames
+                # are capped never depends on how busy the machine is.
+                cap_due = max(cap_due, offset) + self._cap_interval
             # A whole interval late: this thread was starved, and the camera sent it anyway.
             late = time.monotonic() - due >= self._interval
             if capped or late:

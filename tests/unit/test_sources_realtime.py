@@ -213,9 +213,11 @@ def test_realtime_fps_cap_skips_frames_without_calling_them_dropped(tmp_path: Pa
             indices.append(frame.index)
     finally:
         source.close()
-    assert indices == [0, 4, 8]
+    # Which frames are capped is decided on the file's clock: the same on every run. One
+    # the player itself was late for (a starved CI machine) is dropped, never capped.
     assert source.capped == 9
-    assert source.dropped == 0
+    assert set(indices) <= {0, 4, 8}
+    assert len(indices) + source.dropped == 3
 
 
 def test_realtime_decodes_reduced_packets_on_the_readers_side(tmp_path: Path) -> None:
