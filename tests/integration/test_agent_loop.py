@@ -148,8 +148,9 @@ def _loop(watcher: Watcher, walk: WalkVideo, mqtt_version: str) -> None:
     # Figures are per interval: one that fell while the model compiled, or after the file
     # ended, rightly carries the pipeline with no frames; take one that saw it work.
     telemetry = watcher.wait(
-        lambda m: m.leaf == "telemetry"
-        and m.json()["pipelines"].get("cam", {}).get("frames", 0) > 0,
+        lambda m: (
+            m.leaf == "telemetry" and m.json()["pipelines"].get("cam", {}).get("frames", 0) > 0
+        ),
         timeout=10,
         what="telemetry with the pipeline",
     ).json()
