@@ -195,11 +195,13 @@ def agent_round(agents: Agents, video: Path, frames: int) -> ProcessFigures:
         while _received(console) == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         cpu0, n0, t0 = cpu_seconds(proc.pid), _received(console), time.monotonic()
-        while time.monotonic() < deadline and not (
-            _ended(console) and _received(console) >= frames
-        ):
-            time.sleep(0.02)
+        # The window closes on the last frame's result, as the CLI's closes on its summary
+        # line: the pipeline's teardown after it is in neither.
+        while time.monotonic() < deadline and _received(console) < frames:
+            time.sleep(0.005)
         cpu1, n1, t1 = cpu_seconds(proc.pid), _received(console), time.monotonic()
+        while time.monotonic() < deadline and not _ended(console):
+            time.sleep(0.02)
     except EdgeAgentError as exc:
         raise MeasureError(f"agent: {exc}") from None
     finally:
