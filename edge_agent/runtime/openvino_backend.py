@@ -262,16 +262,23 @@ class OpenVinoModel(ThreadedModel):
             feed[spec.name] = fit_frames(feed[spec.name], spec)
         with self._requests.lend() as request:
             try:
-                request.infer(feed)  # releases the GIL while the engine computes
+                # Releases the GIL while the engine computes. share_inputs: the request reads
+                # the caller's array in place instead of copying it first (the caller already
+                # leaves it alone until the run is done). share_outputs: views of the
+                # request's buffers, copied once below, not a copy of every output that
+                # would then be thrown away. On a fast model each copy is a visible share
+                # of the time per frame (tools/bench_runtime.py).
+                outputs = request.infer(feed, share_inputs=True, share_outputs=True)
             except RuntimeError as exc:
                 raise _failed(exc) from None
-            return self._outputs(request)
+            return self._outputs(outputs)
 
-    def _outputs(self, request: Any) -> Tensors:
+    def _outputs(self, outputs: Any) -> Tensors:
         found: Tensors = {}
+        views = outputs.to_tuple()
         for index, names in self._names:
             # Copy: the request's buffers are reused by its next run.
-            data = np.array(request.get_output_tensor(index).data, copy=True)
+            data = np.array(views[index], copy=True)
             for name in names:
                 found[name] = data
         return found
