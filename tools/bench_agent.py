@@ -8,7 +8,9 @@ edge_agent/clips.py's walk (`--frames` long), person-ssdlite on the CPU:
    `start_pipeline` the same spec with `results = "all"` (every frame's results published,
    as the CLI prints every frame), each in its own process, in `--rounds` rounds of
    alternating order. Per process: CPU seconds per frame over the frames after the first
-   (so start-up is out of both), and peak RSS (`ru_maxrss`). Targets: the agent's CPU per
+   (so start-up is out of both), and peak RSS (the process's own `VmHWM` when its window
+   closes; `ru_maxrss` would count the bench's own memory, which a child inherits at spawn
+   as its high-water mark). Targets: the agent's CPU per
    frame at most 5% over the CLI's, and its peak RSS at most 50 MB over the CLI's;
 2. the agent's idle CPU: a running agent with no pipeline, default telemetry (10 s), over
    `--idle-s` seconds;
@@ -84,11 +86,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def reap(proc: subprocess.Popen[Any]) -> float:
-    """Wait for the process; its peak RSS in MB."""
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return usage.ru_maxrss / 1024.0
+def peak_rss_mb(pid: int) -> float:
+    """The live process's own RSS high-water mark in MB (per address space, reset by exec)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024.0
+    raise MeasureError(f"no VmHWM for pid {pid}")
 
 
 def edge_agent(*args: str) -> list[str]:
@@ -104,15 +107,15 @@ def cli_round(video: Path) -> ProcessFigures:
         text=True,
     )
     assert proc.stdout is not None
-    frames, cpu0, cpu1, t0, t1 = 0, None, None, 0.0, 0.0
+    frames, cpu0, cpu1, t0, t1, rss = 0, None, None, 0.0, 0.0, 0.0
     for line in proc.stdout:
         if line.startswith('{"summary"'):
-            cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
+            cpu1, t1, rss = cpu_seconds(proc.pid), time.monotonic(), peak_rss_mb(proc.pid)
         elif line.startswith("{"):
             frames += 1
             if cpu0 is None:
                 cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
-    rss = reap(proc)
+    proc.wait()
     if proc.returncode != 0 or cpu0 is None or cpu1 is None or frames < 2:
         raise MeasureError(f"run-pipeline exited {proc.returncode} after {frames} frames")
     return ProcessFigures(frames - 1, cpu1 - cpu0, rss, (frames - 1) / max(t1 - t0, 1e-9))
@@ -152,10 +155,10 @@ class Agents:
         return proc, console
 
     @staticmethod
-    def stop(proc: subprocess.Popen[bytes], console: DeviceConsole) -> float:
+    def stop(proc: subprocess.Popen[bytes], console: DeviceConsole) -> None:
         console.close()
         proc.send_signal(signal.SIGTERM)
-        return reap(proc)
+        proc.wait()
 
     def close(self) -> None:
         self.fleet.stop()
@@ -200,12 +203,13 @@ def agent_round(agents: Agents, video: Path, frames: int) -> ProcessFigures:
         while time.monotonic() < deadline and _received(console) < frames:
             time.sleep(0.005)
         cpu1, n1, t1 = cpu_seconds(proc.pid), _received(console), time.monotonic()
+        rss = peak_rss_mb(proc.pid)
         while time.monotonic() < deadline and not _ended(console):
             time.sleep(0.02)
     except EdgeAgentError as exc:
         raise MeasureError(f"agent: {exc}") from None
     finally:
-        rss = Agents.stop(proc, console)
+        Agents.stop(proc, console)
     if n1 < frames:
         raise MeasureError(f"agent published {n1} of {frames} frames")
     return ProcessFigures(n1 - n0, cpu1 - cpu0, rss, (n1 - n0) / max(t1 - t0, 1e-9))

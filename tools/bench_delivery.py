@@ -11,8 +11,11 @@ For each size, in rounds: the baseline (mosquitto_sub -C 1 waiting, then the
 time mosquitto_pub -f takes until the subscriber has it all), and edge-agent
 (an `edge-fleet serve` process; a puller process that is connected before the
 clock starts, then `delivery.pull` into a fresh store: release, broadcast,
-chunk hashes, install with the whole-file hash). The puller reports its time
-and its peak RSS (ru_maxrss).
+chunk hashes, install with the whole-file hash). The puller reports its time,
+its own RSS high-water mark (VmHWM) and how far the pull raised it above the RSS it
+had, connected, before the pull. Not ru_maxrss: a child inherits its parent's
+high-water mark at spawn, and this bench holds the blob, so ru_maxrss grew with the
+model's size in a puller whose own memory did not.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from edge_agent.catalog.catalog import default_models_dir  # noqa: E402
 from edge_agent.comms.local_broker import LocalBroker  # noqa: E402
 
 _PULLER = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 from edge_agent.comms.session import connect
 from edge_agent.comms.settings import BrokerSettings
@@ -46,13 +49,18 @@ from edge_agent.store.store import ModelStore
 
 port, state = int(sys.argv[1]), Path(sys.argv[2])
 layout = Layout(cache=state / "cache", state=state)
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1])
 session = connect(BrokerSettings(port=port))
+before = status("VmRSS:")
 start = time.perf_counter()
 result = pull(session, ModelStore(layout), layout, "blob", device_id="bench-1")
 seconds = time.perf_counter() - start
+peak = status("VmHWM:")
 session.stop()
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": seconds, "maxrss_kb": rss,
+print(json.dumps({"seconds": seconds, "peak_kb": peak, "growth_kb": peak - before,
                   "duplicates": result.stats.duplicates, "repaired": result.stats.repaired,
                   "chunks": result.chunks}))
 """
@@ -155,25 +163,28 @@ def main() -> int:
                     blob = work / "blob.onnx"
                     blob.write_bytes(os.urandom(int(size_mb * 1024 * 1024)))
                     publish(broker, blob, work, version, key)
-                    base, mine, rss = [], [], []
+                    base, mine, rss, growth = [], [], [], []
                     for _ in range(args.rounds):
                         base.append(baseline(broker, blob))
                         run = ours(broker, work, version)
                         mine.append(run["seconds"])
-                        rss.append(run["maxrss_kb"])
+                        rss.append(run["peak_kb"])
+                        growth.append(run["growth_kb"])
                     row = {
                         "size_mb": size_mb,
                         "mosquitto_pub_s": statistics.median(base),
                         "edge_agent_s": statistics.median(mine),
                         "ratio": statistics.median(m / b for m, b in zip(mine, base, strict=True)),
                         "puller_peak_rss_mb": max(rss) / 1024,
+                        "puller_pull_growth_mb": max(growth) / 1024,
                         "load_1m": os.getloadavg()[0],
                     }
                     report["sizes"].append(row)
                     print(
                         f"{size_mb:6.1f} MB  mosquitto_pub -f {row['mosquitto_pub_s']:.3f} s  "
                         f"edge-agent pull {row['edge_agent_s']:.3f} s  ratio {row['ratio']:.2f}x  "
-                        f"puller peak RSS {row['puller_peak_rss_mb']:.0f} MB  "
+                        f"puller peak RSS {row['puller_peak_rss_mb']:.0f} MB "
+                        f"(+{row['puller_pull_growth_mb']:.1f} MB over the pull)  "
                         f"(load {row['load_1m']:.1f})",
                         flush=True,
                     )
