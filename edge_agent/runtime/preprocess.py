@@ -13,15 +13,23 @@ graph (see openvino_backend), where they fuse into the first layer; this
 numpy version of them serves ONNX Runtime and is the reference the two are
 tested against.
 
-On a small model the host's share is large, so the numpy path writes each
-channel once, straight into the output tensor, instead of building four
-intermediate full-size arrays (astype, minus, divide, transpose): measured on
-text-orientation (224x224 f32 NCHW) that is about 0.2 ms per frame, down from
-0.7 ms. Batches arrive as N frames and leave as one N-batch tensor.
+On a small model the host's share is large, so each channel is written once,
+straight into the output tensor, instead of building four intermediate
+full-size arrays (astype, minus, divide, transpose). A uint8 pixel has 256
+values, so for float NCHW (every ONNX reference model) (x - mean) / scale is a
+per-channel 256-entry table, computed with the same float32 operations as the
+numpy path (identical bits), and cv2.LUT applies it, releasing the GIL while the
+engine's other runs need it. Measured per frame: text-det-ppocr (640x640) 0.31
+ms against 0.57 ms for numpy's subtract and divide; text-orientation (224x224,
+with its centre crop and resize) 0.12 against 0.14 ms. Batches arrive as N
+frames and leave as one N-batch tensor.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+import cv2
 import numpy as np
 import numpy.typing as npt
 
@@ -109,8 +117,14 @@ def _tensor(frames: Frame, spec: ImageInput) -> npt.NDArray[np.generic]:
     out = np.empty(dims, dtype=dtype)
     # Output channel c reads source channel `order[c]` of the BGR frame.
     order = (2, 1, 0) if spec.color == "RGB" else (0, 1, 2)
+    tables = _tables(tuple(spec.mean), tuple(spec.scale)) if nchw and dtype != np.uint8 else None
     for i in range(count):
         image = fit_frame(frames[i], spec)
+        if tables is not None:
+            planes = cv2.split(image)
+            for c, src in enumerate(order):
+                cv2.LUT(planes[src], tables[c], dst=out[i, c])
+            continue
         for c, src in enumerate(order):
             dst = out[i, c] if nchw else out[i, :, :, c]
             if dtype == np.uint8:
@@ -120,6 +134,21 @@ def _tensor(frames: Frame, spec: ImageInput) -> npt.NDArray[np.generic]:
             if spec.scale[c] != 1.0:
                 np.divide(dst, np.float32(spec.scale[c]), out=dst)
     return out
+
+
+@lru_cache(maxsize=32)
+def _tables(
+    mean: tuple[float, ...], scale: tuple[float, ...]
+) -> tuple[npt.NDArray[np.float32], ...]:
+    # The numpy path's own float32 operations on every uint8 value, so both give the same bits.
+    values = np.arange(256, dtype=np.float32)
+    tables = []
+    for m, s in zip(mean, scale, strict=True):
+        table = np.subtract(values, np.float32(m), dtype=np.float32)
+        if s != 1.0:
+            table = np.divide(table, np.float32(s))
+        tables.append(table)
+    return tuple(tables)
 
 
 def _check_batch(frames: Frame, spec: ImageInput) -> None:

@@ -235,6 +235,28 @@ def test_fast_tensor_matches_the_plain_formula(
     np.testing.assert_allclose(_f64(got), _plain_tensor(frame, spec), rtol=1e-5, atol=1e-4)
 
 
+@given(
+    st.sampled_from(["RGB", "BGR"]),
+    st.tuples(*[st.floats(0, 255, allow_nan=False)] * 3),
+    st.tuples(*[st.sampled_from([1.0]) | st.floats(0.5, 128, allow_nan=False)] * 3),
+)
+def test_float_nchw_table_gives_the_float32_formula_bit_for_bit(
+    color: str, mean: tuple[float, float, float], scale: tuple[float, float, float]
+) -> None:
+    # Every uint8 value in every channel, in a different order per channel; the frame is
+    # at the model's size, so only the table (cv2.LUT) stands between it and the tensor.
+    values = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    frame = np.ascontiguousarray(np.stack([values, values.T, values[::-1]], axis=-1))
+    spec = _spec(shape=(1, 3, 16, 16), color=color, mean=mean, scale=scale)
+    got = frame_tensor(frame, spec)
+    order = (2, 1, 0) if color == "RGB" else (0, 1, 2)
+    for c, src in enumerate(order):
+        want = np.subtract(frame[:, :, src], np.float32(mean[c]), dtype=np.float32)
+        if scale[c] != 1.0:
+            want = np.divide(want, np.float32(scale[c]))
+        np.testing.assert_array_equal(got[0, c], want)
+
+
 def test_a_batch_is_its_frames_stacked() -> None:
     spec = _spec(shape=(2, 3, 48, 64), mean=(1.0, 2.0, 3.0), scale=(2.0, 4.0, 8.0))
     one, two = _frame(48, 64), _frame(96, 128)[::-1].copy()
