@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -126,9 +128,20 @@ def entry() -> NoReturn:
     without an active exception", exit 134). --help and usage errors exit in
     parse_args, normally, before any engine is loaded.
     """
+    _stacks_on_sigusr1()
     code = main()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe has nothing to flush to
             stream.flush()
     os._exit(code)
+
+
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1 PID` writes every thread's Python stack to stderr (the journal under
+    systemd), and the process goes on: what an operator needs from a process that is
+    stuck, without stopping it. faulthandler writes from C, so it works even when the
+    thread that holds the GIL never gives it back.
+    """
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # no usable stderr
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)

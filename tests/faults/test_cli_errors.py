@@ -6,13 +6,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.errors import CODES
+from tests.cli_kit import edge_agent_cli
 from tests.conftest import CompileFn, bgr, sample
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
@@ -24,14 +24,7 @@ def edge_agent(
     env = {**os.environ, **(env or {})}
     if home is not None:
         env["HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "edge_agent", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    return edge_agent_cli(*args, env=env)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:

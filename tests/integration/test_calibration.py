@@ -38,6 +38,7 @@ from edge_agent.quantize.recipe import Recipe, RungResult, load_recipe
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import RuntimeOptions
 from edge_agent.runtime.pool import ModelPool
+from tests.cli_kit import edge_agent_cli
 from tests.conftest import REPO
 
 RECIPES = REPO / "calibration"
@@ -77,10 +78,7 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "edge_agent", *args],
-        capture_output=True, text=True, timeout=600, check=False, env=env,
-    )  # fmt: skip
+    return edge_agent_cli(*args, timeout=600, env=env)
 
 
 def test_person_ssdlite_int8_keeps_the_astronaut(

@@ -16,20 +16,14 @@ import pytest
 
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.clips import compose
+from tests.cli_kit import edge_agent_cli
 
 FRAMES = 4
 
 
 def edge_agent(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, EDGE_AGENT_STATE_DIR=str(tmp / "state"))
-    return subprocess.run(
-        [sys.executable, "-m", "edge_agent", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+    return edge_agent_cli(*args, env=env)
 
 
 @pytest.fixture(scope="module")

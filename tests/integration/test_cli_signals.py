@@ -163,3 +163,26 @@ def test_verbose_shows_info_events_in_the_chosen_format(
         assert json.loads(live[0])["event"] == "source_live"
     else:
         assert "event=source_live" in live[0]
+
+
+def test_sigusr1_writes_every_threads_stack_and_the_run_goes_on(
+    stream: str, tmp_path: Path
+) -> None:
+    # What an operator sends a process that looks stuck: it answers with where each
+    # thread is, on stderr (the journal under systemd), and is not stopped by it.
+    args = ["--model", "person-ssdlite", "--source", stream, "--json"]
+    with spawn(args, tmp_path, subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        assert '"frame"' in proc.stdout.readline()
+        proc.send_signal(signal.SIGUSR1)
+        after = [proc.stdout.readline() for _ in range(5)]  # frames keep coming
+        assert all('"frame"' in line for line in after), after
+        signal_and_time(proc, signal.SIGINT)
+        proc.stdout.read()
+        err = proc.stderr.read()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "Current thread" in err or "Thread 0x" in err, err
+    # Every thread, not just the main one: the pipeline's own are named in the stacks.
+    assert err.count("Thread 0x") >= 3, err
+    assert "edge_agent/pipelines/" in err, err

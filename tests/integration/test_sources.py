@@ -11,7 +11,6 @@ import itertools
 import json
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from edge_agent.pipelines.sources import (
     open_source,
     spec_from_uri,
 )
+from tests.cli_kit import edge_agent_cli
 from tests.integration.mjpeg_server import MjpegServer, free_port
 
 Image = npt.NDArray[np.uint8]
@@ -361,10 +361,7 @@ def test_missing_camera_gives_up_with_the_reason() -> None:
 
 
 def run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, object]]]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "run-pipeline", *args, "--json"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    proc = edge_agent_cli("run-pipeline", *args, "--json", timeout=120)
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc, [json.loads(line) for line in proc.stdout.splitlines()]
 

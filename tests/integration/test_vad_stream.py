@@ -7,7 +7,6 @@ import math
 import os
 import stat
 import subprocess
-import sys
 import threading
 import time
 import tomllib
@@ -29,6 +28,7 @@ from edge_agent.pipelines.base import AudioChunk, AudioSource, FrameResult, Sink
 from edge_agent.pipelines.events import EventRule, EventTracker
 from edge_agent.pipelines.sinks import CallbackSink
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
+from tests.cli_kit import edge_agent_cli
 from tests.conftest import CompileFn, espeak, write_wav
 
 RATE = 16000
@@ -78,13 +78,8 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Clip:
 
 
 def run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "run-pipeline", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    proc = edge_agent_cli(
+        "run-pipeline", *args, "--json", timeout=120, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc, [json.loads(line) for line in proc.stdout.splitlines()]
