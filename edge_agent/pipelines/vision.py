@@ -46,6 +46,11 @@ OnRetire = Callable[[CompiledModel], None]
 STALL_S = 10.0
 """A frame the engine has not returned after this long, while later ones have, is lost."""
 
+ENGINE_STALL_S = 60.0
+"""Frames in flight and none back for this long: the engine is stuck, and the pipeline
+ends with an error instead of waiting for ever. Far above any first inference (a GPU's
+included), far below what an operator would wait before calling the box hung."""
+
 
 _Done = tuple[InFlight, float]
 """A frame whose calls are all back, and when the last came back."""
@@ -94,6 +99,7 @@ class VisionPipeline:
         self._settled = 0
         self._left = False
         self._emitter_crashed = False
+        self._stalled: EdgeAgentError | None = None  # set once, by the emitter
 
     def request_swap(self, active: ActiveModel) -> None:
         """Run `active` from the next frame on; thread-safe, returns at once."""
@@ -128,6 +134,8 @@ class VisionPipeline:
             self._stop.set()
         if not finished:
             self._leave(reader, emitter)
+        if self.error is None and self._stalled is not None:
+            self.error = self._stalled
         return self.telemetry.snapshot()
 
     def _halted(self) -> bool:
@@ -183,7 +191,8 @@ class VisionPipeline:
             log_crash(log, "reader_crashed", pipeline=self.name)
             error = EdgeAgentError(f"the pipeline failed: {error_text(exc)}", code="internal")
         finally:
-            self.error = error
+            if error is not None:
+                self.error = error
             self._done.put(End(seq, error))
             try:
                 self.telemetry.set_dropped(self.source.dropped)
@@ -272,11 +281,14 @@ class VisionPipeline:
                 item = self._done.get(timeout=POLL_S)
             except queue.Empty:
                 owed = waiting or (end is not None and expected < end.submitted)
-                if owed and time.monotonic() - progress > STALL_S:
+                idle = time.monotonic() - progress
+                if owed and idle > STALL_S:
                     # Later frames came back, this one never will: count it lost, go on.
                     self._settle(lost=True)
                     expected += 1
                     progress = time.monotonic()
+                elif idle > ENGINE_STALL_S and self._engine_stuck(idle):
+                    return True
             else:
                 if isinstance(item, Event):
                     self._send(FrameResult(self.name, -1, item.ts, [], [item], {}, self._label()))
@@ -297,14 +309,35 @@ class VisionPipeline:
                 return True
         return False
 
+    def _engine_stuck(self, idle: float) -> bool:
+        """Nothing came back for `idle` seconds: if frames are in flight, the engine is
+        stuck. Fail what it holds, stop the reader, and end; True when that happened."""
+        with self._count_lock:
+            unsettled = self._submitted - self._settled
+            if unsettled == 0:
+                return False  # a slow source, not a stuck engine
+            self._left = True  # the reader submits nothing more
+            self._settled = self._submitted
+        self.telemetry.count("frame_failures", unsettled)
+        self._stalled = EdgeAgentError(
+            f"inference has not returned for {idle:.0f} s ({unsettled} frames in flight): "
+            f"the engine is stuck",
+            "`kill -USR1` the process for its thread stacks, then restart it; a device "
+            "that keeps doing this needs its driver checked (edge-agent doctor)",
+            code="inference.failed",
+        )
+        self._stop.set()
+        return True
+
     def _finish(self) -> None:
         """End of stream: close open presences, report the error, close the sinks."""
         self._detector.close()
         gone = self._events.flush(self._last_ts)
         if gone:
             self._send(FrameResult(self.name, -1, self._last_ts, [], gone, {}, self._label()))
-        if self.error is not None:
-            self._emit_error(self.error)
+        error = self.error or self._stalled
+        if error is not None:
+            self._emit_error(error)
         for sink in self._sinks:
             sink.close()
 

@@ -12,6 +12,7 @@ lends out engine objects (OpenVINO infer requests) one caller at a time.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -22,9 +23,12 @@ from types import TracebackType
 from typing import Generic, Self, TypeVar
 
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
 from edge_agent.runtime.base import Done, Tensor, Tensors
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def closed_error(model: str) -> EdgeAgentError:
@@ -39,7 +43,7 @@ class Runs:
     """Counts a model's runs in flight; after `close` it admits none and waits for the rest."""
 
     def __init__(self, model: str, queue_limit: int | None = None) -> None:
-        self._model = model
+        self.model = model
         self._limit = queue_limit
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # `wait` and `close`: a run ended
@@ -72,7 +76,7 @@ class Runs:
             if limit is not None and not self._closed and (self._waiters or self._queued >= limit):
                 self._wait_turn(limit)
             if self._closed:
-                raise closed_error(self._model)
+                raise closed_error(self.model)
             if queued:
                 self._queued += 1
             else:
@@ -123,16 +127,30 @@ class Runs:
         if error is not None:
             raise error
 
-    def close(self) -> bool:
-        """Admit nothing more and wait for every run in flight; True on the first call."""
+    def close(self, timeout: float | None = None) -> tuple[bool, bool]:
+        """Admit nothing more and wait for every run in flight, at most `timeout` seconds.
+
+        Returns:
+            Whether this was the first call, and whether every run ended in time.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             first = not self._closed
             self._closed = True
             for turn in self._waiters:  # queued callers blocked on the limit now raise
                 turn.notify()
             while self._queued or self._running:
-                self._cond.wait()
-            return first
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return first, False
+                self._cond.wait(left)
+            return first, True
+
+    @property
+    def in_flight(self) -> int:
+        """Runs started and not yet finished, queued or synchronous."""
+        with self._lock:
+            return self._queued + self._running
 
 
 class Slots(Generic[T]):
@@ -176,6 +194,12 @@ class Slots(Generic[T]):
         with self._cond:
             self._made -= len(self._free)
             self._free.clear()
+
+
+CLOSE_WAIT_S = 10.0
+"""How long `close` waits for runs in flight. A run still going after it is stuck in the
+engine (a pipeline gives up on one after vision.ENGINE_STALL_S): the model is left to it,
+its engine objects never freed under a thread that may still be inside them."""
 
 
 class ThreadedModel:
@@ -240,10 +264,23 @@ class ThreadedModel:
             # run is still in flight, so waiting here would wait for ourselves.
             threading.Thread(target=self.close, name="close-model", daemon=True).start()
             return
-        if not self._runs.close():
+        first, drained = self._runs.close(CLOSE_WAIT_S)
+        if not first:
             return
         with self._pool_lock:
             pool, self._pool = self._pool, None
+        if not drained:
+            log_event(
+                log,
+                logging.WARNING,
+                "model_abandoned",
+                model=self._runs.model,
+                runs_in_flight=self._runs.in_flight,
+                waited_s=CLOSE_WAIT_S,
+            )
+            if pool is not None:
+                pool.shutdown(wait=False)
+            return
         if pool is not None:
             pool.shutdown(wait=True)
         self._release()

@@ -11,8 +11,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -20,6 +21,7 @@ from edge_agent.catalog.catalog import Catalog
 from edge_agent.clips import WalkVideo, write_walk
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Outputs, Result
+from edge_agent.pipelines import vision
 from edge_agent.pipelines.active import ActiveModel
 from edge_agent.pipelines.base import Event, Frame, FrameResult
 from edge_agent.pipelines.runner import PipelineHandle, runtime_options
@@ -28,6 +30,7 @@ from edge_agent.pipelines.sources import FileSourceSpec, open_source
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.pipelines.stopping import STOP_BUDGET_S
 from edge_agent.pipelines.vision import VisionPipeline
+from edge_agent.runtime.base import CompiledModel, Done, Tensor, Tensors
 from edge_agent.runtime.pool import ModelPool
 from edge_agent.telemetry.stats import PipelineStats
 
@@ -340,3 +343,59 @@ def test_a_sink_that_cannot_open_is_one_error_with_a_code(
     with pytest.raises(EdgeAgentError, match="cannot be opened") as caught:
         PipelineHandle(spec, pool)
     assert caught.value.code == "sink.failed"
+
+
+class WedgedModel:
+    """A compiled model's face over a real one, whose submitted runs never come back:
+    an engine stuck inside C++, as far as the pipeline can tell."""
+
+    def __init__(self, real: CompiledModel) -> None:
+        self.report = real.report
+        self.submitted = 0
+
+    def infer(self, inputs: Mapping[str, Tensor]) -> Tensors:
+        raise AssertionError("the pipeline submits")
+
+    def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
+        self.submitted += 1  # and never calls `done`
+
+    def wait(self) -> None:
+        raise AssertionError("nothing waits on a pipeline's model")
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def test_a_stuck_engine_ends_the_pipeline_with_an_error(
+    walk: WalkVideo, pool: ModelPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the bound, the reader waits for a slot the engine never frees, the emitter
+    # for a frame that never comes, and run() (and the CLI) for ever.
+    monkeypatch.setattr(vision, "ENGINE_STALL_S", 1.0)
+    spec = spec_for(walk)
+    handle = PipelineHandle(spec, pool)
+    model, resolved = pool.acquire(spec.model.name, "openvino", runtime_options(spec.model, pool))
+    wedged = WedgedModel(model)
+    active = ActiveModel.build(model, resolved.manifest, "wedged")
+    assert isinstance(handle.pipeline, VisionPipeline)
+    handle.pipeline.request_swap(
+        ActiveModel(wedged, resolved.manifest, "wedged", active.head, active.image)
+    )
+    runner = Runner(handle)
+    try:
+        stats = runner.join()
+    finally:
+        handle.close()
+        pool.release(model)
+    error = handle.pipeline.error
+    assert error is not None
+    assert error.code == "inference.failed"
+    assert "stuck" in error.problem
+    assert wedged.submitted >= 1
+    assert stats.frame_failures == wedged.submitted  # every frame it swallowed, counted

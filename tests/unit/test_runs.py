@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 
 from edge_agent.errors import EdgeAgentError
-from edge_agent.runtime.runs import Runs
+from edge_agent.runtime import runs as runs_module
+from edge_agent.runtime.base import Tensor, Tensors
+from edge_agent.runtime.runs import Runs, ThreadedModel
 
 WAIT_S = 5.0
 
@@ -102,3 +104,47 @@ def test_a_free_slot_admits_at_once_and_close_turns_waiters_away() -> None:
     assert not closer.is_alive()
     with pytest.raises(EdgeAgentError):
         runs.start(queued=True)
+
+
+class _Engine(ThreadedModel):
+    """A model whose runs take as long as the test says: `gate` lets them end."""
+
+    def __init__(self) -> None:
+        super().__init__("engine", workers=1)
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.released = False
+
+    def _run(self, inputs: Mapping[str, Tensor]) -> Tensors:
+        self.started.set()
+        self.gate.wait(WAIT_S)
+        return {}
+
+    def _release(self) -> None:
+        self.released = True
+
+
+def test_close_waits_for_a_run_that_ends_and_then_frees_the_engine() -> None:
+    engine = _Engine()
+    engine.submit({}, lambda outputs, userdata, seconds: None, None)
+    assert engine.started.wait(WAIT_S)
+    threading.Timer(0.2, engine.gate.set).start()
+    engine.close()
+    assert engine.released
+
+
+def test_close_leaves_a_stuck_run_behind_after_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A run that never comes back (an engine stuck in C++) must not hang whoever closes
+    # the model: close gives up after CLOSE_WAIT_S, and frees nothing the run may be using.
+    monkeypatch.setattr(runs_module, "CLOSE_WAIT_S", 0.3)
+    engine = _Engine()
+    engine.submit({}, lambda outputs, userdata, seconds: None, None)
+    assert engine.started.wait(WAIT_S)
+    started = time.monotonic()
+    engine.close()
+    took = time.monotonic() - started
+    assert 0.3 <= took < 2.0, f"close took {took:.2f} s"
+    assert not engine.released
+    with pytest.raises(EdgeAgentError):
+        engine.submit({}, lambda outputs, userdata, seconds: None, None)  # closed all the same
+    engine.gate.set()  # the stuck run ends after all: nothing is left to break
