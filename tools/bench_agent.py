@@ -86,12 +86,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def peak_rss_mb(pid: int) -> float:
-    """The live process's own RSS high-water mark in MB (per address space, reset by exec)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024.0
-    raise MeasureError(f"no VmHWM for pid {pid}")
+def peak_rss_mb(pid: int, last: float = 0.0) -> float:
+    """The process's own RSS high-water mark in MB (per address space, reset by exec), or
+    `last` once it has none: an exiting process (a zombie) has no memory map left. The mark
+    only rises, so the last reading taken while it ran is its peak up to then."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return max(last, int(line.split()[1]) / 1024.0)
+    except OSError:
+        pass
+    return last
 
 
 def edge_agent(*args: str) -> list[str]:
@@ -109,13 +114,16 @@ def cli_round(video: Path) -> ProcessFigures:
     assert proc.stdout is not None
     frames, cpu0, cpu1, t0, t1, rss = 0, None, None, 0.0, 0.0, 0.0
     for line in proc.stdout:
+        rss = peak_rss_mb(proc.pid, rss)  # every line: the CLI exits right after its summary
         if line.startswith('{"summary"'):
-            cpu1, t1, rss = cpu_seconds(proc.pid), time.monotonic(), peak_rss_mb(proc.pid)
+            cpu1, t1 = cpu_seconds(proc.pid), time.monotonic()
         elif line.startswith("{"):
             frames += 1
             if cpu0 is None:
                 cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
     proc.wait()
+    if not rss:
+        raise MeasureError("run-pipeline's memory could not be read while it ran")
     if proc.returncode != 0 or cpu0 is None or cpu1 is None or frames < 2:
         raise MeasureError(f"run-pipeline exited {proc.returncode} after {frames} frames")
     return ProcessFigures(frames - 1, cpu1 - cpu0, rss, (frames - 1) / max(t1 - t0, 1e-9))
@@ -203,7 +211,7 @@ def agent_round(agents: Agents, video: Path, frames: int) -> ProcessFigures:
         while time.monotonic() < deadline and _received(console) < frames:
             time.sleep(0.005)
         cpu1, n1, t1 = cpu_seconds(proc.pid), _received(console), time.monotonic()
-        rss = peak_rss_mb(proc.pid)
+        rss = peak_rss_mb(proc.pid)  # the agent runs on: its mark is there to read
         while time.monotonic() < deadline and not _ended(console):
             time.sleep(0.02)
     except EdgeAgentError as exc:
