@@ -42,7 +42,11 @@ def test_results_and_telemetry_made_while_the_broker_is_down_arrive_in_order(
     persistent_broker: LocalBroker, tmp_path: Path
 ) -> None:
     broker = persistent_broker
-    walk: WalkVideo = write_walk(tmp_path / "walk.avi", empty=10, crossing=20, frames=150)
+    # Long enough that the video ends inside the 30 s outage, not at the instant the broker
+    # goes down: a file plays as fast as the box runs (about 200 FPS on a bf16 CPU), so 150
+    # frames ended within a second of the first result, and their end event raced the
+    # broker's shutdown (once in eight fresh-clone runs it never reached the console).
+    walk: WalkVideo = write_walk(tmp_path / "walk.avi", empty=10, crossing=20, frames=600)
     watcher = Watcher(broker.port, DEVICE, client_id="console-1")
     config = write_config(
         tmp_path / "agent.toml",
