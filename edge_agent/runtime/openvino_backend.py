@@ -42,6 +42,16 @@ _PRECISION = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 # Bumped whenever what `_convert` produces changes, so old cached IRs are not reused.
 _PREPARED_LAYOUT = 3
 
+# pyopenvino fills its element type -> numpy dtype table in a C++ function-local static on
+# first use, and running that initialiser runs Python (numpy's dtype parsing), which lets
+# other threads take the GIL. Two infer requests making their first run at once then
+# deadlock: one thread waits for the static's guard holding the GIL, the other waits for
+# the GIL inside the guard. Every Python thread stops, so no watchdog of ours can fire; the
+# CLI hung with two engine threads in the data dispatcher's `to_dtype()`. Fill the table
+# here, once, on the importing thread (the module import lock serialises it).
+# tests/unit/test_openvino_first_run.py reproduces the deadlock without this line.
+ov.Type.f32.to_dtype()
+
 
 class CoreLike(Protocol):
     """The part of `openvino.Core` the backend uses; `fake.FakeCore` adds devices we lack."""
