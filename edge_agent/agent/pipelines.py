@@ -158,23 +158,28 @@ class Pipelines:
 
     def _run(self, entry: _Running, handle: PipelineHandle) -> None:
         spec = entry.spec
+        crashed: str | None = None
         try:
             handle.run()
         except Exception as exc:  # a bug in one pipeline must not take the agent down
             log_crash(log, "pipeline_crashed", pipeline=spec.id)
-            entry.status, entry.detail = "failed", f"crashed: {exc}"
+            crashed = f"crashed: {exc}"
         finally:
             handle.close()
         error = handle.pipeline.error
         if entry.stopping.is_set():
             entry.status = "stopped"
             return
-        if error is not None:
+        if crashed is not None:
+            # Said like any other failure, so the console hears the pipeline is gone.
+            entry.status, entry.detail = "failed", crashed
+            self._event("pipeline_failed", spec.id, code="internal", detail=crashed)
+        elif error is not None:
             entry.status, entry.detail = "failed", str(error)
             self._event("pipeline_failed", spec.id, code=error.code, detail=str(error))
             if spec.source.type in _LIVE:
                 self._schedule_retry(entry)
-        elif entry.status != "failed":
+        else:
             entry.status, entry.detail = "stopped", "source ended"
             self._event("pipeline_stopped", spec.id, detail="source ended")
 

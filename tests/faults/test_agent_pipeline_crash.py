@@ -1,0 +1,90 @@
+"""A bug inside a running pipeline: the console hears of it and the agent goes on.
+
+A pipeline that raises out of its run (not an operator-fixable error, which has its own
+code) used to be marked failed in silence: no event went out, so a console that waits
+for a pipeline's end waited for ever. The bug is injected by making the pipeline's run
+raise; everything around it (the pool, the model, the photos, the records) is real.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from edge_agent.agent.loaded import TrackedPool
+from edge_agent.agent.pipelines import Pipelines
+from edge_agent.agent.records import AgentRecords
+from edge_agent.catalog.catalog import Catalog, default_models_dir
+from edge_agent.paths import Layout
+from edge_agent.pipelines.runner import PipelineHandle
+from edge_agent.protocol.agent import AgentEvent, DetectionEvent
+from edge_agent.store.store import ModelStore
+
+
+def test_a_pipeline_that_raises_is_reported_failed_and_the_next_one_runs(
+    tmp_path: Path,
+    cache_dir: Path,
+    astronaut: npt.NDArray[np.uint8],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        cv2.imwrite(str(photos / f"{i}.jpg"), astronaut[:, :, ::-1])
+    layout = Layout(cache=cache_dir, state=tmp_path / "state")
+    pool = TrackedPool(Catalog(default_models_dir(), cache_dir, ModelStore(layout)))
+    events: list[AgentEvent | DetectionEvent] = []
+    ended = threading.Event()
+
+    def on_event(event: AgentEvent | DetectionEvent) -> None:
+        events.append(event)
+        if event.kind in ("pipeline_failed", "pipeline_stopped"):
+            ended.set()
+
+    pipelines = Pipelines(
+        pool,
+        layout,
+        AgentRecords(layout.state),
+        "all",
+        lambda pipeline, result: None,
+        on_event,
+    )
+    real_run = PipelineHandle.run
+
+    def buggy(self: PipelineHandle) -> Any:
+        raise ZeroDivisionError("a bug")
+
+    spec = {
+        "id": "cam",
+        "model": {"name": "face-blazeface"},
+        "source": {"type": "folder", "path": str(photos)},
+    }
+    try:
+        monkeypatch.setattr(PipelineHandle, "run", buggy)
+        pipelines.start(spec, persist=False)
+        assert ended.wait(60), "no event said the pipeline ended"
+        failed = [e for e in events if e.kind == "pipeline_failed"]
+        assert len(failed) == 1, events
+        assert isinstance(failed[0], AgentEvent)
+        assert failed[0].pipeline == "cam"
+        assert failed[0].code == "internal"
+        assert "a bug" in failed[0].detail
+        [state] = pipelines.states()
+        assert state.status == "failed"
+        assert "a bug" in state.detail
+
+        # The agent goes on: the same id can be started again once stopped, and runs.
+        monkeypatch.setattr(PipelineHandle, "run", real_run)
+        pipelines.stop("cam")
+        ended.clear()
+        pipelines.start(spec, persist=False)
+        assert ended.wait(60), "the second pipeline never ended"
+        assert events[-1].kind == "pipeline_stopped", events
+    finally:
+        pipelines.close()
