@@ -69,8 +69,14 @@ class LocalBroker:
         self.folder = folder if folder is not None else Path(tempfile.mkdtemp(prefix="mosq-"))
         self.config = self.folder / "mosquitto.conf"
         self.log = self.folder / "mosquitto.log"
+        # Started as root, mosquitto drops to the `mosquitto` user, which cannot reach a
+        # folder under root's private temp dirs (pytest's are 0700): the log and the
+        # persistence database were then silently never written, and a "persistent" broker
+        # forgot every session on restart. This broker is ours and listens on loopback only.
+        run_as = "user root\n" if os.geteuid() == 0 else ""
         self.config.write_text(
             f"listener {self.port} {host}\n"
+            f"{run_as}"
             "allow_anonymous true\n"
             "persistence false\n"
             f"max_packet_size {max_packet_bytes}\n"
