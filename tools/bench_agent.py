@@ -48,6 +48,7 @@ from benchlib import MeasureError, consoles, cpu_flags, finish, flags_text, load
 from rich.console import Console
 from rich.table import Table
 
+from edge_agent.agent.procstats import status_bytes
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
@@ -90,13 +91,8 @@ def peak_rss_mb(pid: int, last: float = 0.0) -> float:
     """The process's own RSS high-water mark in MB (per address space, reset by exec), or
     `last` once it has none: an exiting process (a zombie) has no memory map left. The mark
     only rises, so the last reading taken while it ran is its peak up to then."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return max(last, int(line.split()[1]) / 1024.0)
-    except OSError:
-        pass
-    return last
+    hwm = status_bytes(pid).get("VmHWM")
+    return last if hwm is None else max(last, hwm / 2**20)
 
 
 def edge_agent(*args: str) -> list[str]:

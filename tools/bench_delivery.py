@@ -41,6 +41,7 @@ from edge_agent.comms.local_broker import LocalBroker  # noqa: E402
 _PULLER = """
 import json, sys, time
 from pathlib import Path
+from edge_agent.agent.procstats import status_bytes
 from edge_agent.comms.session import connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.delivery.pull import pull
@@ -49,16 +50,12 @@ from edge_agent.store.store import ModelStore
 
 port, state = int(sys.argv[1]), Path(sys.argv[2])
 layout = Layout(cache=state / "cache", state=state)
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1])
 session = connect(BrokerSettings(port=port))
-before = status("VmRSS:")
+before = status_bytes()["VmRSS"] // 1024
 start = time.perf_counter()
 result = pull(session, ModelStore(layout), layout, "blob", device_id="bench-1")
 seconds = time.perf_counter() - start
-peak = status("VmHWM:")
+peak = status_bytes()["VmHWM"] // 1024
 session.stop()
 print(json.dumps({"seconds": seconds, "peak_kb": peak, "growth_kb": peak - before,
                   "duplicates": result.stats.duplicates, "repaired": result.stats.repaired,

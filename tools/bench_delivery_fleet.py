@@ -42,6 +42,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion  # noqa: E40
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from paho.mqtt.properties import Properties  # noqa: E402
 
+from edge_agent.agent.procstats import status_bytes  # noqa: E402
 from edge_agent.catalog.catalog import default_models_dir  # noqa: E402
 from edge_agent.comms.base import (  # noqa: E402
     Handler,
@@ -170,13 +171,6 @@ class LoopSession:
         self.client.disconnect()
 
 
-def _hwm_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=200)
@@ -282,7 +276,7 @@ def main() -> int:
             while len(sent) < seen + 2:
                 loop.run_once(0.05)
             bytes_out = sent[-1] - bytes_before
-            peak_rss = _hwm_bytes(broker.pid or 0)
+            peak_rss = status_bytes(broker.pid).get("VmHWM", 0) if broker.pid else 0
             verified = 0
             for puller in pullers:
                 folder = puller.partial.finish()

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.agent.procstats import status_bytes
 from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.clips import write_walk
 from edge_agent.logs import setup_logging
@@ -99,14 +100,11 @@ SAMPLE_EVERY_S = 5.0
 def memory_mb() -> tuple[float, float, float]:
     """This process's resident set size, and its anonymous and file-backed parts, in MB
     (/proc/self/status, Linux)."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile"):
-            fields[key] = int(value.split()[0]) / 1024
-    if "VmRSS" not in fields:
+    found = status_bytes()
+    if "VmRSS" not in found:
         raise RuntimeError("no VmRSS in /proc/self/status")
-    return fields["VmRSS"], fields.get("RssAnon", 0.0), fields.get("RssFile", 0.0)
+    mb = 2**20
+    return found["VmRSS"] / mb, found.get("RssAnon", 0) / mb, found.get("RssFile", 0) / mb
 
 
 def rss_mb() -> float:

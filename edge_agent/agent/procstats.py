@@ -20,6 +20,23 @@ def rss_bytes(pid: int | None = None) -> int:
     return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def status_bytes(pid: int | None = None) -> dict[str, int]:
+    """The memory lines of /proc/PID/status (VmRSS, VmHWM, RssAnon, RssFile, ...) in bytes,
+    for this process by default; empty once the process is gone (an exited process, a zombie,
+    has no memory map left to report)."""
+    try:
+        text = Path(f"/proc/{pid or os.getpid()}/status").read_text()
+    except OSError:
+        return {}
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields = value.split()
+        if len(fields) == 2 and fields[1] == "kB":
+            found[key] = int(fields[0]) * 1024
+    return found
+
+
 def hottest_celsius(root: Path = Path("/sys/class/thermal")) -> float | None:
     """The hottest thermal zone in degrees C, or None where the box exposes none."""
     readings = []

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from edge_agent.agent.procstats import status_bytes
 from edge_agent.errors import EdgeAgentError
 
 MOSQUITTO_CANDIDATES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
@@ -158,14 +159,7 @@ class LocalBroker:
         """The broker's resident memory now (Linux /proc), 0 if not running."""
         if self._proc is None:
             return 0
-        try:
-            status = Path(f"/proc/{self._proc.pid}/status").read_text()
-        except OSError:
-            return 0
-        for line in status.splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return status_bytes(self._proc.pid).get("VmRSS", 0)
 
     def close(self) -> None:
         self.stop()

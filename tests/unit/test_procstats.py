@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from edge_agent.agent.procstats import CpuMeter, hottest_celsius, rss_bytes
+from edge_agent.agent.procstats import CpuMeter, hottest_celsius, rss_bytes, status_bytes
 
 
 def test_rss_grows_with_memory_we_touch() -> None:
@@ -17,6 +19,19 @@ def test_rss_grows_with_memory_we_touch() -> None:
     assert before > 10 * 1024 * 1024
     assert after - before > 48 * 1024 * 1024
     del block
+
+
+def test_status_reads_bytes_that_move_with_the_heap_and_nothing_for_a_gone_process() -> None:
+    before = status_bytes()
+    block = np.ones(64 * 1024 * 1024, dtype=np.uint8)
+    after = status_bytes()
+    assert after["RssAnon"] - before["RssAnon"] > 48 * 1024 * 1024  # the heap grew, in bytes
+    assert after["VmHWM"] >= after["VmRSS"] > after["RssAnon"] > 0
+    assert abs(after["VmRSS"] - after["RssAnon"] - after["RssFile"]) < 16 * 1024 * 1024
+    del block
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert status_bytes(int(child.stdout)) == {}  # exited and reaped
 
 
 def test_cpu_meter_sees_a_busy_loop_and_an_idle_sleep() -> None:
