@@ -348,7 +348,7 @@ class AgentService:
             ):
                 # Results and telemetry only: let more gather, unless an answer comes.
                 self._urgent.wait(_GATHER_S)
-                batch = self.outbox.peek(_PUMP_BATCH, after=sent_upto)
+                batch += self.outbox.peek(_PUMP_BATCH - len(batch), after=batch[-1].seq)
             for queued in batch:
                 self.session.publish(
                     queued.topic, queued.payload, qos=queued.qos, retain=queued.retain
