@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import mmap
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -12,23 +15,40 @@ import numpy as np
 from edge_agent.agent.procstats import CpuMeter, hottest_celsius, rss_bytes, status_bytes
 
 
+@contextmanager
+def _fresh_pages(size: int = 64 * 1024 * 1024) -> Iterator[None]:
+    """Make `size` bytes of new anonymous memory resident for the duration of the block.
+
+    Straight from the kernel, not from malloc: late in the suite the heap holds hundreds of MB
+    that earlier tests freed but malloc kept, and it serves a 64 MiB request from those
+    resident pages before it maps new ones. A numpy array then left RSS unchanged to the byte
+    (one CI run saw exactly that).
+    """
+    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = np.frombuffer(pages, dtype=np.uint8)
+    view[:] = 1  # written, so every page is faulted in
+    try:
+        yield
+    finally:
+        del view
+        pages.close()
+
+
 def test_rss_grows_with_memory_we_touch() -> None:
     before = rss_bytes()
-    block = np.ones(64 * 1024 * 1024, dtype=np.uint8)  # 64 MiB, written so it is resident
-    after = rss_bytes()
+    with _fresh_pages():
+        after = rss_bytes()
     assert before > 10 * 1024 * 1024
     assert after - before > 48 * 1024 * 1024
-    del block
 
 
 def test_status_reads_bytes_that_move_with_the_heap_and_nothing_for_a_gone_process() -> None:
     before = status_bytes()
-    block = np.ones(64 * 1024 * 1024, dtype=np.uint8)
-    after = status_bytes()
+    with _fresh_pages():
+        after = status_bytes()
     assert after["RssAnon"] - before["RssAnon"] > 48 * 1024 * 1024  # the heap grew, in bytes
     assert after["VmHWM"] >= after["VmRSS"] > after["RssAnon"] > 0
     assert abs(after["VmRSS"] - after["RssAnon"] - after["RssFile"]) < 16 * 1024 * 1024
-    del block
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                            capture_output=True, text=True, check=True)  # fmt: skip
     assert status_bytes(int(child.stdout)) == {}  # exited and reaped
