@@ -17,6 +17,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,8 @@ class _Running:
     frames_seen: int = 0
     fresh_at: float = field(default_factory=time.monotonic)
     retry_s: float = _RETRY_MIN_S
+    ended: bool = False
+    """The current handle's run is over and its last interval taken (see `_run`)."""
 
 
 def parse_spec(data: dict[str, Any]) -> PipelineSpec:
@@ -105,6 +108,8 @@ class Pipelines:
         self._lock = threading.Lock()
         self._record_lock = threading.Lock()
         self._running: dict[str, _Running] = {}
+        # Last intervals of runs that ended, oldest first per pipeline, for the next ticks.
+        self._last_intervals: dict[str, deque[PipelineStats]] = {}
         self._closed = threading.Event()
 
     # --- commands ----------------------------------------------------------------------------
@@ -147,7 +152,8 @@ class Pipelines:
         sink = AgentSink(spec.id, self.policy, self._emit_result, self._emit_event, self._clock)
         # Building compiles the model: on the command's thread, so its errors answer it.
         handle = PipelineHandle(spec, self.pool, [sink], layout=self.layout)
-        entry.handle, entry.sink = handle, sink
+        with self._lock:
+            entry.handle, entry.sink, entry.ended = handle, sink, False
         entry.status, entry.detail = "running", ""
         entry.fresh_at = time.monotonic()
         entry.thread = threading.Thread(
@@ -166,6 +172,11 @@ class Pipelines:
             crashed = f"crashed: {exc}"
         finally:
             handle.close()
+        with self._lock:
+            # What the run did since the last telemetry tick: a file that plays out between
+            # two ticks (or a camera that fails) would otherwise never be reported at all.
+            entry.ended = True
+            self._last_intervals.setdefault(spec.id, deque()).append(handle.telemetry.interval())
         error = handle.pipeline.error
         if entry.stopping.is_set():
             entry.status = "stopped"
@@ -339,18 +350,29 @@ class Pipelines:
         }
 
     def interval_stats(self) -> dict[str, PipelineStats]:
-        """Each running pipeline's figures since the last call, and heartbeat bookkeeping."""
+        """Each pipeline's figures since the last call, and heartbeat bookkeeping.
+
+        A pipeline whose run ended since is reported once more, with its last interval.
+        When a run of the same id ended and another started (a camera retried), the ended
+        one is reported first and the new one's interval simply runs on to the next call,
+        so no frame goes unreported and none is reported twice.
+        """
         stats = {}
         now = time.monotonic()
-        with self._lock:
-            entries = list(self._running.values())
-        for entry in entries:
-            if entry.handle is None or entry.status != "running":
-                continue
-            snapshot = entry.handle.telemetry.interval()
-            stats[entry.spec.id] = snapshot
-            if snapshot.frames > 0:
-                entry.fresh_at = now
+        with self._lock:  # against `_run` taking a last interval at the same moment
+            for pipeline_id, ended in list(self._last_intervals.items()):
+                stats[pipeline_id] = ended.popleft()
+                if not ended:
+                    del self._last_intervals[pipeline_id]
+            for entry in self._running.values():
+                if entry.handle is None or entry.status != "running" or entry.ended:
+                    continue
+                if entry.spec.id in stats:
+                    continue
+                snapshot = entry.handle.telemetry.interval()
+                stats[entry.spec.id] = snapshot
+                if snapshot.frames > 0:
+                    entry.fresh_at = now
         return stats
 
     def stale(self, max_age_s: float) -> list[str]:

@@ -145,8 +145,9 @@ def _loop(watcher: Watcher, walk: WalkVideo, mqtt_version: str) -> None:
     assert 1 <= len(by_id) <= 4
 
     # Telemetry: per pipeline stage percentiles, per model device and latency, the agent.
-    # Figures are per interval: one that fell while the model compiled, or after the file
-    # ended, rightly carries the pipeline with no frames; take one that saw it work.
+    # Figures are per interval: one that fell while the model compiled rightly carries the
+    # pipeline with no frames; take one that saw it work (the tick after the file ended
+    # carries its last interval, however short the run was).
     telemetry = watcher.wait(
         lambda m: (
             m.leaf == "telemetry" and m.json()["pipelines"].get("cam", {}).get("frames", 0) > 0
