@@ -4,11 +4,16 @@ A recurrent model's state links each window to the one before, so windows run
 one after another (no parallel requests); at 512 samples a window the model
 costs well under a millisecond, far inside the 32 ms each window lasts.
 
-A reader thread takes windows from the source into a short queue, so `stop()`
-ends `run()` promptly even while a microphone read (or the source's close) is
-blocked. Event rules follow the VAD's speech timeline, not the closing of
-segments, so "appeared" and "gone" come as soon as the hysteresis decides,
-stamped with the times speech started and ended.
+A reader thread takes windows from the source into a short queue, and a worker
+thread runs the model, the event rules and the sinks, while `run()` only
+supervises (as the vision pipeline's caller does): `stop()` ends `run()` within
+`stopping.STOP_BUDGET_S` even while a microphone read, the source's close, a sink
+or the engine is blocked, and a model that has not returned for `ENGINE_STALL_S`
+ends the pipeline with `inference.failed`.
+
+Event rules follow the VAD's speech timeline, not the closing of segments, so
+"appeared" and "gone" come as soon as the hysteresis decides, stamped with the
+times speech started and ended.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from typing import Literal
 
 import numpy as np
 
@@ -34,7 +40,7 @@ from edge_agent.pipelines.base import (
     SourceError,
 )
 from edge_agent.pipelines.events import EventTracker
-from edge_agent.pipelines.stopping import POLL_S, StopFlag
+from edge_agent.pipelines.stopping import GRACE_S, POLL_S, StopFlag
 from edge_agent.runtime.base import CompiledModel
 from edge_agent.runtime.stateful import StatefulVad
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
@@ -48,6 +54,10 @@ _READ_AHEAD = 16
 _CLOSE_WAIT_S = 1.0
 # A failing sink is logged at most this often, so a broken disk is one line a minute.
 _SINK_LOG_EVERY_S = 60.0
+
+ENGINE_STALL_S = 60.0
+"""A window's inference that has not returned after this long is stuck in the engine. A
+VAD window takes under a millisecond; the vision pipeline allows the same."""
 # The tracker only asks whether speech is present, not where.
 _SPEAKING: list[Result] = [SpeechSegment(start=0.0, end=0.0)]
 
@@ -121,7 +131,7 @@ class AudioPipeline:
         self.name = name
         self.source = source
         self.telemetry = telemetry
-        self.error: SourceError | None = None
+        self.error: EdgeAgentError | None = None
         self.failures = 0
         """Sink calls that raised."""
         self._model = model
@@ -132,14 +142,22 @@ class AudioPipeline:
         self._max_frames = max_frames
         self._stop = StopFlag()
         self._sink_logged: dict[int, float] = {}
+        self._left = False  # run() gave up on the worker: it must send nothing more
+        self._busy_since: float | None = None  # when the window in the engine went in
+        self._bug: BaseException | None = None
+        self._reader: _Reader | None = None
+        self._last_ts = 0.0  # stream time of the latest window taken
+        self._closed = False
+        self._close_lock = threading.Lock()
 
     def stop(self) -> None:
-        """Make `run` return within about a second, whatever the source does.
+        """Make `run` return within `stopping.STOP_BUDGET_S`, whatever the source, a sink
+        or the engine does.
 
         Thread-safe, and safe to call from a signal handler.
 
-        The window being processed finishes; windows read but not yet processed are
-        counted as dropped.
+        The window being processed finishes if it can within the grace; windows read but
+        not yet processed, and one still held by a sink or the engine, count as dropped.
         """
         self._stop.set()
 
@@ -149,6 +167,72 @@ class AudioPipeline:
         Raises:
             Exception: a bug in the source (anything but a SourceError), after cleaning up.
         """
+        self.telemetry.reset()
+        worker = threading.Thread(target=self._work, name=f"vad-{self.name}", daemon=True)
+        worker.start()
+        while True:
+            worker.join(POLL_S)
+            if not worker.is_alive():
+                break
+            busy = self._busy_since
+            if busy is not None and time.monotonic() - busy > ENGINE_STALL_S:
+                self._engine_stuck(time.monotonic() - busy)
+                break
+            if self._stop.past_grace(GRACE_S):
+                self._leave("dropped_on_stop")
+                break
+        if self._bug is not None:
+            raise self._bug
+        return self.telemetry.snapshot()
+
+    def _engine_stuck(self, idle: float) -> None:
+        """The window in the engine never came back: say so, and leave the worker in it."""
+        self._stop.set()
+        self._leave("frame_failures")
+        self.error = EdgeAgentError(
+            f"inference has not returned for {idle:.0f} s: the engine is stuck",
+            "`kill -USR1` the process for its thread stacks, then restart it; a device "
+            "that keeps doing this needs its driver checked (edge-agent doctor)",
+            code="inference.failed",
+        )
+        log_event(
+            log,
+            logging.ERROR,
+            "pipeline_error",
+            pipeline=self.name,
+            code=self.error.code,
+            error=self.error.problem,
+        )
+        # The sinks are not what is stuck; they hear why the stream ended.
+        ts = self._last_ts
+        event = Event(kind="pipeline_error", ts=ts, detail=str(self.error))
+        self._send(FrameResult(self.name, -1, ts, [], [event], {}, self._label))
+
+    def _leave(self, counter: Literal["frame_failures", "dropped_on_stop"]) -> None:
+        """Give up on the worker, which holds one window in a sink or the engine: count it,
+        stop the reading and close the source without waiting (a worker that wakes later
+        sees `_left` and sends nothing more)."""
+        self._left = True
+        self.telemetry.count(counter)
+        reader = self._reader
+        if reader is not None:
+            self.telemetry.count("dropped_on_stop", reader.halt())
+        self._close_source(wait=False)
+        log_event(
+            log,
+            logging.WARNING,
+            "pipeline_left_workers",
+            pipeline=self.name,
+            stuck=f"vad-{self.name}",
+        )
+
+    def _work(self) -> None:
+        try:
+            self._process()
+        except BaseException as exc:  # run() raises it, on its caller's thread
+            self._bug = exc
+
+    def _process(self) -> None:
         c = self._config
         segmenter = VadSegmenter(c)
         vad = StatefulVad(self._model, c)
@@ -156,8 +240,7 @@ class AudioPipeline:
         end_ts = 0.0
         count = 0
         bug: BaseException | None = None
-        self.telemetry.reset()
-        reader = _Reader(self.source, self.name)
+        reader = self._reader = _Reader(self.source, self.name)
         try:
             while not self._stop.is_set() and (
                 self._max_frames is None or count < self._max_frames
@@ -178,7 +261,12 @@ class AudioPipeline:
                 window = np.concatenate([context, item.samples])
                 context = item.samples[-c.context :] if c.context else context
                 t1 = time.perf_counter()
+                self._last_ts = item.ts
+                self._busy_since = time.monotonic()
                 probability = vad.step(window)
+                self._busy_since = None
+                if self._left:
+                    return  # run() gave up on this window and told the sinks why
                 t2 = time.perf_counter()
                 step = segmenter.step(probability)
                 events = self._timeline(step.marks)
@@ -190,7 +278,9 @@ class AudioPipeline:
             if self._stop.is_set():
                 # Read ahead but cut off by the stop; after max_frames they were never wanted.
                 self.telemetry.count("dropped_on_stop", unread)
-            self._close_source()
+            self._close_source(wait=True)
+        if self._left:
+            return  # run() has returned: what the worker held was counted there
         # The stream has ended for this pipeline, however it ended: close the open
         # segment and let absence clocks run to the end.
         tail = segmenter.finish()
@@ -214,7 +304,6 @@ class AudioPipeline:
             self._send(FrameResult(self.name, -1, end_ts, [], [event], {}, self._label))
         if bug is not None:
             raise bug
-        return self.telemetry.snapshot()
 
     def _timeline(self, marks: list[SpeechMark]) -> list[Event]:
         events: list[Event] = []
@@ -222,10 +311,17 @@ class AudioPipeline:
             events += self._events.update(mark.ts, _SPEAKING if mark.speaking else [])
         return events
 
-    def _close_source(self) -> None:
-        # A microphone's close waits for arecord to exit; do not let it hold up a stop.
+    def _close_source(self, wait: bool) -> None:
+        # Once, from the worker at the end or from run() leaving it behind. A microphone's
+        # close waits for arecord to exit; do not let it hold up a stop.
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         closer = threading.Thread(target=self.source.close, name=f"close-{self.name}", daemon=True)
         closer.start()
+        if not wait:
+            return
         closer.join(_CLOSE_WAIT_S)
         if closer.is_alive():
             log_event(log, logging.WARNING, "source_close_pending", pipeline=self.name)

@@ -22,6 +22,7 @@ import pytest
 from edge_agent.catalog.catalog import default_models_dir
 from edge_agent.heads.vad import VadConfig
 from edge_agent.infer import read_audio
+from edge_agent.pipelines import audio as audio_module
 from edge_agent.pipelines.audio import AudioPipeline
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSource, open_audio_source
 from edge_agent.pipelines.base import AudioChunk, AudioSource, FrameResult, Sink
@@ -253,3 +254,79 @@ def test_stop_ends_run_while_the_microphone_sends_nothing(
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists(), "arecord outlived the pipeline"
+
+
+def test_stop_ends_run_while_a_sink_sleeps(clip: Clip, compiled: CompileFn) -> None:
+    # The window in the sink is left behind and counted; before, run() waited for the sink.
+    asleep = threading.Event()
+    wake = threading.Event()
+
+    def slow(result: FrameResult) -> None:
+        if result.frame == 5:
+            asleep.set()
+            wake.wait(30)
+
+    audio = pipeline(compiled, WavSource(clip.path, RATE, HEAD.window), slow)
+    try:
+        stats, took = stop_after(audio, asleep.is_set)
+    finally:
+        wake.set()
+    assert took < 2.0
+    assert stats.frames == 5  # windows 0-4; the fifth is still in the sink
+    assert stats.dropped_on_stop >= 1
+    assert audio.error is None  # a stop is not a failure
+
+
+class WedgedVad:
+    """A compiled VAD's face over the real one, whose fourth run never returns: an engine
+    stuck inside C++, as far as the pipeline can tell."""
+
+    def __init__(self, real: Any) -> None:
+        self.report = real.report
+        self._real = real
+        self.runs = 0
+        self.release = threading.Event()
+
+    def infer(self, inputs: Any) -> Any:
+        self.runs += 1
+        if self.runs > 3:
+            self.release.wait(30)
+        return self._real.infer(inputs)
+
+
+def test_a_stuck_vad_engine_ends_the_pipeline_with_an_error(
+    clip: Clip, compiled: CompileFn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the bound, run() (and the CLI, and the agent's pipeline) waited for ever.
+    monkeypatch.setattr(audio_module, "ENGINE_STALL_S", 1.0)
+    model, resolved = compiled("vad-silero", hint="latency")
+    wedged = WedgedVad(model)
+    seen: list[FrameResult] = []
+    audio = AudioPipeline(
+        "vad",
+        WavSource(clip.path, RATE, HEAD.window),
+        wedged,  # type: ignore[arg-type]
+        resolved.manifest,
+        [CallbackSink(seen.append)],
+        PipelineTelemetry("vad"),
+        EventTracker([]),
+    )
+    box: list[PipelineStats] = []
+    runner = threading.Thread(target=lambda: box.append(audio.run()), daemon=True)
+    start = time.monotonic()
+    runner.start()
+    runner.join(10)
+    took = time.monotonic() - start
+    wedged.release.set()
+    assert box, "run() did not return"
+    assert 1.0 < took < 5.0
+    assert audio.error is not None
+    assert audio.error.code == "inference.failed"
+    assert "stuck" in audio.error.problem
+    stats = box[0]
+    assert stats.frames == 3
+    assert stats.frame_failures == 1  # the window the engine kept
+    kinds = [e.kind for r in seen for e in r.events]
+    assert kinds[-1] == "pipeline_error"
+    time.sleep(0.2)  # the released run returns into a pipeline that sends nothing more
+    assert [e.kind for r in seen for e in r.events] == kinds
