@@ -58,6 +58,7 @@ _SINK_LOG_EVERY_S = 60.0
 ENGINE_STALL_S = 60.0
 """A window's inference that has not returned after this long is stuck in the engine. A
 VAD window takes under a millisecond; the vision pipeline allows the same."""
+
 # The tracker only asks whether speech is present, not where.
 _SPEAKING: list[Result] = [SpeechSegment(start=0.0, end=0.0)]
 
@@ -144,6 +145,7 @@ class AudioPipeline:
         self._sink_logged: dict[int, float] = {}
         self._left = False  # run() gave up on the worker: it must send nothing more
         self._busy_since: float | None = None  # when the window in the engine went in
+        self._holding = False  # the worker has taken a window it has not finished
         self._bug: BaseException | None = None
         self._reader: _Reader | None = None
         self._last_ts = 0.0  # stream time of the latest window taken
@@ -209,11 +211,12 @@ class AudioPipeline:
         self._send(FrameResult(self.name, -1, ts, [], [event], {}, self._label))
 
     def _leave(self, counter: Literal["frame_failures", "dropped_on_stop"]) -> None:
-        """Give up on the worker, which holds one window in a sink or the engine: count it,
+        """Give up on the worker (a sink or the engine holds it): count the window it holds,
         stop the reading and close the source without waiting (a worker that wakes later
         sees `_left` and sends nothing more)."""
         self._left = True
-        self.telemetry.count(counter)
+        if self._holding:
+            self.telemetry.count(counter)
         reader = self._reader
         if reader is not None:
             self.telemetry.count("dropped_on_stop", reader.halt())
@@ -258,6 +261,7 @@ class AudioPipeline:
                     bug = item
                     break
                 t0 = time.perf_counter()
+                self._holding = True
                 window = np.concatenate([context, item.samples])
                 context = item.samples[-c.context :] if c.context else context
                 t1 = time.perf_counter()
@@ -272,6 +276,7 @@ class AudioPipeline:
                 events = self._timeline(step.marks)
                 end_ts = item.ts + len(item.samples) / c.sample_rate
                 self._emit(item, list(step.closed), events, t0, t1, t2)
+                self._holding = False
                 count += 1
         finally:
             unread = reader.halt()
