@@ -27,8 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
+import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from edge_agent.agent.loaded import TrackedPool
+from edge_agent.agent.pipelines import Pipelines
+from edge_agent.agent.records import AgentRecords
+from edge_agent.agent.sink import EmitEvent
 from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.comms.base import Message
 from edge_agent.comms.session import MqttSession, Will, connect
@@ -37,8 +44,10 @@ from edge_agent.config.agent import load_agent_config
 from edge_agent.fleet.publish import publish_release, release_for_file
 from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.server import FleetServer
+from edge_agent.paths import Layout
 from edge_agent.protocol.topics import Topics
 from edge_agent.store.release import generate_key, save_public_key
+from edge_agent.store.store import ModelStore
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "edge/v1"
@@ -361,3 +370,25 @@ def fleet(port: int, folder: Path, models: list[tuple[str, str, int]]) -> Iterat
         yield running
     finally:
         running.close()
+
+
+def photo_pipelines(
+    folder: Path, cache: Path, photo: npt.NDArray[np.uint8], on_event: EmitEvent
+) -> tuple[Pipelines, dict[str, Any]]:
+    """The agent's pipeline manager on a real pool, state under `folder`, and the spec of a
+    face-blazeface pipeline over a folder of three copies of `photo` (RGB)."""
+    photos = folder / "photos"
+    photos.mkdir()
+    for i in range(3):
+        cv2.imwrite(str(photos / f"{i}.jpg"), photo[:, :, ::-1])
+    layout = Layout(cache=cache, state=folder / "state")
+    pool = TrackedPool(Catalog(default_models_dir(), cache, ModelStore(layout)))
+    pipelines = Pipelines(
+        pool, layout, AgentRecords(layout.state), "all", lambda pipeline, result: None, on_event
+    )
+    spec = {
+        "id": "cam",
+        "model": {"name": "face-blazeface"},
+        "source": {"type": "folder", "path": str(photos)},
+    }
+    return pipelines, spec

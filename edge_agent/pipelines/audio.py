@@ -8,7 +8,7 @@ A reader thread takes windows from the source into a short queue, and a worker
 thread runs the model, the event rules and the sinks, while `run()` only
 supervises (as the vision pipeline's caller does): `stop()` ends `run()` within
 `stopping.STOP_BUDGET_S` even while a microphone read, the source's close, a sink
-or the engine is blocked, and a model that has not returned for `ENGINE_STALL_S`
+or the engine is blocked, and a model that has not returned for `stopping.ENGINE_STALL_S`
 ends the pipeline with `inference.failed`.
 
 Event rules follow the VAD's speech timeline, not the closing of segments, so
@@ -40,7 +40,7 @@ from edge_agent.pipelines.base import (
     SourceError,
 )
 from edge_agent.pipelines.events import EventTracker
-from edge_agent.pipelines.stopping import GRACE_S, POLL_S, StopFlag
+from edge_agent.pipelines.stopping import ENGINE_STALL_S, GRACE_S, POLL_S, StopFlag, stuck_engine
 from edge_agent.runtime.base import CompiledModel
 from edge_agent.runtime.stateful import StatefulVad
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
@@ -54,10 +54,6 @@ _READ_AHEAD = 16
 _CLOSE_WAIT_S = 1.0
 # A failing sink is logged at most this often, so a broken disk is one line a minute.
 _SINK_LOG_EVERY_S = 60.0
-
-ENGINE_STALL_S = 60.0
-"""A window's inference that has not returned after this long is stuck in the engine. A
-VAD window takes under a millisecond; the vision pipeline allows the same."""
 
 # The tracker only asks whether speech is present, not where.
 _SPEAKING: list[Result] = [SpeechSegment(start=0.0, end=0.0)]
@@ -191,12 +187,7 @@ class AudioPipeline:
         """The window in the engine never came back: say so, and leave the worker in it."""
         self._stop.set()
         self._leave("frame_failures")
-        self.error = EdgeAgentError(
-            f"inference has not returned for {idle:.0f} s: the engine is stuck",
-            "`kill -USR1` the process for its thread stacks, then restart it; a device "
-            "that keeps doing this needs its driver checked (edge-agent doctor)",
-            code="inference.failed",
-        )
+        self.error = stuck_engine(idle, "one audio window")
         log_event(
             log,
             logging.ERROR,

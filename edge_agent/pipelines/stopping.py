@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from edge_agent.errors import EdgeAgentError
+
 POLL_S = 0.05
 """How often a blocked wait looks at the stop flag."""
 
@@ -23,6 +25,22 @@ STOP_BUDGET_S = 2.0
 
 GRACE_S = 1.5
 """Of that budget, how long frames in flight get to finish; the rest is for wrapping up."""
+
+ENGINE_STALL_S = 60.0
+"""Frames in flight and none back for this long: the engine is stuck, and the pipeline
+ends with an error instead of waiting for ever. Far above any first inference (a GPU's
+included), far below what an operator would wait before calling the box hung. Each
+pipeline module reads it as its own global, so a test can shorten it for one of them."""
+
+
+def stuck_engine(idle_s: float, held: str) -> EdgeAgentError:
+    """The error a pipeline ends with when its engine kept `held` for `idle_s` seconds."""
+    return EdgeAgentError(
+        f"inference has not returned for {idle_s:.0f} s ({held}): the engine is stuck",
+        "`kill -USR1` the process for its thread stacks, then restart it; a device "
+        "that keeps doing this needs its driver checked (edge-agent doctor)",
+        code="inference.failed",
+    )
 
 
 class StopFlag:

@@ -34,7 +34,15 @@ from edge_agent.pipelines.detect import Detector
 from edge_agent.pipelines.events import EventTracker
 from edge_agent.pipelines.flight import Call, End, InFlight, InputBuffers, Retire
 from edge_agent.pipelines.guard import guard_sinks
-from edge_agent.pipelines.stopping import GRACE_S, POLL_S, StopFlag, acquire_unless, supervise
+from edge_agent.pipelines.stopping import (
+    ENGINE_STALL_S,
+    GRACE_S,
+    POLL_S,
+    StopFlag,
+    acquire_unless,
+    stuck_engine,
+    supervise,
+)
 from edge_agent.runtime.base import CompiledModel, Tensors
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 
@@ -45,11 +53,6 @@ OnRetire = Callable[[CompiledModel], None]
 
 STALL_S = 10.0
 """A frame the engine has not returned after this long, while later ones have, is lost."""
-
-ENGINE_STALL_S = 60.0
-"""Frames in flight and none back for this long: the engine is stuck, and the pipeline
-ends with an error instead of waiting for ever. Far above any first inference (a GPU's
-included), far below what an operator would wait before calling the box hung."""
 
 
 _Done = tuple[InFlight, float]
@@ -319,13 +322,7 @@ class VisionPipeline:
             self._left = True  # the reader submits nothing more
             self._settled = self._submitted
         self.telemetry.count("frame_failures", unsettled)
-        self._stalled = EdgeAgentError(
-            f"inference has not returned for {idle:.0f} s ({unsettled} frames in flight): "
-            f"the engine is stuck",
-            "`kill -USR1` the process for its thread stacks, then restart it; a device "
-            "that keeps doing this needs its driver checked (edge-agent doctor)",
-            code="inference.failed",
-        )
+        self._stalled = stuck_engine(idle, f"{unsettled} frames in flight")
         self._stop.set()
         return True
 

@@ -198,7 +198,7 @@ class Slots(Generic[T]):
 
 CLOSE_WAIT_S = 10.0
 """How long `close` waits for runs in flight. A run still going after it is stuck in the
-engine (a pipeline gives up on one after vision.ENGINE_STALL_S): the model is left to it,
+engine (a pipeline gives up on one after stopping.ENGINE_STALL_S): the model is left to it,
 its engine objects never freed under a thread that may still be inside them."""
 
 

@@ -12,19 +12,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from edge_agent.agent.loaded import TrackedPool
-from edge_agent.agent.pipelines import Pipelines
-from edge_agent.agent.records import AgentRecords
-from edge_agent.catalog.catalog import Catalog, default_models_dir
-from edge_agent.paths import Layout
 from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent
-from edge_agent.store.store import ModelStore
+from tests.agent_kit import photo_pipelines
 
 
 def test_a_pipeline_that_raises_is_reported_failed_and_the_next_one_runs(
@@ -33,12 +27,6 @@ def test_a_pipeline_that_raises_is_reported_failed_and_the_next_one_runs(
     astronaut: npt.NDArray[np.uint8],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    for i in range(3):
-        cv2.imwrite(str(photos / f"{i}.jpg"), astronaut[:, :, ::-1])
-    layout = Layout(cache=cache_dir, state=tmp_path / "state")
-    pool = TrackedPool(Catalog(default_models_dir(), cache_dir, ModelStore(layout)))
     events: list[AgentEvent | DetectionEvent] = []
     ended = threading.Event()
 
@@ -47,24 +35,12 @@ def test_a_pipeline_that_raises_is_reported_failed_and_the_next_one_runs(
         if event.kind in ("pipeline_failed", "pipeline_stopped"):
             ended.set()
 
-    pipelines = Pipelines(
-        pool,
-        layout,
-        AgentRecords(layout.state),
-        "all",
-        lambda pipeline, result: None,
-        on_event,
-    )
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
     real_run = PipelineHandle.run
 
     def buggy(self: PipelineHandle) -> Any:
         raise ZeroDivisionError("a bug")
 
-    spec = {
-        "id": "cam",
-        "model": {"name": "face-blazeface"},
-        "source": {"type": "folder", "path": str(photos)},
-    }
     try:
         monkeypatch.setattr(PipelineHandle, "run", buggy)
         pipelines.start(spec, persist=False)

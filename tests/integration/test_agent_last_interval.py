@@ -11,42 +11,23 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import cv2
 import numpy as np
 import numpy.typing as npt
 
-from edge_agent.agent.loaded import TrackedPool
-from edge_agent.agent.pipelines import Pipelines
-from edge_agent.agent.records import AgentRecords
-from edge_agent.catalog.catalog import Catalog, default_models_dir
-from edge_agent.paths import Layout
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent
-from edge_agent.store.store import ModelStore
+from tests.agent_kit import photo_pipelines
 
 
 def test_the_last_interval_of_an_ended_run_is_reported_once_and_in_order(
     tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
 ) -> None:
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    for i in range(3):
-        cv2.imwrite(str(photos / f"{i}.jpg"), astronaut[:, :, ::-1])
-    layout = Layout(cache=cache_dir, state=tmp_path / "state")
-    pool = TrackedPool(Catalog(default_models_dir(), cache_dir, ModelStore(layout)))
     ended = threading.Event()
 
     def on_event(event: AgentEvent | DetectionEvent) -> None:
         if event.kind in ("pipeline_failed", "pipeline_stopped"):
             ended.set()
 
-    pipelines = Pipelines(
-        pool, layout, AgentRecords(layout.state), "all", lambda pipeline, result: None, on_event
-    )
-    spec = {
-        "id": "cam",
-        "model": {"name": "face-blazeface"},
-        "source": {"type": "folder", "path": str(photos)},
-    }
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
     try:
         assert pipelines.interval_stats() == {}
         # Two whole runs of the same id, with no tick between them.
