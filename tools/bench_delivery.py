@@ -35,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchlib import cpu_flags, flags_text, load_average  # noqa: E402
+
 from edge_agent.catalog.catalog import default_models_dir  # noqa: E402
 from edge_agent.comms.local_broker import LocalBroker  # noqa: E402
 
@@ -136,7 +138,10 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-delivery-"))
-    report: dict[str, Any] = {"sizes": []}
+    flags = cpu_flags()
+    print(flags_text(flags), flush=True)
+    print(f"load average before: {load_average()}", flush=True)
+    report: dict[str, Any] = {"cpu_flags": flags, "sizes": []}
     try:
         with LocalBroker(max_packet_bytes=200 * 1024 * 1024) as broker:
             key = work / "fleet.key"

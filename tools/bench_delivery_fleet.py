@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import paho.mqtt.client as paho  # noqa: E402
+from benchlib import cpu_flags  # noqa: E402
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion  # noqa: E402
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from paho.mqtt.properties import Properties  # noqa: E402
@@ -307,6 +308,7 @@ def main() -> int:
         "duplicates": sum(p.stats.duplicates for p in pullers),
         "rejoins": sum(p.stats.rejoins for p in pullers),
         "load_1m": os.getloadavg()[0],
+        "cpu_flags": cpu_flags(),
     }
     print(json.dumps(report, indent=2))
     if args.json:
