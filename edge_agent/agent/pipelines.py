@@ -34,6 +34,7 @@ from edge_agent.paths import Layout
 from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.protocol.agent import AgentEvent, PipelineState
+from edge_agent.runtime.base import CompileReport
 from edge_agent.telemetry.stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,27 @@ class _Running:
     retry_s: float = _RETRY_MIN_S
     ended: bool = False
     """The current handle's run is over and its last interval taken (see `_run`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    """A run's last interval, with the model that served it, taken before the run let go
+    of the model (afterwards the pool no longer knows the model's compile report)."""
+
+    stats: PipelineStats
+    model: str
+    report: CompileReport | None
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """One telemetry interval: what each pipeline did, and the models that did it."""
+
+    stats: dict[str, PipelineStats]
+    models: dict[str, str]
+    """Pipeline id to the model serving it (for an ended run: the one that served last)."""
+    reports: dict[str, CompileReport]
+    """Model name to its compile report."""
 
 
 def parse_spec(data: dict[str, Any]) -> PipelineSpec:
@@ -109,7 +131,7 @@ class Pipelines:
         self._record_lock = threading.Lock()
         self._running: dict[str, _Running] = {}
         # Last intervals of runs that ended, oldest first per pipeline, for the next ticks.
-        self._last_intervals: dict[str, deque[PipelineStats]] = {}
+        self._last_intervals: dict[str, deque[_Ended]] = {}
         self._closed = threading.Event()
 
     # --- commands ----------------------------------------------------------------------------
@@ -171,12 +193,15 @@ class Pipelines:
             log_crash(log, "pipeline_crashed", pipeline=spec.id)
             crashed = f"crashed: {exc}"
         finally:
+            model = self._serving_model(entry)
+            report = self.pool.reports().get(model)  # before close() gives the model back
             handle.close()
         with self._lock:
             # What the run did since the last telemetry tick: a file that plays out between
             # two ticks (or a camera that fails) would otherwise never be reported at all.
             entry.ended = True
-            self._last_intervals.setdefault(spec.id, deque()).append(handle.telemetry.interval())
+            last = _Ended(handle.telemetry.interval(), model, report)
+            self._last_intervals.setdefault(spec.id, deque()).append(last)
         error = handle.pipeline.error
         if entry.stopping.is_set():
             entry.status = "stopped"
@@ -338,32 +363,34 @@ class Pipelines:
                 if e.handle is not None and e.status == "running"
             }
 
-    def serving(self) -> dict[str, str]:
-        """The model serving each running pipeline now: the one that made its latest frame
-        (a requested swap counts once it has landed), else the spec's."""
-        with self._lock:
-            entries = list(self._running.values())
-        return {
-            e.spec.id: (e.sink.model if e.sink is not None and e.sink.model else e.spec.model.name)
-            for e in entries
-            if e.status == "running"
-        }
+    @staticmethod
+    def _serving_model(entry: _Running) -> str:
+        """The model that made the pipeline's latest frame (a requested swap counts once it
+        has landed), else the spec's."""
+        sink = entry.sink
+        return sink.model if sink is not None and sink.model else entry.spec.model.name
 
-    def interval_stats(self) -> dict[str, PipelineStats]:
-        """Each pipeline's figures since the last call, and heartbeat bookkeeping.
+    def tick(self) -> Tick:
+        """Each pipeline's figures since the last call, the models behind them, and
+        heartbeat bookkeeping.
 
-        A pipeline whose run ended since is reported once more, with its last interval.
-        When a run of the same id ended and another started (a camera retried), the ended
-        one is reported first and the new one's interval simply runs on to the next call,
-        so no frame goes unreported and none is reported twice.
+        A pipeline whose run ended since is reported once more, with its last interval and
+        the model that served it. When a run of the same id ended and another started (a
+        camera retried), the ended one is reported first and the new one's interval simply
+        runs on to the next call, so no frame goes unreported and none is reported twice.
         """
-        stats = {}
+        stats: dict[str, PipelineStats] = {}
+        models: dict[str, str] = {}
+        ended_reports: dict[str, CompileReport] = {}
         now = time.monotonic()
         with self._lock:  # against `_run` taking a last interval at the same moment
             for pipeline_id, ended in list(self._last_intervals.items()):
-                stats[pipeline_id] = ended.popleft()
+                last = ended.popleft()
                 if not ended:
                     del self._last_intervals[pipeline_id]
+                stats[pipeline_id], models[pipeline_id] = last.stats, last.model
+                if last.report is not None:
+                    ended_reports[last.model] = last.report
             for entry in self._running.values():
                 if entry.handle is None or entry.status != "running" or entry.ended:
                     continue
@@ -371,9 +398,11 @@ class Pipelines:
                     continue
                 snapshot = entry.handle.telemetry.interval()
                 stats[entry.spec.id] = snapshot
+                models[entry.spec.id] = self._serving_model(entry)
                 if snapshot.frames > 0:
                     entry.fresh_at = now
-        return stats
+        # What serves now wins over what served a run that has ended.
+        return Tick(stats, models, {**ended_reports, **self.pool.reports()})
 
     def stale(self, max_age_s: float) -> list[str]:
         """Running pipelines that look wedged: the thread died, or a file source made no

@@ -398,7 +398,7 @@ class AgentService:
 
     # --- telemetry -----------------------------------------------------------------------------
     def _publish_telemetry(self) -> None:
-        stats = self.pipelines.interval_stats()
+        tick = self.pipelines.tick()
         outbox = self.outbox.stats()
         agent = msg.AgentTelemetry(
             cpu_percent=round(self._cpu.percent(), 2),
@@ -415,12 +415,8 @@ class AgentService:
         telemetry = msg.Telemetry(
             ts=time.time(),
             interval_s=self.interval_s,
-            pipelines={k: pipeline_telemetry(s) for k, s in stats.items()},
-            models=model_telemetry(
-                stats,
-                self.pipelines.serving(),
-                self.pool.reports(),
-            ),
+            pipelines={k: pipeline_telemetry(s) for k, s in tick.stats.items()},
+            models=model_telemetry(tick.stats, tick.models, tick.reports),
             agent=agent,
         )
         self._queue(

@@ -1,9 +1,11 @@
-"""A pipeline that ends between two telemetry ticks is still reported, once.
+"""A pipeline that ends between two telemetry ticks is still reported, once, with its model.
 
 Telemetry is per interval. A file that plays out between two ticks (a short clip, a
 fast model) used to vanish from telemetry: the tick after its end listed running
-pipelines only, so its frames were never reported anywhere. Real pipeline, real model,
-real photos; the ticks are called by hand so their timing is the test's, not a clock's.
+pipelines only, so its frames were never reported anywhere. Then it was reported without
+its model: the run had given the model back to the pool, and with it the compile report
+that says the model's device. Real pipeline, real model, real photos; the ticks are called
+by hand so their timing is the test's, not a clock's.
 """
 
 from __future__ import annotations
@@ -29,20 +31,26 @@ def test_the_last_interval_of_an_ended_run_is_reported_once_and_in_order(
 
     pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
     try:
-        assert pipelines.interval_stats() == {}
+        assert pipelines.tick().stats == {}
         # Two whole runs of the same id, with no tick between them.
         for _ in range(2):
             ended.clear()
             pipelines.start(spec, persist=False)
             assert ended.wait(60), "the pipeline never ended"
             pipelines.stop("cam")
-        first = pipelines.interval_stats()
-        assert list(first) == ["cam"]
-        assert first["cam"].frames == 3
-        assert first["cam"].interval
-        assert first["cam"].stages["infer"].count == 3
-        second = pipelines.interval_stats()
-        assert second["cam"].frames == 3  # the second run, not lost behind the first
-        assert pipelines.interval_stats() == {}  # and each reported once only
+        assert pipelines.pool.reports() == {}  # both runs gave their model back
+        first = pipelines.tick()
+        assert list(first.stats) == ["cam"]
+        assert first.stats["cam"].frames == 3
+        assert first.stats["cam"].interval
+        assert first.stats["cam"].stages["infer"].count == 3
+        # The model that served the ended run, and where it ran, outlive the run.
+        assert first.models == {"cam": "face-blazeface"}
+        assert first.reports["face-blazeface"].device == "CPU"
+        second = pipelines.tick()
+        assert second.stats["cam"].frames == 3  # the second run, not lost behind the first
+        assert second.models == {"cam": "face-blazeface"}
+        third = pipelines.tick()
+        assert (third.stats, third.models) == ({}, {})  # and each reported once only
     finally:
         pipelines.close()
