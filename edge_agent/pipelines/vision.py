@@ -198,8 +198,10 @@ class VisionPipeline:
                 self.error = error
             self._done.put(End(seq, error))
             try:
-                self.telemetry.set_dropped(self.source.dropped)
+                # Closed first: a player thread (realtime files, cameras) may drop one more
+                # frame until then, and the count must be the source's last word.
                 self.source.close()
+                self.telemetry.set_dropped(self.source.dropped)
             except Exception as exc:
                 log_event(
                     log,
