@@ -164,7 +164,7 @@ def measure_model(
         if tuned is None:
             # Each grid point gets a short look; the winner is then measured like the rest.
             probe = min(2.0, max(0.25, seconds / 8))
-            say(f"  tuning ONNX Runtime ({probe:.2f} s per setting)")
+            say(f"  tuning ONNX Runtime ({probe:.2f} s per setting, twice)")
             tuned, tried = tune_apart(model, probe)
             notes.append(f"{TUNED_ORT}: {tuned.label()}, best of {tried} settings")
         return run_apart(model, tuned, seconds)
