@@ -237,7 +237,8 @@ class VisionPipeline:
         t0 = time.perf_counter()
         started = t0 - frame.read_s
         # Planning (motion, regions) and fitting here make the "preprocess" stage; the
-        # backend then finds each input already at the model's size and copies nothing.
+        # backend then finds each input already at the model's size and copies nothing
+        # (but a uint8 RGB model's colour swap, openvino_backend.host_swaps_colour).
         item = InFlight(seq, frame, active, started, self._detector.plan(frame, active.image))
         inputs = [self._buffers.take(g) for g in item.calls]
         for geometry, buffer in zip(item.calls, inputs, strict=True):

@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+import cv2
 import numpy as np
+import numpy.typing as npt
 import openvino as ov
 from openvino.preprocess import ColorFormat, PrePostProcessor
 
@@ -40,7 +42,7 @@ from edge_agent.runtime.runs import Slots, ThreadedModel
 
 _PRECISION = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 # Bumped whenever what `_convert` produces changes, so old cached IRs are not reused.
-_PREPARED_LAYOUT = 3
+_PREPARED_LAYOUT = 4  # 4: a uint8 model's RGB order is swapped on the host
 
 # pyopenvino fills its element type -> numpy dtype table in a C++ function-local static on
 # first use, and running that initialiser runs Python (numpy's dtype parsing), which lets
@@ -226,19 +228,33 @@ class OpenVinoBackend:
         return model
 
 
+def host_swaps_colour(spec: ImageInput) -> bool:
+    """Whether frames reach this model's graph in RGB order, swapped on the host.
+
+    In a float model the swap folds into the first layer with the normalisation and costs
+    nothing (face-blazeface: the same FPS under benchmark_app with and without it). A uint8
+    model has nothing for it to fold into: the graph then runs the swap as a layer of its
+    own, and it cost person-ssdlite 5% of its throughput under benchmark_app (287 against
+    303 FPS), against about 20 us a frame for cv2.cvtColor on the host.
+    """
+    return spec.color == "RGB" and spec.element_type == "u8"
+
+
 def _fold_preprocessing(model: ov.Model, spec: ImageInput) -> ov.Model:
-    """Make the model take uint8 BGR NHWC frames of any size, as cameras deliver them."""
+    """Make the model take uint8 NHWC frames of any size, as cameras deliver them: BGR, or
+    RGB where `host_swaps_colour` says the host swaps them."""
     ppp = PrePostProcessor(model)
     inp = ppp.input(spec.name)
     # A static shape at the model's size: the host resizes (see runtime.preprocess).
     # The batch is the model's own: N frames in, N answers out.
+    host_rgb = host_swaps_colour(spec)
     inp.tensor().set_element_type(ov.Type.u8).set_layout(ov.Layout("NHWC")).set_color_format(
-        ColorFormat.BGR
+        ColorFormat.RGB if host_rgb else ColorFormat.BGR
     ).set_shape([spec.shape[0], spec.height, spec.width, 3])
     steps = inp.preprocess()
     if spec.element_type == "f32":
         steps.convert_element_type(ov.Type.f32)
-    if spec.color == "RGB":
+    if spec.color == "RGB" and not host_rgb:
         steps.convert_color(ColorFormat.RGB)
     if spec.element_type == "f32":
         if any(m != 0.0 for m in spec.mean):
@@ -266,6 +282,7 @@ class OpenVinoModel(ThreadedModel):
         self._compiled: Any = compiled
         spec = manifest.input
         self._image = spec.with_shape(report.model_shape) if isinstance(spec, ImageInput) else None
+        self._to_rgb = self._image is not None and host_swaps_colour(self._image)
         # Every name of every output, resolved once; heads pick the one their config names.
         self._names = [(i, sorted(o.get_names())) for i, o in enumerate(compiled.outputs)]
         # As many requests as the device runs in parallel, made on first need.
@@ -275,7 +292,8 @@ class OpenVinoModel(ThreadedModel):
         spec = self._image
         feed = dict(inputs)
         if spec is not None and spec.name in feed:
-            feed[spec.name] = fit_frames(feed[spec.name], spec)
+            frames = fit_frames(feed[spec.name], spec)
+            feed[spec.name] = _to_rgb(frames) if self._to_rgb else frames
         with self._requests.lend() as request:
             try:
                 # Releases the GIL while the engine computes. share_inputs: the request reads
@@ -304,6 +322,14 @@ class OpenVinoModel(ThreadedModel):
         # and the engine's threads for it; this runs on a Python thread, never theirs.
         self._requests.clear()
         self._compiled = None
+
+
+def _to_rgb(frames: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """N BGR frames as RGB, in a new array: the caller's frames may be its own buffers."""
+    out = np.empty_like(frames)
+    for i in range(frames.shape[0]):
+        cv2.cvtColor(frames[i], cv2.COLOR_BGR2RGB, dst=out[i])
+    return out
 
 
 def _failed(exc: BaseException) -> EdgeAgentError:

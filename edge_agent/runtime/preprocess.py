@@ -9,9 +9,11 @@ frame into person-ssdlite, PrePostProcessor resize (and pad, which it does only
 on float tensors) made each call 1.1-1.7 ms slower than the host's 0.4 ms fit
 (tools/bench_detect.py), and one graph cannot crop the tiles and regions. Colour
 order, element type, normalisation and layout are folded into the OpenVINO
-graph (see openvino_backend), where they fuse into the first layer; this
-numpy version of them serves ONNX Runtime and is the reference the two are
-tested against.
+graph (see openvino_backend), where they fuse into the first layer; a uint8
+model's RGB order is the exception, swapped on the host, as the graph has no
+layer to fuse it into (`openvino_backend.host_swaps_colour`). This numpy
+version of them serves ONNX Runtime and is the reference the two are tested
+against.
 
 On a small model the host's share is large, so each channel is written once,
 straight into the output tensor, instead of building four intermediate

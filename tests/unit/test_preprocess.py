@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from edge_agent.catalog.manifest import ImageInput
 from edge_agent.errors import EdgeAgentError
+from edge_agent.runtime.openvino_backend import host_swaps_colour
 from edge_agent.runtime.preprocess import (
     center_crop,
     fit_frame,
@@ -343,3 +344,24 @@ def test_text_orientation_folding_matches_onnxruntime(compiled: CompileFn) -> No
         a = ov_model.infer({spec.name: frame[None]})["fetch_name_0"]
         b = ort_model.infer({spec.name: frame[None]})["fetch_name_0"]
         np.testing.assert_allclose(_f64(a), _f64(b), atol=1e-4, err_msg=name)
+
+
+def test_uint8_rgb_model_gets_rgb_frames_swapped_on_the_host(compiled: CompileFn) -> None:
+    # person-ssdlite takes uint8 RGB: the swap is the host's (host_swaps_colour), not a
+    # layer of the graph, and what reaches the model must be the RGB frame all the same.
+    model, resolved = compiled("person-ssdlite", precision="f32")
+    spec = resolved.manifest.input
+    assert isinstance(spec, ImageInput)
+    assert (spec.layout, spec.element_type, spec.color) == ("NHWC", "u8", "RGB")
+    assert host_swaps_colour(spec)
+    frame = bgr(sample("astronaut"))
+    before = frame.copy()
+    got = model.infer({spec.name: frame[None]})
+    assert np.array_equal(frame, before)  # the caller's frame is left as it was
+    reference = _raw_openvino(resolved.path, {spec.name: frame_tensor(frame, spec)})
+    wrong = _raw_openvino(resolved.path, {spec.name: frame_tensor(frame[:, :, ::-1], spec)})
+    scores = "detection_scores:0"
+    assert got[scores].shape == reference[scores].shape
+    np.testing.assert_allclose(_f64(got[scores]), _f64(reference[scores]), atol=1e-4)
+    # The comparison can tell: the other colour order scores the astronaut differently.
+    assert float(np.abs(_f64(wrong[scores]) - _f64(reference[scores])).max()) > 1e-2
