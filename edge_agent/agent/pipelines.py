@@ -56,7 +56,7 @@ class _Running:
     fresh_at: float = field(default_factory=time.monotonic)
     retry_s: float = _RETRY_MIN_S
     ended: bool = False
-    """The current handle's run is over and its last interval taken (see `_run`)."""
+    """The current handle's run is over: ticks leave it to its last interval (see `_run`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,13 +193,18 @@ class Pipelines:
             log_crash(log, "pipeline_crashed", pipeline=spec.id)
             crashed = f"crashed: {exc}"
         finally:
-            model = self._serving_model(entry)
-            report = self.pool.reports().get(model)  # before close() gives the model back
+            with self._lock:
+                # The model that served, and its report, before close() gives the model
+                # back to the pool (which then forgets the report); under the lock `tick`
+                # reads the pool under, so a run `tick` finds not ended holds its model.
+                entry.ended = True
+                model = self._serving_model(entry)
+                report = self.pool.reports().get(model)
             handle.close()
         with self._lock:
-            # What the run did since the last telemetry tick: a file that plays out between
-            # two ticks (or a camera that fails) would otherwise never be reported at all.
-            entry.ended = True
+            # What the run did since the last telemetry tick (closing included): a file that
+            # plays out between two ticks, or a camera that fails, would otherwise never be
+            # reported at all. A tick meanwhile leaves it out; the next one has all of it.
             last = _Ended(handle.telemetry.interval(), model, report)
             self._last_intervals.setdefault(spec.id, deque()).append(last)
         error = handle.pipeline.error
@@ -384,6 +389,7 @@ class Pipelines:
         ended_reports: dict[str, CompileReport] = {}
         now = time.monotonic()
         with self._lock:  # against `_run` taking a last interval at the same moment
+            held = self.pool.reports()  # every run not yet ended holds its model
             for pipeline_id, ended in list(self._last_intervals.items()):
                 last = ended.popleft()
                 if not ended:
@@ -402,7 +408,7 @@ class Pipelines:
                 if snapshot.frames > 0:
                     entry.fresh_at = now
         # What serves now wins over what served a run that has ended.
-        return Tick(stats, models, {**ended_reports, **self.pool.reports()})
+        return Tick(stats, models, {**ended_reports, **held})
 
     def stale(self, max_age_s: float) -> list[str]:
         """Running pipelines that look wedged: the thread died, or a file source made no

@@ -54,3 +54,50 @@ def test_the_last_interval_of_an_ended_run_is_reported_once_and_in_order(
         assert (third.stats, third.models) == ({}, {})  # and each reported once only
     finally:
         pipelines.close()
+
+
+def test_every_tick_names_the_model_of_each_pipeline_it_reports_and_loses_no_frame(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # Ticks taken without pause while runs end: a run closing (giving its model back to
+    # the pool) while a tick read it as running once left that tick with figures and no
+    # model, and no tick may miss or repeat a frame either.
+    runs = 12
+    ended = threading.Event()
+
+    def on_event(event: AgentEvent | DetectionEvent) -> None:
+        if event.kind in ("pipeline_failed", "pipeline_stopped"):
+            ended.set()
+
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
+    done = threading.Event()
+    unnamed: list[str] = []
+    frames = [0]
+
+    def tick_once() -> None:
+        tick = pipelines.tick()
+        for pipeline_id, stats in tick.stats.items():
+            frames[0] += stats.frames
+            model = tick.models.get(pipeline_id)
+            if stats.frames and (model is None or model not in tick.reports):
+                unnamed.append(f"{pipeline_id}: {stats.frames} frames, model {model}")
+
+    def ticker() -> None:
+        while not done.is_set():
+            tick_once()
+
+    thread = threading.Thread(target=ticker, name="ticker")
+    thread.start()
+    try:
+        for _ in range(runs):
+            ended.clear()
+            pipelines.start(spec, persist=False)
+            assert ended.wait(60), "the pipeline never ended"
+            pipelines.stop("cam")
+    finally:
+        done.set()
+        thread.join()
+        tick_once()  # whatever ended after the ticker's last look
+        pipelines.close()
+    assert not unnamed, unnamed
+    assert frames[0] == 3 * runs
