@@ -322,7 +322,11 @@ def benchmark_app(
     duration_s = float(grab(r"Duration:\s+([\d.]+) ms", out)) / 1e3
     requests = re.search(r"asynchronously, (\d+) inference requests", out)
     percentile = "95 percentile" if hint == "latency" else "Median"
-    latency = float(grab(rf"{percentile}:\s+([\d.]+) ms", out))
+    # benchmark_app prints a latency under a millisecond in "us" and the rest in "ms".
+    found = re.search(rf"{percentile}:\s+([\d.]+) (ms|us)", out)
+    if found is None:
+        raise MeasureError(f"tool output has no {percentile} latency")
+    latency = float(found.group(1)) / (1e3 if found.group(2) == "us" else 1.0)
     return Run(
         fps=iterations / duration_s,
         p50_ms=None if hint == "latency" else latency,

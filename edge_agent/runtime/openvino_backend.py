@@ -129,7 +129,7 @@ class OpenVinoBackend:
                 precision, per_device, {d: self._capabilities(d) for d in per_device}
             ),
             hint=options.hint,
-            requests=int(_prop(compiled, "OPTIMAL_NUMBER_OF_INFER_REQUESTS", 1)),
+            requests=options.requests or _pool_size(compiled, options.hint),
             compile_s=time.perf_counter() - started,
             from_cache=bool(_prop(compiled, "LOADED_FROM_CACHE", False)),
             model_shape=model_shape,
@@ -140,7 +140,7 @@ class OpenVinoBackend:
                 for i in compiled.inputs
             },
         )
-        return OpenVinoModel(compiled, manifest, report, options.requests)
+        return OpenVinoModel(compiled, manifest, report)
 
     def _absent(self, candidate: str) -> str:
         """Why a device is missing, when its plugin says (a driver not installed, say)."""
@@ -273,10 +273,8 @@ class OpenVinoModel(ThreadedModel):
     sharing this model through the pool never meet on one request.
     """
 
-    def __init__(
-        self, compiled: Any, manifest: Manifest, report: CompileReport, requests: int | None
-    ) -> None:
-        size = requests or report.requests
+    def __init__(self, compiled: Any, manifest: Manifest, report: CompileReport) -> None:
+        size = report.requests
         super().__init__(manifest.name, size)
         self.report = report
         self._compiled: Any = compiled
@@ -285,7 +283,7 @@ class OpenVinoModel(ThreadedModel):
         self._to_rgb = self._image is not None and host_swaps_colour(self._image)
         # Every name of every output, resolved once; heads pick the one their config names.
         self._names = [(i, sorted(o.get_names())) for i, o in enumerate(compiled.outputs)]
-        # As many requests as the device runs in parallel, made on first need.
+        # As many requests as the report says (`_pool_size`), made on first need.
         self._requests: Slots[Any] = Slots(compiled.create_infer_request, size)
 
     def _run(self, inputs: Mapping[str, Tensor]) -> Tensors:
@@ -322,6 +320,22 @@ class OpenVinoModel(ThreadedModel):
         # and the engine's threads for it; this runs on a Python thread, never theirs.
         self._requests.clear()
         self._compiled = None
+
+
+def _pool_size(compiled: Any, hint: str) -> int:
+    """How many infer requests (and worker threads) a model runs with when none is asked for.
+
+    Under the throughput hint, two per request the device runs in parallel. Each run holds
+    its request from start to end on a Python worker, sync, so between two runs a stream
+    waits while the worker copies the outputs, hands them on and takes the next run; a
+    second request per stream has its run queued in the engine already, and the stream goes
+    straight on to it, as benchmark_app's callbacks restart a request from inside the
+    engine. Measured on 2 cores with alternating rounds: person-ssdlite 342 against 332 FPS,
+    text-orientation 1,812 against 1,783, text-det-ppocr 99.3 against 97.4. Under the latency
+    hint one run at a time is the point, and a queued second run would only wait.
+    """
+    optimal = int(_prop(compiled, "OPTIMAL_NUMBER_OF_INFER_REQUESTS", 1))
+    return 2 * optimal if hint == "throughput" else optimal
 
 
 def _to_rgb(frames: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:

@@ -106,6 +106,43 @@ def test_a_free_slot_admits_at_once_and_close_turns_waiters_away() -> None:
         runs.start(queued=True)
 
 
+def test_a_full_queue_lets_its_waiters_in_at_half_and_then_all_that_fit() -> None:
+    runs = Runs("model", queue_limit=4)
+    for _ in range(4):
+        runs.start(queued=True)
+    admitted = threading.Semaphore(0)
+    turned_away: list[EdgeAgentError] = []
+
+    def blocked() -> None:
+        try:
+            runs.start(queued=True)
+        except EdgeAgentError as exc:
+            turned_away.append(exc)
+            return
+        admitted.release()
+
+    waiters = [threading.Thread(target=blocked, daemon=True) for _ in range(3)]
+    for thread in waiters:
+        thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while runs.waiting < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    runs.finish(queued=True)  # 3 of 4 queued: above half, nobody is woken yet
+    assert not admitted.acquire(timeout=0.2), "a waiter came in above the low-water mark"
+    assert runs.waiting == 3
+    runs.finish(queued=True)  # 2 of 4: the head comes in, and the next one after it
+    assert admitted.acquire(timeout=WAIT_S)
+    assert admitted.acquire(timeout=WAIT_S)
+    assert not admitted.acquire(timeout=0.2), "a third waiter came in past the limit"
+    assert runs.in_flight == 4
+    assert runs.waiting == 1
+    runs.close(timeout=0)  # turns the last waiter away
+    for thread in waiters:
+        thread.join(WAIT_S)
+    assert len(turned_away) == 1
+
+
 class _Engine(ThreadedModel):
     """A model whose runs take as long as the test says: `gate` lets them end."""
 
