@@ -3,7 +3,8 @@
 For each model, in one run, on the CPU:
 
 1. `edge-agent bench --backend openvino --hint throughput` (the agent's own path, with the
-   frame preprocessing folded into the graph);
+   frame preprocessing folded into the graph; `--hint latency` runs it and every step below
+   that has a hint under the latency hint instead);
 2. OpenVINO's `benchmark_app -hint throughput` on the same model file and input shape;
 2b. `benchmark_app` on edge-agent's own graph of the model (the frame preprocessing folded
    in, fed uint8 frames), saved as an IR: against 2 it is what the folding costs, against 1
@@ -30,6 +31,7 @@ Run it from the checkout, with the models already fetched:
     EDGE_AGENT_CACHE=/tmp/eacache python tools/bench_runtime.py
     python tools/bench_runtime.py --models text-orientation --compare onnxruntime --time 30
     python tools/bench_runtime.py --models text-det-ppocr --precision f32 --json out.json
+    python tools/bench_runtime.py --hint latency --compare openvino
 
 `--precision` forces the precision everywhere (`--precision`, `-infer_precision` and
 INFERENCE_PRECISION_HINT); without it each one runs at the device default. ONNX Runtime runs
@@ -142,6 +144,7 @@ def measure_model(
     precision: str | None,
     home: str,
     say: Say,
+    hint: str = "throughput",
 ) -> tuple[dict[str, Measurement], list[str]]:
     """Every measurement of one model, alternating their order round by round.
 
@@ -178,13 +181,13 @@ def measure_model(
         nonlocal folded
         if folded is None:
             folded = folded_graph(model, Path(home))
-        return benchmark_app(folded, seconds, precision, home)
+        return benchmark_app(folded, seconds, precision, home, hint)
 
     steps: dict[str, Callable[[], Run]] = {
-        EDGE_OV: lambda: edge_agent_bench(model, "openvino", seconds, precision),
-        BENCHMARK_APP: lambda: benchmark_app(model, seconds, precision, home),
+        EDGE_OV: lambda: edge_agent_bench(model, "openvino", seconds, precision, hint),
+        BENCHMARK_APP: lambda: benchmark_app(model, seconds, precision, home, hint),
         FOLDED_APP: folded_run,
-        EDGE_ORT: lambda: edge_agent_bench(model, "onnxruntime", seconds, precision),
+        EDGE_ORT: lambda: edge_agent_bench(model, "onnxruntime", seconds, precision, hint),
         TUNED_ORT: tuned_run,
         NAIVE: naive_run,
     }
@@ -262,6 +265,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--precision", choices=("f32", "bf16", "f16"), default=None)
     parser.add_argument(
+        "--hint",
+        choices=("throughput", "latency"),
+        default="throughput",
+        help="the performance hint edge-agent and benchmark_app both run under; the naive "
+        "loop and the tuned ONNX Runtime session have none",
+    )
+    parser.add_argument(
         "--shape", action="append", default=[], help="MODEL=1,3,736,736 (default: the manifest's)"
     )
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
@@ -279,9 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     console.print(
         f"{rounds} round(s) of {seconds} s per measurement; precision: "
-        f"{args.precision or 'device default'}"
+        f"{args.precision or 'device default'}; hint: {args.hint}"
     )
-    report.update(seconds_per_run=seconds, rounds=rounds, precision=args.precision, models={})
+    report.update(
+        seconds_per_run=seconds, rounds=rounds, precision=args.precision, hint=args.hint, models={}
+    )
     status_code = 0
     with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
         home = quiet_home(Path(tmp))
@@ -294,7 +306,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 status_code = 2
                 continue
             measurements, notes = measure_model(
-                model, COMPARE[args.compare], seconds, rounds, args.precision, home, status.print
+                model,
+                COMPARE[args.compare],
+                seconds,
+                rounds,
+                args.precision,
+                home,
+                status.print,
+                args.hint,
             )
             found = ratios(name, measurements)
             shape = "x".join(str(d) for d in model.shape)

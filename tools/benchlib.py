@@ -271,11 +271,15 @@ def in_rounds(
 
 
 def edge_agent_bench(
-    model: ModelUnderTest, backend: str, seconds: int, precision: str | None
+    model: ModelUnderTest,
+    backend: str,
+    seconds: int,
+    precision: str | None,
+    hint: str = "throughput",
 ) -> Run:
-    """`edge-agent bench --json --hint throughput` in its own process."""
+    """`edge-agent bench --json --hint HINT` in its own process."""
     argv = [str(BIN / "edge-agent"), "bench", "--model", model.name, "--backend", backend]
-    argv += ["--hint", "throughput", "--time", str(seconds), "--json"]
+    argv += ["--hint", hint, "--time", str(seconds), "--json"]
     if precision is not None:
         argv += ["--precision", precision]
     if model.shape_overridden:
