@@ -77,8 +77,7 @@ class Catalog:
         `model.toml`): the runtime must know how to feed it and how to read its outputs.
         """
         candidate = Path(name_or_path)
-        looks_like_path = candidate.suffix.lower() in _FORMATS or "/" in name_or_path
-        if not looks_like_path:
+        if not looks_like_path(name_or_path):
             installed = self.store.current(name_or_path) if self.store is not None else None
             if installed is not None:
                 return installed
@@ -103,3 +102,8 @@ class Catalog:
             "write one like models/*.toml, naming its input and head, to run it",
             code="model.incompatible",
         )
+
+
+def looks_like_path(name_or_path: str) -> bool:
+    """Whether a `--model` value names a file (a known suffix, or a folder in it), not a model."""
+    return Path(name_or_path).suffix.lower() in _FORMATS or "/" in name_or_path

@@ -39,7 +39,9 @@ def register(commands: Any) -> None:
     fetch.add_argument("names", nargs="*", help="model names (default: all)")
     fetch.set_defaults(run=run_fetch)
     info = verbs.add_parser("info", help="show a manifest and the local path of its file")
-    info.add_argument("name")
+    info.add_argument(
+        "name", help="reference model name, or a model file with its manifest beside it"
+    )
     info.set_defaults(run=run_info)
 
     install = verbs.add_parser(
@@ -218,12 +220,20 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    from edge_agent.catalog.catalog import looks_like_path
+
     cat = catalog(args)
-    manifest = cat.manifest(args.name)
-    fetched = cat.is_fetched(args.name)
+    if looks_like_path(args.name):
+        # A model file with its manifest beside it, as `bench --model` and `infer` take one
+        # (a calibrated model, say); resolving a path never fetches anything.
+        resolved = cat.resolve(args.name)
+        manifest, path, fetched = resolved.manifest, resolved.path, True
+    else:
+        manifest = cat.manifest(args.name)
+        path, fetched = cat.local_path(args.name), cat.is_fetched(args.name)
     info = {
         "manifest": manifest.model_dump(mode="json"),
-        "path": str(cat.local_path(args.name)),
+        "path": str(path),
         "fetched": fetched,
     }
     print(json.dumps(info, indent=2))

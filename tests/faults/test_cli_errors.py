@@ -200,6 +200,23 @@ def test_models_list_and_info() -> None:
     assert Path(info["path"]).is_file()
 
 
+def test_models_info_takes_a_model_file_with_its_manifest(tmp_path: Path) -> None:
+    # A calibrated model is a file with its manifest beside it; `bench --model` takes one,
+    # and so must `models info` (tools/bench_runtime.py asks it where the file is).
+    reference = json.loads(edge_agent("models", "info", "vad-silero").stdout)
+    model = tmp_path / "model.onnx"
+    shutil.copyfile(reference["path"], model)
+    shutil.copyfile(
+        Path(__file__).parents[2] / "models" / "vad-silero.toml", tmp_path / "model.toml"
+    )
+    info = json.loads(edge_agent("models", "info", str(model)).stdout)
+    assert info["path"] == str(model)
+    assert info["manifest"]["head"]["type"] == "vad"
+    assert info["fetched"] is True
+    missing = edge_agent("models", "info", str(tmp_path / "other.onnx"))
+    assert assert_one_line_error(missing, "does not exist") == "model.not_found"
+
+
 @pytest.mark.parametrize("seconds", ["0", "-1", "nan", "soon"])
 def test_bench_time_must_be_positive(seconds: str) -> None:
     proc = edge_agent("bench", "--model", "text-orientation", "--time", seconds)
