@@ -32,6 +32,7 @@ Run it from the checkout, with the models already fetched:
     python tools/bench_runtime.py --models text-orientation --compare onnxruntime --time 30
     python tools/bench_runtime.py --models text-det-ppocr --precision f32 --json out.json
     python tools/bench_runtime.py --hint latency --compare openvino
+    python tools/bench_runtime.py --models /path/to/calibrated/model.xml  # calibrate's --out
 
 `--precision` forces the precision everywhere (`--precision`, `-infer_precision` and
 INFERENCE_PRECISION_HINT); without it each one runs at the device default. ONNX Runtime runs
@@ -199,14 +200,21 @@ def measure_model(
 
 def folded_graph(model: ModelUnderTest, folder: Path) -> ModelUnderTest:
     """edge-agent's own graph of `model`, preprocessing folded in, as an IR benchmark_app reads."""
-    from edge_agent.catalog.catalog import Catalog, default_models_dir
+    from edge_agent.catalog.catalog import Catalog, default_models_dir, looks_like_path
     from edge_agent.catalog.manifest import ImageInput
     from edge_agent.errors import EdgeAgentError
     from edge_agent.runtime.base import RuntimeOptions
     from edge_agent.runtime.openvino_backend import OpenVinoBackend
 
     try:
-        manifest = Catalog(default_models_dir(), folder).manifest(model.name)
+        catalog = Catalog(default_models_dir(), folder)
+        # A model file (calibration's output) carries its manifest beside it; resolving a
+        # path reads that, and never fetches.
+        manifest = (
+            catalog.resolve(model.name).manifest
+            if looks_like_path(model.name)
+            else catalog.manifest(model.name)
+        )
         spec = manifest.input
         if not isinstance(spec, ImageInput):
             raise MeasureError(f"{model.name} is not an image model")
