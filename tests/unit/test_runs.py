@@ -70,27 +70,39 @@ def test_queued_runs_are_served_in_arrival_order() -> None:
         assert _served_order() == [f"t{i}" for i in range(6)] + ["late"]
 
 
+def _queue_up(
+    runs: Runs, count: int
+) -> tuple[list[threading.Thread], threading.Semaphore, list[EdgeAgentError]]:
+    """`count` threads blocked in `runs.start(queued=True)`, all in line on return; each
+    releases the semaphore when let in, or keeps the error it was turned away with."""
+    admitted = threading.Semaphore(0)
+    turned_away: list[EdgeAgentError] = []
+
+    def blocked() -> None:
+        try:
+            runs.start(queued=True)
+        except EdgeAgentError as exc:
+            turned_away.append(exc)
+            return
+        admitted.release()
+
+    waiters = [threading.Thread(target=blocked, daemon=True) for _ in range(count)]
+    for thread in waiters:
+        thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while runs.waiting < count:
+        assert time.monotonic() < deadline, "a submitter never queued"
+        time.sleep(0.001)
+    return waiters, admitted, turned_away
+
+
 def test_a_free_slot_admits_at_once_and_close_turns_waiters_away() -> None:
     runs = Runs("model", queue_limit=2)
     started = time.perf_counter()
     runs.start(queued=True)
     runs.start(queued=True)
     assert time.perf_counter() - started < 0.05, "an uncontended start must not wait"
-    errors: list[EdgeAgentError] = []
-
-    def blocked() -> None:
-        try:
-            runs.start(queued=True)
-        except EdgeAgentError as exc:
-            errors.append(exc)
-
-    waiters = [threading.Thread(target=blocked, daemon=True) for _ in range(3)]
-    for thread in waiters:
-        thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while runs.waiting < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
+    waiters, _, errors = _queue_up(runs, 3)
     closer = threading.Thread(target=runs.close, daemon=True)
     closer.start()
     for thread in waiters:
@@ -110,24 +122,7 @@ def test_a_full_queue_lets_its_waiters_in_at_half_and_then_all_that_fit() -> Non
     runs = Runs("model", queue_limit=4)
     for _ in range(4):
         runs.start(queued=True)
-    admitted = threading.Semaphore(0)
-    turned_away: list[EdgeAgentError] = []
-
-    def blocked() -> None:
-        try:
-            runs.start(queued=True)
-        except EdgeAgentError as exc:
-            turned_away.append(exc)
-            return
-        admitted.release()
-
-    waiters = [threading.Thread(target=blocked, daemon=True) for _ in range(3)]
-    for thread in waiters:
-        thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while runs.waiting < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
+    waiters, admitted, turned_away = _queue_up(runs, 3)
     runs.finish(queued=True)  # 3 of 4 queued: above half, nobody is woken yet
     assert not admitted.acquire(timeout=0.2), "a waiter came in above the low-water mark"
     assert runs.waiting == 3
