@@ -332,7 +332,8 @@ def _pool_size(compiled: Any, hint: str) -> int:
     straight on to it, as benchmark_app's callbacks restart a request from inside the
     engine. Measured on 2 cores with alternating rounds: person-ssdlite 342 against 332 FPS,
     text-orientation 1,812 against 1,783, text-det-ppocr 99.3 against 97.4. Under the latency
-    hint one run at a time is the point, and a queued second run would only wait.
+    hint all cores serve one run, so there is no idle stream to fill: a second request
+    measured no gain there (face-blazeface 0.87x of benchmark_app with it, 0.89x without).
     """
     optimal = int(_prop(compiled, "OPTIMAL_NUMBER_OF_INFER_REQUESTS", 1))
     return 2 * optimal if hint == "throughput" else optimal

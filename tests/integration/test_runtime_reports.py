@@ -42,6 +42,22 @@ def test_default_precision_is_the_devices_and_needs_no_note(
         assert model.report.precision_note == ""
 
 
+@pytest.mark.parametrize(("hint", "per_stream"), [("throughput", 2), ("latency", 1)])
+def test_requests_are_two_per_parallel_stream_under_the_throughput_hint(
+    resolve: Resolve, cache_dir: Path, hint: str, per_stream: int
+) -> None:
+    resolved = resolve(ORIENTATION)
+    config = {"PERFORMANCE_HINT": hint.upper()}
+    optimal = ov.Core().compile_model(str(resolved.path), "CPU", config)
+    streams = int(optimal.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    with _compile(resolve, cache_dir, hint=hint) as model:
+        assert model.report.requests == per_stream * streams
+        # And the model runs that many at once: a bench keeps them all busy.
+        assert run_bench(model, resolved.manifest, 0.3).iterations > model.report.requests
+    with _compile(resolve, cache_dir, hint=hint, requests=3) as model:
+        assert model.report.requests == 3  # an explicit count is taken as it is
+
+
 def test_honoured_precision_has_no_note(resolve: Resolve, cache_dir: Path) -> None:
     with _compile(resolve, cache_dir, precision="f32") as model:
         assert (model.report.precision, model.report.precision_requested) == ("f32", "f32")
