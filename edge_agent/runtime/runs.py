@@ -13,11 +13,12 @@ lends out engine objects (OpenVINO infer requests) one caller at a time.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Generic, Self, TypeVar
@@ -204,6 +205,65 @@ class Slots(Generic[T]):
             self._free.clear()
 
 
+class Workers:
+    """`count` threads that run the jobs put to them, in order, until `stop`.
+
+    What `ThreadPoolExecutor` does, less what a model's runs never use: no Future, and no
+    pure-Python semaphore on each submit. Its per-run bookkeeping held the GIL for a
+    visible share of a small model's run: text-orientation on ONNX Runtime, 2 cores,
+    alternating 4 s rounds against two threads calling `run` themselves: 0.90-0.94x
+    through the executor, 0.93-0.98x through this.
+
+    The threads are not daemons, so a run in the engine is never cut off by the
+    interpreter's exit; like the executor's, they are told to stop when the interpreter
+    begins to exit, and finish the jobs already given first.
+    """
+
+    def __init__(self, count: int, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[object, ...]] | None]
+        self._jobs = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"{name}-{i}") for i in range(count)
+        ]
+        self._stopped = False
+        _LIVE.add(self)
+        for thread in self._threads:
+            thread.start()
+
+    def put(self, job: Callable[..., None], *args: object) -> None:
+        self._jobs.put((job, args))
+
+    def _serve(self) -> None:
+        get = self._jobs.get
+        while (item := get()) is not None:
+            job, args = item
+            job(*args)  # jobs catch their own exceptions (ThreadedModel._work)
+
+    def stop(self, wait: bool) -> None:
+        """Let each thread finish the jobs before this call, then end; `wait` joins them."""
+        if not self._stopped:
+            self._stopped = True
+            for _ in self._threads:
+                self._jobs.put(None)
+        if wait:
+            for thread in self._threads:
+                if thread is not threading.current_thread():
+                    thread.join()
+
+
+_LIVE: weakref.WeakSet[Workers] = weakref.WeakSet()
+
+
+def _stop_all() -> None:
+    for workers in list(_LIVE):
+        workers.stop(wait=False)
+
+
+# Before the interpreter joins its non-daemon threads (atexit would be too late: it runs
+# after that join, which would wait forever on idle workers). concurrent.futures does the same.
+threading._register_atexit(_stop_all)  # type: ignore[attr-defined]
+
+
 CLOSE_WAIT_S = 10.0
 """How long `close` waits for runs in flight. A run still going after it is stuck in the
 engine (a pipeline gives up on one after stopping.ENGINE_STALL_S): the model is left to it,
@@ -224,7 +284,7 @@ class ThreadedModel:
         self._workers = max(1, workers)
         # Two runs queued per worker keep each busy; more would only grow memory.
         self._runs = Runs(name, queue_limit=2 * self._workers)
-        self._pool: ThreadPoolExecutor | None = None  # made on the first submit
+        self._pool: Workers | None = None  # made on the first submit
         self._pool_lock = threading.Lock()
         self._local = threading.local()  # `in_done` is set while a worker runs a `done`
 
@@ -242,10 +302,16 @@ class ThreadedModel:
     def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
         self._runs.start(queued=True)  # blocks while the workers have enough queued
         try:
-            with self._pool_lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="infer")
-                self._pool.submit(self._work, inputs, done, userdata)
+            pool = self._pool
+            if pool is None:
+                with self._pool_lock:
+                    if self._pool is None:
+                        self._pool = Workers(self._workers, "infer")
+                        # A model dropped without `close` must not leave its threads idle
+                        # until the process ends.
+                        weakref.finalize(self, self._pool.stop, False)
+                    pool = self._pool
+            pool.put(self._work, inputs, done, userdata)
         except BaseException:
             self._runs.finish(queued=True)
             raise
@@ -287,10 +353,10 @@ class ThreadedModel:
                 waited_s=CLOSE_WAIT_S,
             )
             if pool is not None:
-                pool.shutdown(wait=False)
+                pool.stop(wait=False)
             return
         if pool is not None:
-            pool.shutdown(wait=True)
+            pool.stop(wait=True)
         self._release()
 
     def __enter__(self) -> Self:
