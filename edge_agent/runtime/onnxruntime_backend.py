@@ -15,6 +15,7 @@ folds in, on the worker threads so it overlaps with other runs.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -147,6 +148,9 @@ class OnnxRuntimeModel(ThreadedModel):
         self._session: ort.InferenceSession | None = session
         self._spec = spec
         self._output_names = [o.name for o in session.get_outputs()]
+        # Each worker's last input tensor, written over by its next run: `run` is done
+        # with its inputs when it returns, and the worker runs one at a time.
+        self._buffers = threading.local()
 
     def _run(self, inputs: Mapping[str, Tensor]) -> Tensors:
         session = self._session
@@ -154,7 +158,9 @@ class OnnxRuntimeModel(ThreadedModel):
         spec = self._spec
         feed = dict(inputs)
         if isinstance(spec, ImageInput) and spec.name in feed:
-            feed[spec.name] = frames_tensor(feed[spec.name], spec)
+            buffers = self._buffers
+            tensor = frames_tensor(feed[spec.name], spec, getattr(buffers, "tensor", None))
+            feed[spec.name] = buffers.tensor = tensor
         try:
             values = session.run(self._output_names, feed)  # thread-safe; releases the GIL
         except Exception as exc:  # ORT raises its own exception types for bad feeds
