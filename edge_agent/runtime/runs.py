@@ -220,7 +220,7 @@ class Workers:
     """
 
     def __init__(self, count: int, name: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[object, ...]] | None]
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., object], tuple[object, ...]] | None]
         self._jobs = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._serve, name=f"{name}-{i}") for i in range(count)
@@ -230,7 +230,7 @@ class Workers:
         for thread in self._threads:
             thread.start()
 
-    def put(self, job: Callable[..., None], *args: object) -> None:
+    def put(self, job: Callable[..., object], *args: object) -> None:
         self._jobs.put((job, args))
 
     def _serve(self) -> None:
@@ -238,6 +238,8 @@ class Workers:
         while (item := get()) is not None:
             job, args = item
             job(*args)  # jobs catch their own exceptions (ThreadedModel._work)
+            # Idle in `get`, the last job must not keep its model (and so these threads) alive.
+            del item, job, args
 
     def stop(self, wait: bool) -> None:
         """Let each thread finish the jobs before this call, then end; `wait` joins them."""

@@ -6,6 +6,8 @@ the waiters get in is exactly the order they are served in.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -180,3 +182,56 @@ def test_close_leaves_a_stuck_run_behind_after_its_bound(monkeypatch: pytest.Mon
     with pytest.raises(EdgeAgentError):
         engine.submit({}, lambda outputs, userdata, seconds: None, None)  # closed all the same
     engine.gate.set()  # the stuck run ends after all: nothing is left to break
+
+
+def _infer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("infer-")]
+
+
+def test_workers_run_jobs_in_order_and_finish_them_before_they_stop() -> None:
+    workers = runs_module.Workers(1, "infer")
+    done: list[int] = []
+    gate = threading.Event()
+    workers.put(gate.wait, WAIT_S)  # holds the one thread while the rest queue up
+    for i in range(5):
+        workers.put(done.append, i)
+    gate.set()
+    workers.stop(wait=True)
+    assert done == [0, 1, 2, 3, 4], "every job given before stop ran, in order"
+    workers.stop(wait=True)  # a second stop is harmless
+
+
+def test_a_model_dropped_without_close_ends_its_threads() -> None:
+    before = set(_infer_threads())
+    engine = _Engine()
+    engine.gate.set()
+    finished = threading.Event()
+    engine.submit({}, lambda outputs, userdata, seconds: finished.set(), None)
+    assert finished.wait(WAIT_S)
+    mine = [t for t in _infer_threads() if t not in before]
+    assert mine, "the submit started a worker"
+    engine.wait()
+    del engine
+    for thread in mine:
+        thread.join(WAIT_S)
+        assert not thread.is_alive(), "a dropped model's worker outlived it"
+
+
+def test_the_interpreter_exits_with_a_model_left_open() -> None:
+    # The workers are not daemons (a run is never cut off in the engine), so unless they
+    # are told to stop as the interpreter exits, it would wait on them forever.
+    code = (
+        "import threading\n"
+        "from edge_agent.runtime.runs import ThreadedModel\n"
+        "class M(ThreadedModel):\n"
+        "    def _run(self, inputs):\n"
+        "        return {}\n"
+        "KEEP = M('m', 2)\n"
+        "KEEP.submit({}, lambda o, u, s: print('ran', flush=True), None)\n"
+        "KEEP.wait()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ran\n"
