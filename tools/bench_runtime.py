@@ -160,6 +160,8 @@ def measure_model(
         for kind in (EDGE_ORT, TUNED_ORT):
             if kind in measurements:
                 measurements[kind].skipped = f"ONNX Runtime cannot read a {model.format} model"
+    if not model.image and FOLDED_APP in measurements:
+        measurements[FOLDED_APP].skipped = "an audio model: no frame preprocessing to fold"
     naive: NaiveLoop | None = None
     tuned: OrtConfig | None = None
     folded: ModelUnderTest | None = None
@@ -316,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in args.models:
             status.print(f"[bold]{name}[/]")
             try:
-                model = describe(name, shapes.get(name))
+                model = describe(name, shapes.get(name), audio=True)
             except MeasureError as exc:
                 status.print(f"[red]error:[/] {name}: {exc}")
                 status_code = 2

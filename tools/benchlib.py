@@ -153,14 +153,22 @@ class ModelUnderTest:
     input_name: str
     shape: tuple[int, ...]
     shape_overridden: bool = False
+    image: bool = True
+    """False for an audio model (vad-silero): its other inputs (the state) keep their shapes."""
 
     def as_file(self, path: Path) -> ModelUnderTest:
         """The same input, from an IR file (its name is its path, for edge-agent)."""
-        return ModelUnderTest(str(path), path, "ir", self.input_name, self.shape)
+        return ModelUnderTest(str(path), path, "ir", self.input_name, self.shape, image=self.image)
 
 
-def describe(name: str, shape: tuple[int, ...] | None = None) -> ModelUnderTest:
-    """Ask `edge-agent models info` where the model file is and what its input looks like."""
+def describe(
+    name: str, shape: tuple[int, ...] | None = None, audio: bool = False
+) -> ModelUnderTest:
+    """Ask `edge-agent models info` where the model file is and what its input looks like.
+
+    Args:
+        audio: take an audio model too (its input: one window of samples with context).
+    """
     out = run_command([str(BIN / "edge-agent"), "models", "info", name])
     try:
         info: dict[str, Any] = json.loads(out)
@@ -168,17 +176,25 @@ def describe(name: str, shape: tuple[int, ...] | None = None) -> ModelUnderTest:
         spec = manifest["input"]
     except (json.JSONDecodeError, KeyError, TypeError):
         raise MeasureError(f"edge-agent models info {name} printed no manifest") from None
-    if spec.get("kind") != "image":
-        raise MeasureError(f"{name} is not an image model; only image models are benchmarked")
+    kind = spec.get("kind")
+    if kind not in ("image", "audio") or (kind == "audio" and not audio):
+        raise MeasureError(f"{name} is a {kind} model; this benchmark takes image models")
     if not info.get("fetched", True):
         raise MeasureError(f"{name} is not fetched; run `edge-agent models fetch {name}`")
+    if kind == "image":
+        own: tuple[int, ...] = tuple(spec["shape"])
+    else:
+        # One window, with the context the head prepends, as the VAD feeds it.
+        head = manifest.get("head") or {}
+        own = (1, int(head.get("window", 512)) + int(head.get("context", 0)))
     return ModelUnderTest(
         name=name,
         path=Path(info["path"]),
         format=manifest["format"],
         input_name=spec["name"],
-        shape=shape or tuple(spec["shape"]),
+        shape=shape or own,
         shape_overridden=shape is not None,
+        image=kind == "image",
     )
 
 

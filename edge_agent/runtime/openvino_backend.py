@@ -283,6 +283,7 @@ class OpenVinoModel(ThreadedModel):
         self._to_rgb = self._image is not None and host_swaps_colour(self._image)
         # Every name of every output, resolved once; heads pick the one their config names.
         self._names = [(i, sorted(o.get_names())) for i, o in enumerate(compiled.outputs)]
+        self._copied = _copied_inputs(compiled, self._image)
         # As many requests as the report says (`_pool_size`), made on first need.
         self._requests: Slots[Any] = Slots(compiled.create_infer_request, size)
 
@@ -294,6 +295,8 @@ class OpenVinoModel(ThreadedModel):
             feed[spec.name] = _to_rgb(frames) if self._to_rgb else frames
         with self._requests.lend() as request:
             try:
+                if self._copied:
+                    feed = self._copy_in(request, feed)
                 # Releases the GIL while the engine computes. share_inputs: the request reads
                 # the caller's array in place instead of copying it first (the caller already
                 # leaves it alone until the run is done). share_outputs: views of the
@@ -304,6 +307,27 @@ class OpenVinoModel(ThreadedModel):
             except RuntimeError as exc:
                 raise _failed(exc) from None
             return self._outputs(outputs)
+
+    def _copy_in(self, request: Any, feed: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Copy the small inputs into the request's own tensors; return the rest."""
+        rest: dict[str, Tensor] = {}
+        for name, value in feed.items():
+            if name not in self._copied:
+                rest[name] = value
+                continue
+            own = request.get_tensor(name).data
+            if np.shape(value) != own.shape:
+                raise EdgeAgentError(
+                    f"inference failed: input {name} is {np.shape(value)}, the model takes "
+                    f"{own.shape}",
+                    "check that the inputs match the model (edge-agent models info NAME)",
+                    code="inference.failed",
+                )
+            try:
+                np.copyto(own, value, casting="same_kind")
+            except TypeError as exc:  # numpy refuses the cast (e.g. a string array)
+                raise _failed(exc) from None
+        return rest
 
     def _outputs(self, outputs: Any) -> Tensors:
         found: Tensors = {}
@@ -337,6 +361,33 @@ def _pool_size(compiled: Any, hint: str) -> int:
     """
     optimal = int(_prop(compiled, "OPTIMAL_NUMBER_OF_INFER_REQUESTS", 1))
     return 2 * optimal if hint == "throughput" else optimal
+
+
+_COPY_BYTES = 64 * 1024
+
+
+def _copied_inputs(compiled: Any, image: ImageInput | None) -> frozenset[str]:
+    """The names of the inputs a run copies into the request's own tensor instead of sharing.
+
+    Sharing a caller's array means wrapping it in a new tensor and setting it on the
+    request every run; for a small input, copying it into the tensor the request already
+    has is cheaper. vad-silero (a 2.3 KB window and a 1 KB state), one request, 2 cores:
+    36 us a run against 47 us. Only static inputs of at most 64 KB, never the image: a
+    frame is large, and copying it would cost more than sharing. An input is either always
+    copied or always shared, so a copy never lands in a caller's array shared earlier.
+    """
+    names: set[str] = set()
+    for port in compiled.inputs:
+        port_names = set(port.get_names())
+        if image is not None and image.name in port_names:
+            continue
+        shape = port.get_partial_shape()
+        if not shape.is_static:
+            continue
+        size = int(np.prod([d.get_length() for d in shape])) * port.get_element_type().size
+        if size <= _COPY_BYTES:
+            names |= port_names
+    return frozenset(names)
 
 
 def _to_rgb(frames: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:

@@ -7,15 +7,16 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+import openvino as ov
 import pytest
 
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.errors import EdgeAgentError
-from edge_agent.infer import infer_frame
+from edge_agent.infer import infer_frame, read_audio
 from edge_agent.runtime.base import RuntimeOptions, Tensors
 from edge_agent.runtime.fake import FakeCore
 from edge_agent.runtime.openvino_backend import OpenVinoBackend
-from tests.conftest import CompileFn
+from tests.conftest import CompileFn, espeak
 
 FACE = "face-blazeface"  # the smallest reference model: compiles in a blink
 
@@ -124,3 +125,50 @@ def test_async_results_match_sync(compiled: CompileFn, astronaut: npt.NDArray[np
             np.asarray(scores, dtype=np.float32),
             atol=1e-4,
         )
+
+
+def test_small_inputs_are_copied_into_each_request_and_give_the_engines_answers(
+    compiled: CompileFn, tmp_path: Path
+) -> None:
+    # vad-silero's two inputs (a window and the state) are small enough that each run
+    # copies them into its request's own tensors. Windows of real speech, each with the
+    # state the model itself produced for it, run sequentially on OpenVINO's own request,
+    # then all at once through the model's four requests: every answer must be the
+    # engine's, whichever request ran it, and the caller's arrays stay as they were.
+    model, resolved = compiled("vad-silero", hint="throughput", precision="f32")
+    assert model.report.requests > 1
+    speech = read_audio(espeak("turn on the lights in the loading dock", tmp_path / "a.wav"), 16000)
+    raw = ov.Core().compile_model(str(resolved.path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    request = raw.create_infer_request()
+    state = np.zeros((2, 1, 128), dtype=np.float32)
+    feeds: list[dict[str, npt.NDArray[np.float32]]] = []
+    want: list[float] = []
+    for start in range(0, 40 * 512, 512):
+        window = np.ascontiguousarray(speech[None, start : start + 576], dtype=np.float32)
+        feeds.append({"input": window, "state": state})
+        out = request.infer({"input": window, "state": state})
+        want.append(float(out["output"].ravel()[0]))
+        state = np.array(out["stateN"], dtype=np.float32)
+    assert max(want) > 0.5 > min(want), "the clip has speech and silence"
+    before = [{k: v.copy() for k, v in f.items()} for f in feeds]
+    got: dict[int, float] = {}
+    lock = threading.Lock()
+
+    def done(outputs: Tensors, index: object, latency: float) -> None:
+        with lock:
+            got[int(index)] = float(np.asarray(outputs["output"]).ravel()[0])  # type: ignore[call-overload]
+
+    for i, feed in enumerate(feeds):
+        model.submit(feed, done, i)
+    model.wait()
+    np.testing.assert_allclose([got[i] for i in range(len(feeds))], want, atol=1e-5)
+    for feed, copy in zip(feeds, before, strict=True):
+        for name in feed:
+            np.testing.assert_array_equal(feed[name], copy[name])
+    with pytest.raises(EdgeAgentError) as wrong:
+        model.infer({"input": feeds[0]["input"][:, :512], "state": feeds[0]["state"]})
+    assert wrong.value.code == "inference.failed"
+    assert "(1, 512)" in str(wrong.value)
+    assert "(1, 576)" in str(wrong.value)
+    again = model.infer(feeds[5])  # the model still serves
+    assert float(np.asarray(again["output"]).ravel()[0]) == pytest.approx(want[5], abs=1e-5)
