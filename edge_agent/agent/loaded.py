@@ -3,18 +3,24 @@
 The `state` message and telemetry say, for each model, the device it runs on,
 the precision it runs at and why a requested device was passed over; the
 compile report knows all three. This pool remembers the report of every model
-its pipelines hold, by the name they asked for, and forgets it with the last
-user, so what is reported is what serves frames (a swapped-in model included).
+its pipelines hold, by the name they asked for, and drops it from `reports` with
+the last user, so what is reported is what serves frames (a swapped-in model
+included). `last_report` keeps it a while longer, for telemetry about frames a
+model served just before a swap retired it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from edge_agent.catalog.catalog import Catalog, ResolvedModel
 from edge_agent.runtime.base import CompiledModel, CompileReport, RuntimeOptions
 from edge_agent.runtime.pool import ModelPool
+
+_KEEP_LAST = 64
+"""Names whose last report is kept: far more than the models one box runs at once."""
 
 
 @dataclass(slots=True)
@@ -33,6 +39,9 @@ class TrackedPool(ModelPool):
         self._held: dict[int, _Held] = {}
         self._track_lock = threading.Lock()
         self._order = 0
+        # The latest report of each name, kept after its last user lets go: telemetry
+        # names the model of a pipeline's latest frame, which a swap may just have retired.
+        self._last: OrderedDict[str, CompileReport] = OrderedDict()
 
     def acquire(
         self, model: str, backend: str, options: RuntimeOptions
@@ -46,6 +55,10 @@ class TrackedPool(ModelPool):
             else:
                 held.users += 1
                 held.since = self._order
+            self._last[model] = compiled.report
+            self._last.move_to_end(model)
+            while len(self._last) > _KEEP_LAST:
+                self._last.popitem(last=False)
         return compiled, resolved
 
     def release(self, model: CompiledModel) -> None:
@@ -62,3 +75,9 @@ class TrackedPool(ModelPool):
         with self._track_lock:
             held = sorted(self._held.values(), key=lambda h: h.since)
         return {h.name: h.model.report for h in held}
+
+    def last_report(self, name: str) -> CompileReport | None:
+        """The report of the latest model acquired as `name`, in use or not (the last
+        `_KEEP_LAST` names only)."""
+        with self._track_lock:
+            return self._last.get(name)

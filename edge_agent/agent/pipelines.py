@@ -199,7 +199,7 @@ class Pipelines:
                 # reads the pool under, so a run `tick` finds not ended holds its model.
                 entry.ended = True
                 model = self._serving_model(entry)
-                report = self.pool.reports().get(model)
+                report = self.pool.reports().get(model) or self.pool.last_report(model)
             handle.close()
         with self._lock:
             # What the run did since the last telemetry tick (closing included): a file that
@@ -408,7 +408,14 @@ class Pipelines:
                 if snapshot.frames > 0:
                     entry.fresh_at = now
         # What serves now wins over what served a run that has ended.
-        return Tick(stats, models, {**ended_reports, **held})
+        reports = {**ended_reports, **held}
+        for name in set(models.values()) - reports.keys():
+            # The model of a pipeline's latest frame, retired by a swap since (the next
+            # frame, from the new model, is not out yet): what it ran on is still known.
+            retired = self.pool.last_report(name)
+            if retired is not None:
+                reports[name] = retired
+        return Tick(stats, models, reports)
 
     def stale(self, max_age_s: float) -> list[str]:
         """Running pipelines that look wedged: the thread died, or a file source made no

@@ -11,11 +11,13 @@ by hand so their timing is the test's, not a clock's.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from edge_agent.clips import write_walk
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent
 from tests.agent_kit import photo_pipelines
 
@@ -101,3 +103,54 @@ def test_every_tick_names_the_model_of_each_pipeline_it_reports_and_loses_no_fra
         pipelines.close()
     assert not unnamed, unnamed
     assert frames[0] == 3 * runs
+
+
+def test_every_tick_names_the_model_of_a_pipeline_across_model_swaps(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # A swap retires the old model (the pool forgets its report with it) once its last
+    # frame is out, and the next frame comes from the new model a moment later: a tick in
+    # between named the model of the latest frame, the old one, and found no report for it.
+    swaps = 8
+    swapped = threading.Event()
+
+    def on_event(event: AgentEvent | DetectionEvent) -> None:
+        if event.kind == "model_swapped":
+            swapped.set()
+
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
+    video = write_walk(tmp_path / "walk.avi", frames=60).path
+    spec["source"] = {"type": "file", "path": str(video), "realtime": True, "loop": True}
+    done = threading.Event()
+    unnamed: list[str] = []
+    reported = [0]
+
+    def ticker() -> None:
+        while not done.is_set():
+            tick = pipelines.tick()
+            for pipeline_id, stats in tick.stats.items():
+                infer = stats.stages.get("infer")
+                if infer is None or not infer.count:
+                    continue
+                reported[0] += infer.count
+                model = tick.models.get(pipeline_id)
+                if model is None or model not in tick.reports:
+                    unnamed.append(f"{pipeline_id}: {infer.count} runs, model {model}")
+
+    thread = threading.Thread(target=ticker, name="ticker")
+    try:
+        pipelines.start(spec, persist=False)
+        thread.start()
+        for i in range(swaps):
+            swapped.clear()
+            name = "person-ssdlite" if i % 2 == 0 else "face-blazeface"
+            pipelines.swap("cam", {"name": name})
+            assert swapped.wait(60), f"the swap to {name} never landed"
+            time.sleep(0.2)  # a few frames on the new model
+    finally:
+        done.set()
+        if thread.is_alive():
+            thread.join()
+        pipelines.close()
+    assert reported[0] > 0
+    assert not unnamed, unnamed
