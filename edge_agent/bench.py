@@ -84,6 +84,10 @@ def run_bench(
 ) -> BenchResult:
     """Keep every infer request busy for `seconds` and measure.
 
+    `model` must be the bench's alone (compiled for it, not taken from a pool that
+    pipelines share): each run submits the next from its `done`, on the model's worker,
+    and a worker waiting there behind other callers' runs could leave none to run them.
+
     Raises:
         EdgeAgentError: `seconds` is not positive (input.invalid), or the model fails.
     """

@@ -231,6 +231,13 @@ class Workers:
             thread.start()
 
     def put(self, job: Callable[..., object], *args: object) -> None:
+        """Queue `job(*args)`.
+
+        Raises:
+            RuntimeError: after `stop` (as an executor refuses work after shutdown).
+        """
+        if self._stopped:
+            raise RuntimeError("the workers were stopped; they take no more jobs")
         self._jobs.put((job, args))
 
     def _serve(self) -> None:

@@ -199,6 +199,8 @@ def test_workers_run_jobs_in_order_and_finish_them_before_they_stop() -> None:
     workers.stop(wait=True)
     assert done == [0, 1, 2, 3, 4], "every job given before stop ran, in order"
     workers.stop(wait=True)  # a second stop is harmless
+    with pytest.raises(RuntimeError):
+        workers.put(done.append, 5)  # no thread is left to run it
 
 
 def test_a_model_dropped_without_close_ends_its_threads() -> None:
