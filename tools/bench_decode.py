@@ -5,7 +5,8 @@ time per frame to decode it whole and resize to person-ssdlite's 300x300 input, 
 decoding it at 1/2, 1/4 and 1/8 (cv2.IMREAD_REDUCED_COLOR_*) and resizing what is left;
 the reduction edge-agent picks for that input is marked. For a 640x480 MJPG video: FFmpeg's
 own decode against reading JPEG packets (raw mode) and decoding them with cv2.imdecode,
-whole and at 1/2; this is why packets are only read when a reduction applies. Last, whether
+whole and at 1/2: whole, the packet path is no slower, which is why an MJPEG source decoded
+on the CPU always reads packets (and a source that drops frames never decodes them). Last, whether
 OpenCV's FFmpeg has a hardware decoder here.
 
 The packet rows run after the large JPEGs, and that matters: until a process has freed a

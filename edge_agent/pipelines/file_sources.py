@@ -77,7 +77,7 @@ class VideoFile:
                     fix=f"check it with `ffprobe {self.path}`; re-copy it if it was truncated",
                     code="input.unreadable",
                 )
-        self.packets = read_packets(cap, self.decoder)
+        self.packets = read_packets(cap, self.decoder, hw=self.hw)
         return cap
 
     @property
@@ -154,7 +154,8 @@ class FileSource:
 
     @property
     def dropped(self) -> int:
-        """Packets that would not decode (only in reduced decode; a file waits otherwise)."""
+        """JPEG packets that would not decode (an MJPEG file decoded on the CPU; a file
+        never drops a frame otherwise)."""
         return self._corrupt
 
     @property

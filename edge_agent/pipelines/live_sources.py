@@ -82,9 +82,10 @@ class LiveSource:
     and reports "failed" (and `read()` raises) after `give_up_after_s` without a frame.
     `on_state` is called from the reader thread; it must not block.
 
-    A feed switched to JPEG packets (`decode.read_packets`) hands over the packet, and
-    `read()` decodes it with `decoder` at its reduced scale, on the consumer's thread,
-    so frames that are replaced before they are taken are never decoded.
+    A feed switched to JPEG packets (`decode.read_packets`: MJPEG decoded on the CPU)
+    hands over the packet, and `read()` decodes it with `decoder`, reduced or whole, on
+    the consumer's thread, so frames that are replaced before they are taken are never
+    decoded.
     """
 
     def __init__(

@@ -11,8 +11,8 @@ skipped undecoded, and counted as dropped too: the camera sent it all the same.
 Playing starts at the first `read()`, not at open: a pipeline still compiling its
 model (or waiting for the other pipelines of its group) has not missed anything.
 
-A JPEG packet (reduced decode, see `decode`) is decoded by `read()`, on the
-consumer's thread, so frames that are dropped are never decoded. `Frame.read_s`
+A JPEG packet (an MJPEG file decoded on the CPU, see `decode`) is decoded by
+`read()`, on the consumer's thread, so frames that are dropped are never decoded. `Frame.read_s`
 is the frame's age when taken: end-to-end latency counts from its due time, as
 it would from a camera's shutter.
 """

@@ -220,13 +220,13 @@ def _stream_connector(
     mute_video_logs()
 
     def connect() -> cv2.VideoCapture:
-        cap = open_capture(spec.url, params, spec.hw_decode)[0]
+        cap, hw, _ = open_capture(spec.url, params, spec.hw_decode)
         if not cap.isOpened():
             cap.release()
             raise FeedUnavailableError(
                 f"cannot open {shown}: {why_unreachable(spec.url, spec.stall_timeout_s)}"
             )
-        read_packets(cap, decoder)
+        read_packets(cap, decoder, hw=hw)
         return cap
 
     return connect
