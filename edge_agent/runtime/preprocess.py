@@ -94,6 +94,40 @@ def fit_frames(batch: npt.NDArray[np.generic], spec: ImageInput) -> Frame:
     return np.stack([fit_frame(f, spec) for f in frames])
 
 
+def fit_frames_into(
+    batch: npt.NDArray[np.generic], spec: ImageInput, out: Frame, to_rgb: bool = False
+) -> None:
+    """`fit_frames`, written straight into `out` (N x H x W x 3 uint8: an engine's own input
+    buffer), with BGR swapped to RGB on the way when `to_rgb`.
+
+    One pass writes each frame where the engine reads it: no fitted copy to hand over, and
+    the engine's input stays the buffer it already knows (see openvino_backend).
+
+    Raises:
+        EdgeAgentError: the number of frames is not the model's batch size, or the frames
+            are not 3-channel.
+    """
+    frames = batch.astype(np.uint8, copy=False)
+    _check_batch(frames, spec)
+    if frames.shape[3] != 3:
+        raise EdgeAgentError(
+            f"frames are {frames.shape[1:]}, not height x width x 3",
+            "pass uint8 BGR frames stacked as N,H,W,3",
+            code="model.shape",
+        )
+    for frame, dst in zip(frames, out, strict=True):
+        if frame.shape[:2] == (spec.height, spec.width) and spec.center_crop >= 1:
+            fitted = frame
+        else:
+            height, width = frame.shape[:2]
+            geometry = input_geometry(spec, (width, height))
+            fitted = geometry.prepare(np.ascontiguousarray(frame), None if to_rgb else dst)
+        if to_rgb:
+            cv2.cvtColor(fitted, cv2.COLOR_BGR2RGB, dst=dst)
+        elif fitted is not dst:
+            np.copyto(dst, fitted)
+
+
 def frame_tensor(frame: Frame, spec: ImageInput) -> npt.NDArray[np.generic]:
     """Turn a uint8 BGR HWC frame into the model's input tensor, batch of one."""
     return _tensor(frame[None], spec)

@@ -18,6 +18,7 @@ from edge_agent.runtime.preprocess import (
     center_crop,
     fit_frame,
     fit_frames,
+    fit_frames_into,
     frame_tensor,
     frames_tensor,
 )
@@ -136,6 +137,36 @@ def test_fit_frame_cropped_at_model_size_is_contiguous() -> None:
     assert fitted.shape == (224, 224, 3)
     assert fitted.flags.c_contiguous
     assert (fitted[0, 0] == frame[16, 16]).all()
+
+
+@pytest.mark.parametrize(
+    ("size", "changes"),
+    [
+        ((48, 64), {}),  # at the model's size: copied as it is
+        ((480, 640), {}),  # resized
+        ((100, 300), {"fit": "letterbox", "pad_value": 9}),  # resized into bands of padding
+        ((256, 256), {"shape": (2, 3, 224, 224), "center_crop": 0.875}),  # cropped, batch 2
+    ],
+)
+@pytest.mark.parametrize("to_rgb", [False, True])
+def test_fit_frames_into_writes_what_fit_frames_returns(
+    size: tuple[int, int], changes: dict[str, object], to_rgb: bool
+) -> None:
+    spec = _spec(**changes)
+    frames = np.stack([_frame(*size), 255 - _frame(*size)][: spec.shape[0]])
+    out = np.full((spec.shape[0], spec.height, spec.width, 3), 77, dtype=np.uint8)
+    fit_frames_into(frames, spec, out, to_rgb)
+    want = fit_frames(frames, spec)
+    assert (out == (want[..., ::-1] if to_rgb else want)).all()
+
+
+def test_fit_frames_into_refuses_frames_that_are_not_three_channel() -> None:
+    out = np.zeros((1, 48, 64, 3), dtype=np.uint8)
+    with pytest.raises(EdgeAgentError, match="not height x width x 3") as caught:
+        fit_frames_into(np.zeros((1, 48, 64, 4), dtype=np.uint8), _spec(), out)
+    assert caught.value.code == "model.shape"
+    with pytest.raises(EdgeAgentError, match="batch 1"):
+        fit_frames_into(np.zeros((2, 48, 64, 3), dtype=np.uint8), _spec(), out)
 
 
 def test_nchw_f32_bgr_tensor_by_hand() -> None:
