@@ -75,10 +75,15 @@ def fit_frame(frame: Frame, spec: ImageInput) -> Frame:
 
     A frame already at the model's size (and not centre-cropped) is returned as it is.
     """
-    if frame.shape[0] == spec.height and frame.shape[1] == spec.width and spec.center_crop >= 1:
+    if _at_model_size(frame, spec):
         return np.ascontiguousarray(frame)
     height, width = frame.shape[:2]
     return input_geometry(spec, (width, height)).prepare(np.ascontiguousarray(frame))
+
+
+def _at_model_size(frame: Frame, spec: ImageInput) -> bool:
+    """Whether `frame` is the model's input as it is: at its size, and not centre-cropped."""
+    return frame.shape[:2] == (spec.height, spec.width) and spec.center_crop >= 1
 
 
 def fit_frames(batch: npt.NDArray[np.generic], spec: ImageInput) -> Frame:
@@ -116,7 +121,7 @@ def fit_frames_into(
             code="model.shape",
         )
     for frame, dst in zip(frames, out, strict=True):
-        if frame.shape[:2] == (spec.height, spec.width) and spec.center_crop >= 1:
+        if _at_model_size(frame, spec):
             fitted = frame
         else:
             height, width = frame.shape[:2]
