@@ -15,6 +15,7 @@ import json
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 import openvino as ov
+from openvino import _pyopenvino
 from openvino.preprocess import ColorFormat, PrePostProcessor
 
 from edge_agent.catalog.fetch import sha256_file
@@ -288,7 +290,17 @@ class OpenVinoModel(ThreadedModel):
         self._names = [(i, sorted(o.get_names())) for i, o in enumerate(compiled.outputs)]
         self._copied = _copied_inputs(compiled, self._image)
         # As many requests as the report says (`_pool_size`), made on first need.
-        self._requests: Slots[Any] = Slots(compiled.create_infer_request, size)
+        self._requests: Slots[_Lent] = Slots(self._new_request, size)
+
+    def _new_request(self) -> _Lent:
+        request = self._compiled.create_infer_request()
+        # Views of the buffers each run writes, found once: `get_tensor(name).data` makes a
+        # new numpy view on every call. They stay valid because these inputs are never set
+        # anew: the image is fitted into its tensor, the small inputs copied into theirs.
+        image = self._image
+        frames = request.get_tensor(image.name).data if image is not None and self._fill else None
+        small = {name: request.get_tensor(name).data for name in self._copied}
+        return _Lent(request, frames, small)
 
     def _run(self, inputs: Mapping[str, Tensor]) -> Tensors:
         spec = self._image
@@ -300,57 +312,39 @@ class OpenVinoModel(ThreadedModel):
             else:
                 fitted = fit_frames(feed[spec.name], spec)
                 feed[spec.name] = _to_rgb(fitted) if self._to_rgb else fitted
-        with self._requests.lend() as request:
-            try:
-                if frames is not None and spec is not None:
-                    # The frames fitted (and colour-swapped) into the tensor the request
-                    # already has, rather than shared in a new tensor each run: a tensor
-                    # set anew makes the engine rebind its input, and OpenVINO's feed
-                    # dispatch costs more than the copy. Under the latency hint, where one
-                    # run is 0.3 ms on a fast model, sharing cost face-blazeface 3% and
-                    # text-orientation 1% of a bare `infer()` loop (2 cores, alternating
-                    # 1 s rounds); person-ssdlite's 270 KB frame copies for 0.5%.
-                    fit_frames_into(frames, spec, request.get_tensor(spec.name).data, self._to_rgb)
-                if self._copied:
-                    feed = self._copy_in(request, feed)
-                # Releases the GIL while the engine computes. share_inputs: the request reads
-                # the caller's other large inputs in place instead of copying them first (the
-                # caller already leaves them alone until the run is done). share_outputs:
-                # views of the request's buffers, copied once below, not a copy of every
-                # output that would then be thrown away. On a fast model each copy is a
-                # visible share of the time per frame (tools/bench_runtime.py).
-                outputs = request.infer(feed, share_inputs=True, share_outputs=True)
-            except RuntimeError as exc:
-                raise _failed(exc) from None
-            return self._outputs(outputs)
-
-    def _copy_in(self, request: Any, feed: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Copy the small inputs into the request's own tensors; return the rest."""
-        rest: dict[str, Tensor] = {}
-        for name, value in feed.items():
-            if name not in self._copied:
-                rest[name] = value
-                continue
-            own = request.get_tensor(name).data
-            if np.shape(value) != own.shape:
-                raise EdgeAgentError(
-                    f"inference failed: input {name} is {np.shape(value)}, the model takes "
-                    f"{own.shape}",
-                    "check that the inputs match the model (edge-agent models info NAME)",
-                    code="inference.failed",
-                )
-            try:
-                np.copyto(own, value, casting="same_kind")
-            except TypeError as exc:  # numpy refuses the cast (e.g. a string array)
-                raise _failed(exc) from None
-        return rest
-
-    def _outputs(self, outputs: Any) -> Tensors:
+        lent = self._requests.take()
+        try:
+            if frames is not None:
+                # `_fill` set both: the spec, and the view `_new_request` made.
+                assert spec is not None
+                assert lent.frames is not None
+                # The frames fitted (and colour-swapped) into the tensor the request
+                # already has, rather than shared in a new tensor each run: a tensor
+                # set anew makes the engine rebind its input, and OpenVINO's feed
+                # dispatch costs more than the copy. Under the latency hint, where one
+                # run is 0.3 ms on a fast model, sharing cost face-blazeface 3% and
+                # text-orientation 1% of a bare `infer()` loop (2 cores, alternating
+                # 1 s rounds); person-ssdlite's 270 KB frame copies for 0.5%.
+                fit_frames_into(frames, spec, lent.frames, self._to_rgb)
+            if self._copied:
+                feed = _copy_in(lent.small, feed)
+            # Both release the GIL while the engine computes, and both copy each output into
+            # a new array in C++ (share_outputs=False), which the caller may keep as long as
+            # it likes: the request's own buffers are written again by its next run.
+            if feed:
+                # share_inputs: the request reads the caller's other large inputs in place
+                # instead of copying them first (the caller leaves them alone until the run
+                # is done). Only OpenVINO's Python wrapper turns arrays into tensors.
+                outputs = lent.request.infer(feed, share_inputs=True).to_tuple()
+            else:
+                outputs = tuple(_ENGINE_INFER(lent.request, feed, False, True).values())
+        except RuntimeError as exc:
+            raise _failed(exc) from None
+        finally:
+            self._requests.give(lent)
         found: Tensors = {}
-        views = outputs.to_tuple()
         for index, names in self._names:
-            # Copy: the request's buffers are reused by its next run.
-            data = np.array(views[index], copy=True)
+            data = outputs[index]
             for name in names:
                 found[name] = data
         return found
@@ -360,6 +354,48 @@ class OpenVinoModel(ThreadedModel):
         # and the engine's threads for it; this runs on a Python thread, never theirs.
         self._requests.clear()
         self._compiled = None
+
+
+_ENGINE_INFER: Any = _pyopenvino.InferRequest.infer
+"""The engine's own synchronous `infer` (pyopenvino's `InferRequest`, which `openvino.InferRequest`
+wraps in Python). With every input already in the request there is nothing for the wrapper's
+data dispatcher to do, and its result dict is one more object a run: calling below it saved
+face-blazeface 4 us and vad-silero 2 us of a run under the latency hint (278 against 282 us,
+33 against 35 us; 2 cores, alternating rounds). Arguments: the request, a feed dict (empty),
+share_outputs, decode_strings; it returns {output port: array}, in the outputs' order."""
+
+
+@dataclass(slots=True)
+class _Lent:
+    """An infer request and views of the input buffers each run writes."""
+
+    request: Any
+    frames: npt.NDArray[np.uint8] | None
+    """The image input's own tensor, when frames are fitted into it (`_fill`)."""
+    small: dict[str, npt.NDArray[Any]]
+    """Every name of every input `_copied_inputs` picked, to its tensor."""
+
+
+def _copy_in(own: Mapping[str, npt.NDArray[Any]], feed: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Copy the small inputs into the request's own tensors (`own`); return the rest."""
+    rest: dict[str, Tensor] = {}
+    for name, value in feed.items():
+        target = own.get(name)
+        if target is None:
+            rest[name] = value
+            continue
+        if np.shape(value) != target.shape:
+            raise EdgeAgentError(
+                f"inference failed: input {name} is {np.shape(value)}, the model takes "
+                f"{target.shape}",
+                "check that the inputs match the model (edge-agent models info NAME)",
+                code="inference.failed",
+            )
+        try:
+            np.copyto(target, value, casting="same_kind")
+        except TypeError as exc:  # numpy refuses the cast (e.g. a string array)
+            raise _failed(exc) from None
+    return rest
 
 
 def _pool_size(compiled: Any, hint: str) -> int:

@@ -172,31 +172,40 @@ class Slots(Generic[T]):
         self._free: list[T] = []
         self._cond = threading.Condition()
 
-    @contextmanager
-    def lend(self) -> Iterator[T]:
-        """Hold one object for the block; waits while all `limit` are lent out."""
+    def take(self) -> T:
+        """One object, for the caller alone until `give`; waits while all `limit` are lent out.
+
+        `take` and `give` rather than a context manager on the hot path: a generator-based
+        `with` costs about 1.4 us a run, a visible share of a 30 us one (vad-silero).
+        """
         with self._cond:
             while not self._free and self._made >= self._limit:
                 self._cond.wait()
-            fresh = not self._free
-            if fresh:
-                self._made += 1
-            else:
-                item = self._free.pop()
-        if fresh:
-            try:
-                item = self._make()  # outside the lock: creating a request takes a while
-            except BaseException:
-                with self._cond:
-                    self._made -= 1
-                    self._cond.notify()
-                raise
+            if self._free:
+                return self._free.pop()
+            self._made += 1
+        try:
+            return self._make()  # outside the lock: creating a request takes a while
+        except BaseException:
+            with self._cond:
+                self._made -= 1
+                self._cond.notify()
+            raise
+
+    def give(self, item: T) -> None:
+        """Return an object from `take`."""
+        with self._cond:
+            self._free.append(item)
+            self._cond.notify()
+
+    @contextmanager
+    def lend(self) -> Iterator[T]:
+        """Hold one object for the block (`take`, then `give`)."""
+        item = self.take()
         try:
             yield item
         finally:
-            with self._cond:
-                self._free.append(item)
-                self._cond.notify()
+            self.give(item)
 
     def clear(self) -> None:
         """Drop every object not lent out (call once nothing is lent)."""

@@ -127,6 +127,23 @@ def test_async_results_match_sync(compiled: CompileFn, astronaut: npt.NDArray[np
         )
 
 
+def test_outputs_are_the_callers_and_survive_the_request_s_next_run(
+    compiled: CompileFn, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # The latency hint runs one request, so the second run writes into the very buffers
+    # the first run's outputs came from: what the caller got must be a copy of its own.
+    model, resolved = compiled("person-ssdlite", hint="latency")
+    assert model.report.requests == 1
+    name = resolved.manifest.input.name
+    first = model.infer({name: astronaut[None]})
+    kept = {key: np.array(value, copy=True) for key, value in first.items()}
+    second = model.infer({name: astronaut[::-1].copy()[None]})
+    for key, value in first.items():
+        np.testing.assert_array_equal(value, kept[key])
+    assert not np.array_equal(first["detection_boxes:0"], second["detection_boxes:0"])
+    assert float(np.max(first["detection_scores:0"])) > 0.5, "the astronaut is found"
+
+
 def test_small_inputs_are_copied_into_each_request_and_give_the_engines_answers(
     compiled: CompileFn, tmp_path: Path
 ) -> None:

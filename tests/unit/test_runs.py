@@ -237,3 +237,35 @@ def test_the_interpreter_exits_with_a_model_left_open() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ran\n"
+
+
+def test_slots_lend_at_most_their_limit_and_a_failed_make_frees_its_place() -> None:
+    made: list[object] = []
+    fail = [True]
+
+    def make() -> object:
+        if fail[0]:
+            fail[0] = False
+            raise RuntimeError("the engine refused a request")
+        made.append(object())
+        return made[-1]
+
+    slots: runs_module.Slots[object] = runs_module.Slots(make, 2)
+    with pytest.raises(RuntimeError):
+        slots.take()
+    first, second = slots.take(), slots.take()  # the failed make did not use up a place
+    assert len(made) == 2
+    assert first is not second
+    got: list[object] = []
+    taker = threading.Thread(target=lambda: got.append(slots.take()))
+    taker.start()
+    taker.join(0.2)
+    assert taker.is_alive(), "a third take waits while both are lent out"
+    slots.give(second)
+    taker.join(WAIT_S)
+    assert got == [second], "the one given back, not a new one"
+    assert len(made) == 2
+    slots.give(first)
+    with slots.lend() as item:
+        assert item is first
+    assert slots.take() is first, "lend gave it back"
