@@ -22,6 +22,8 @@ Run it on a quiet machine; the figures mean little while anything else runs.
 
     python tools/bench_capacity.py                       # the full run, several minutes
     python tools/bench_capacity.py --seconds 3 --max-n 2 # a smoke run, seconds
+    python tools/bench_capacity.py --codec raw           # cameras that send raw frames
+    python tools/bench_capacity.py --start-n 16          # skip 1, 2, 4 and 8 streams
 
 Exit status: 0 when every figure was measured, 2 when a measurement failed.
 """
@@ -98,11 +100,17 @@ class Trial:
         ]
 
 
-def write_clip(path: Path, seconds: float = 8.0) -> Path:
-    """A 640x480 15 fps MJPG clip of the walk, `seconds` long (looped by the sources)."""
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), FPS, (640, 480))
+def write_clip(path: Path, seconds: float = 8.0, codec: str = "mjpg") -> Path:
+    """A 640x480 15 fps clip of the walk, `seconds` long (looped by the sources).
+
+    codec "mjpg" is what an IP or USB camera sends compressed; "raw" is uncompressed 4:2:0
+    (what OpenCV's FFmpeg writes for fourcc 0), read with a colour conversion and no
+    decode, as from a USB camera in its raw (YUYV) mode.
+    """
+    fourcc = cv2.VideoWriter.fourcc(*"MJPG") if codec == "mjpg" else 0
+    writer = cv2.VideoWriter(str(path), fourcc, FPS, (640, 480))
     if not writer.isOpened():
-        raise MeasureError(f"OpenCV cannot write MJPG video to {path}")
+        raise MeasureError(f"OpenCV cannot write {codec} video to {path}")
     frames = int(seconds * FPS)
     walk = walk_positions(10, 40)
     for i in range(frames):
@@ -200,9 +208,10 @@ def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
 
 
 def largest_fit(
-    clip: Path, pool: ModelPool, seconds: float, max_n: int, say: Any
+    clip: Path, pool: ModelPool, seconds: float, max_n: int, say: Any, start: int = 1
 ) -> tuple[int, list[Trial]]:
-    """Double N until it no longer fits, then bisect; the largest N that fit (0 if none)."""
+    """Double N from `start` until it no longer fits, then bisect; the largest N that fit
+    (0 if none). A `start` that does not fit bisects down from it."""
     trials: list[Trial] = []
 
     def fits(n: int) -> bool:
@@ -212,7 +221,7 @@ def largest_fit(
         return trial.fits
 
     good, bad = 0, max_n + 1
-    n = 1
+    n = max(1, min(start, max_n))
     while n <= max_n:
         if not fits(n):
             bad = n
@@ -234,8 +243,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="run time of each trial")
     parser.add_argument("--max-n", type=int, default=48, help="most streams to try")
+    parser.add_argument(
+        "--start-n", type=int, default=1, help="streams to try first (then doubled or bisected)"
+    )
     parser.add_argument("--no-processes", action="store_true", help="skip separate processes")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument(
+        "--codec",
+        choices=("mjpg", "raw"),
+        default="mjpg",
+        help="what the cameras send: MJPG, decoded on the CPU, or raw frames (no decode)",
+    )
     args = parser.parse_args()
     out, err = consoles(120)
 
@@ -245,13 +263,14 @@ def main() -> int:
     report = print_machine(out, {"opencv": cv2.__version__})
     cache = Path(os.environ.get("EDGE_AGENT_CACHE", ".cache/edge-agent"))
     pool = ModelPool(Catalog(default_models_dir(), cache))
-    table = Table(title=f"{MODEL}, 640x480 streams at {FPS:g} FPS, {args.seconds:g} s each")
+    codec = "MJPG" if args.codec == "mjpg" else "raw"
+    table = Table(title=f"{MODEL}, 640x480 {codec} streams at {FPS:g} FPS, {args.seconds:g} s each")
     for column in ("mode", "streams", "fits", "FPS", "dropped", "worst p95 ms", "load 1m"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            clip = write_clip(folder / "stream.avi")
+            clip = write_clip(folder / "stream.avi", codec=args.codec)
             say("benchmark_app -hint throughput")
             app_s = int(min(15.0, max(3.0, args.seconds)))
             frames = folder / "frames"
@@ -261,7 +280,9 @@ def main() -> int:
             limit_run = benchmark_app(describe(MODEL), app_s, None, home, inputs=frames)
             limit_load = load_1m()
             say("searching the largest N in one process")
-            best, trials = largest_fit(clip, pool, args.seconds, args.max_n, say)
+            best, trials = largest_fit(
+                clip, pool, args.seconds, args.max_n, say, start=args.start_n
+            )
             if best and not args.no_processes:
                 say(f"{best} separate processes")
                 trials.append(processes(best, clip, args.seconds, folder))
@@ -279,6 +300,7 @@ def main() -> int:
     )
     out.print(table)
     report.update(
+        codec=args.codec,
         streams=best,
         theoretical_streams=limit,
         benchmark_app_fps=limit_run.fps,

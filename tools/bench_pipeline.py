@@ -14,7 +14,11 @@ astronaut walking across the coffee scene of edge_agent/clips.py, `--frames` lon
 5. the naive loop a user writes by hand, in this process: read a frame, `cv2.resize` to 300x300,
    BGR -> RGB, a synchronous `compiled(x[None])` on a model compiled with no config, then the
    SSD outputs thresholded and scaled to the frame;
-6. ONNX Runtime where the model allows: person-ssdlite is a TF frozen graph ONNX Runtime cannot
+6. the pipeline on the same frames as uncompressed video (`--hint throughput`, in the rounds):
+   frames read with a colour conversion and no decode, as from a camera that sends raw frames.
+   Against `benchmark_app` it is the pipeline's own cost; against 2, what decoding MJPEG on
+   the CPU costs;
+7. ONNX Runtime where the model allows: person-ssdlite is a TF frozen graph ONNX Runtime cannot
    read, so it is skipped with the reason, and the ONNX model text-orientation runs through the
    pipeline on each backend over the same video instead, once each.
 
@@ -69,6 +73,7 @@ from pipeline_refs import (
     edge_agent_compile,
     run_pipeline,
     write_frames,
+    write_raw,
 )
 from rich.table import Table
 
@@ -85,18 +90,29 @@ DECODE = "decode only (cv2)"
 PIPE_ON = "pipeline OV throughput"
 PIPE_OFF = "pipeline OV throughput --no-telemetry"
 PIPE_LAT = "pipeline OV latency"
+PIPE_RAW = "pipeline OV throughput, raw video"
 BAPP = "benchmark_app throughput"
 BAPP_LAT = "benchmark_app latency"
 NAIVE = "naive loop"
 PIPE_ORT = "pipeline ORT"
 TEXT_OV = f"{ORT_MODEL} pipeline OV"
 TEXT_ORT = f"{ORT_MODEL} pipeline ORT"
-ROUND_KINDS = (PIPE_ON, PIPE_OFF, BAPP, NAIVE)
-ALL = (DECODE, PIPE_ON, PIPE_OFF, PIPE_LAT, BAPP, BAPP_LAT, NAIVE, PIPE_ORT, TEXT_OV, TEXT_ORT)
+ROUND_KINDS = (PIPE_ON, PIPE_OFF, PIPE_RAW, BAPP, NAIVE)
+ALL = (
+    DECODE, PIPE_ON, PIPE_OFF, PIPE_RAW, PIPE_LAT, BAPP, BAPP_LAT, NAIVE, PIPE_ORT, TEXT_OV,
+    TEXT_ORT,
+)  # fmt: skip
 
 
 def measure(
-    model: ModelUnderTest, video: Path, frames: Path, home: str, seconds: int, rounds: int, say: Say
+    model: ModelUnderTest,
+    video: Path,
+    raw: Path,
+    frames: Path,
+    home: str,
+    seconds: int,
+    rounds: int,
+    say: Say,
 ) -> tuple[dict[str, Measurement], list[str]]:
     """Every measurement: the compared ones in rounds of alternating order, the rest once.
 
@@ -128,7 +144,8 @@ def measure(
             say(f"[red]error:[/] {name}: {exc}")
     # run-pipeline --hint latency compiles at the device's default precision too.
     ms[PIPE_OFF].precision = ms[PIPE_LAT].precision = ms[PIPE_ON].precision
-    ms[PIPE_OFF].requests = ms[PIPE_ON].requests
+    ms[PIPE_RAW].precision = ms[PIPE_ON].precision
+    ms[PIPE_OFF].requests = ms[PIPE_RAW].requests = ms[PIPE_ON].requests
 
     naive: NaiveLoop | None = None
 
@@ -141,6 +158,7 @@ def measure(
     steps: dict[str, Callable[[], Run]] = {
         PIPE_ON: lambda: run_pipeline(MODEL, video),
         PIPE_OFF: lambda: run_pipeline(MODEL, video, telemetry=False),
+        PIPE_RAW: lambda: run_pipeline(MODEL, raw),
         BAPP: lambda: benchmark_app(model, seconds, None, home, inputs=frames),
         NAIVE: naive_run,
     }
@@ -171,6 +189,10 @@ def ratios(ms: dict[str, Measurement]) -> list[Ratio]:
         Ratio("p95 end-to-end latency, latency hint", lat.median_of(lambda r: r.p95_ms),
               unit="ms"),
         Ratio(f"{DECODE} / {PIPE_ON}", ratio_of(ms[DECODE], on)),
+        Ratio(f"{PIPE_RAW} / {BAPP}", ratio_of(ms[PIPE_RAW], bapp),
+              noisy=noisy(ms[PIPE_RAW], bapp)),
+        Ratio(f"{PIPE_ON} / {PIPE_RAW}", ratio_of(on, ms[PIPE_RAW]),
+              noisy=noisy(on, ms[PIPE_RAW])),
     ]  # fmt: skip
     busy = on.median_run
     if isinstance(busy, PipelineRun) and {"read", "infer"} <= busy.stages.keys():
@@ -248,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         root = Path(tmp)
         video = root / "walk.avi"
+        raw = root / "walk-raw.avi"
         frames = root / "frames"
         frames.mkdir()
         try:
@@ -256,11 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             status.print(f"  writing {video.name}, {args.frames} frames")
             write_walk(video, frames=args.frames)
             write_frames(video, frames)
+            write_raw(video, raw)
         except (MeasureError, EdgeAgentError) as exc:
             status.print(f"[red]error:[/] {exc}")
             return 2
         ms, problems = measure(
-            model, video, frames, quiet_home(root), seconds, rounds, status.print
+            model, video, raw, frames, quiet_home(root), seconds, rounds, status.print
         )
     found = ratios(ms)
     notes = [

@@ -65,6 +65,33 @@ def write_frames(video: Path, folder: Path) -> int:
     return written
 
 
+def write_raw(video: Path, out: Path) -> int:
+    """The same frames as uncompressed video: what a camera sending raw frames (a USB
+    camera's YUYV mode) costs the pipeline, with a colour conversion to read each frame but
+    no decode. OpenCV's FFmpeg writes fourcc 0 as 4:2:0 planes, 460 KB a 640x480 frame.
+    """
+    cap = cv2.VideoCapture(str(video), cv2.CAP_FFMPEG)
+    fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
+    size = (int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)))
+    writer = cv2.VideoWriter(str(out), 0, fps, size)
+    written = 0
+    try:
+        if not writer.isOpened():
+            raise MeasureError(f"OpenCV cannot write raw video to {out}")
+        while True:
+            ok, image = cap.read()
+            if not ok:
+                break
+            writer.write(image)
+            written += 1
+    finally:
+        cap.release()
+        writer.release()
+    if written == 0:
+        raise MeasureError(f"OpenCV read no frame back from {video}")
+    return written
+
+
 def decode_only(video: Path) -> Run:
     """How fast OpenCV alone reads the file: the ceiling any pipeline over it has."""
     cap = cv2.VideoCapture(str(video), cv2.CAP_FFMPEG)
