@@ -5,7 +5,11 @@ A stream "fits" when, over `--seconds` (default 60), none of N streams drops a f
 every stream's p95 end-to-end latency (from a frame's due time to its result) is under
 100 ms. The streams are realtime, looping file sources (`realtime = true, loop = true`): a
 640x480 15 fps MJPG clip of edge_agent/clips.py played as a camera sends it, so the
-question is asked the same way on every run. In one run it measures:
+question is asked the same way on every run. In one process the streams start together, so
+every stream's frame comes due on the same tick, the worst case for a burst; `--spread`
+plays them out of step, stream i a fraction i/N of a frame interval after stream 0, as
+separate cameras on their own clocks are (separate processes are out of step anyway). In
+one run it measures:
 
 1. in one process (`PipelineGroup`, one shared compiled model): the largest N that fits,
    found by doubling N and then bisecting between the last N that fit and the first that
@@ -24,6 +28,7 @@ Run it on a quiet machine; the figures mean little while anything else runs.
     python tools/bench_capacity.py --seconds 3 --max-n 2 # a smoke run, seconds
     python tools/bench_capacity.py --codec raw           # cameras that send raw frames
     python tools/bench_capacity.py --start-n 16          # skip 1, 2, 4 and 8 streams
+    python tools/bench_capacity.py --spread              # streams out of step, as cameras are
 
 Exit status: 0 when every figure was measured, 2 when a measurement failed.
 """
@@ -144,9 +149,18 @@ def judge(mode: str, rows: list[tuple[float, int, int, float]], load: float) -> 
     )
 
 
-def in_process(streams: int, clip: Path, pool: ModelPool, seconds: float) -> Trial:
+def in_process(
+    streams: int, clip: Path, pool: ModelPool, seconds: float, spread: bool = False
+) -> Trial:
     group = PipelineGroup([stream_spec(i, clip) for i in range(streams)], pool)
     try:
+        if spread:
+            # Out of step, as separate cameras are: stream i's frames come due i/N of a
+            # frame interval after stream 0's, instead of all on the same tick.
+            for i, handle in enumerate(group.handles):
+                source = handle.pipeline.source
+                if isinstance(source, RealtimeFileSource):
+                    source.phase = i / streams / FPS
         timer = threading.Timer(seconds, group.stop)
         timer.start()
         outcomes = group.run()
@@ -208,14 +222,20 @@ def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
 
 
 def largest_fit(
-    clip: Path, pool: ModelPool, seconds: float, max_n: int, say: Any, start: int = 1
+    clip: Path,
+    pool: ModelPool,
+    seconds: float,
+    max_n: int,
+    say: Any,
+    start: int = 1,
+    spread: bool = False,
 ) -> tuple[int, list[Trial]]:
     """Double N from `start` until it no longer fits, then bisect; the largest N that fit
     (0 if none). A `start` that does not fit bisects down from it."""
     trials: list[Trial] = []
 
     def fits(n: int) -> bool:
-        trial = in_process(n, clip, pool, seconds)
+        trial = in_process(n, clip, pool, seconds, spread)
         trials.append(trial)
         say(f"  {n} streams in one process: {'fits' if trial.fits else 'does not fit'}")
         return trial.fits
@@ -254,6 +274,12 @@ def main() -> int:
         default="mjpg",
         help="what the cameras send: MJPG, decoded on the CPU, or raw frames (no decode)",
     )
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="play the streams out of step, as separate cameras are, instead of every "
+        "stream's frame coming due on the same tick",
+    )
     args = parser.parse_args()
     out, err = consoles(120)
 
@@ -264,7 +290,10 @@ def main() -> int:
     cache = Path(os.environ.get("EDGE_AGENT_CACHE", ".cache/edge-agent"))
     pool = ModelPool(Catalog(default_models_dir(), cache))
     codec = "MJPG" if args.codec == "mjpg" else "raw"
-    table = Table(title=f"{MODEL}, 640x480 {codec} streams at {FPS:g} FPS, {args.seconds:g} s each")
+    step = "out of step" if args.spread else "in step"
+    table = Table(
+        title=f"{MODEL}, 640x480 {codec} streams at {FPS:g} FPS, {step}, {args.seconds:g} s each"
+    )
     for column in ("mode", "streams", "fits", "FPS", "dropped", "worst p95 ms", "load 1m"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     try:
@@ -281,7 +310,7 @@ def main() -> int:
             limit_load = load_1m()
             say("searching the largest N in one process")
             best, trials = largest_fit(
-                clip, pool, args.seconds, args.max_n, say, start=args.start_n
+                clip, pool, args.seconds, args.max_n, say, start=args.start_n, spread=args.spread
             )
             if best and not args.no_processes:
                 say(f"{best} separate processes")
@@ -301,6 +330,7 @@ def main() -> int:
     out.print(table)
     report.update(
         codec=args.codec,
+        spread=args.spread,
         streams=best,
         theoretical_streams=limit,
         benchmark_app_fps=limit_run.fps,

@@ -20,6 +20,7 @@ it would from a camera's shutter.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -60,9 +61,14 @@ class RealtimeFileSource:
             not dropped: they were never wanted).
         min_size: what the pipeline needs of a frame, for reduced JPEG decode.
         hw_decode: ask FFmpeg for hardware decode first.
+        phase: seconds after the first `read()` at which the first frame comes due. Files
+            started together come due on the same ticks, as cameras never do (each runs
+            on its own clock); phases spread over one frame interval play them out of
+            step, as separate cameras would be (tools/bench_capacity.py --spread).
 
     Raises:
         SourceError: the file is missing or FFmpeg cannot open it.
+        ValueError: `phase` is negative or not finite.
     """
 
     def __init__(
@@ -73,7 +79,9 @@ class RealtimeFileSource:
         fps_cap: float | None = None,
         min_size: MinSize | None = None,
         hw_decode: bool = True,
+        phase: float = 0.0,
     ) -> None:
+        self.phase = phase
         self._video = VideoFile(path, JpegDecoder(min_size), hw_decode)
         self._loop = loop
         self._interval = 1.0 / self._video.fps
@@ -86,6 +94,18 @@ class RealtimeFileSource:
         self._played = self._dropped = self._capped = self._corrupt = self._loops = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._play, name=f"play:{path.name}", daemon=True)
+
+    @property
+    def phase(self) -> float:
+        """Seconds after the first `read()` at which the first frame comes due; set before
+        that read (a group of pipelines builds its sources from specs, then runs them)."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, seconds: float) -> None:
+        if not 0.0 <= seconds < math.inf:  # also refuses NaN
+            raise ValueError(f"phase must be 0 or more seconds, not {seconds}")
+        self._phase = seconds
 
     @property
     def fps(self) -> float:
@@ -185,7 +205,7 @@ class RealtimeFileSource:
                 self._cond.notify_all()
 
     def _play_frames(self) -> None:
-        start = time.monotonic()
+        start = time.monotonic() + self._phase
         index = 0
         cap_due = 0.0
         # Half a frame of slack: the cap is kept on the file's own clock (offsets from the

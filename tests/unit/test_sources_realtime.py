@@ -174,6 +174,30 @@ def test_realtime_plays_at_the_files_rate_and_counts_what_a_slow_reader_misses(
     assert [f.ts for f in taken] == pytest.approx([i / 50 for i in indices])
 
 
+def test_a_phase_delays_every_frame_s_due_time_and_a_bad_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    video = write_video(tmp_path / "clip.avi", frames=4, fps=20)
+    source = RealtimeFileSource(video, phase=0.3)
+    try:
+        started = time.monotonic()
+        first = source.read()
+        waited = time.monotonic() - started
+        rest = [source.read() for _ in range(3)]
+        elapsed = time.monotonic() - started
+    finally:
+        source.close()
+    assert first is not None
+    assert first.index == 0
+    assert waited >= 0.29, "the first frame came due before its phase"
+    assert [f.index for f in rest if f is not None] == [1, 2, 3]
+    assert elapsed >= 0.29 + 3 / 20, "the later frames keep the file's rate after the phase"
+    assert source.dropped == 0
+    for bad in (-0.01, math.nan, math.inf):
+        with pytest.raises(ValueError, match="phase"):
+            RealtimeFileSource(video, phase=bad)
+
+
 def test_realtime_drops_nothing_for_a_reader_that_keeps_up(tmp_path: Path) -> None:
     video = write_video(tmp_path / "clip.avi", frames=6, fps=10)
     source = RealtimeFileSource(video)
