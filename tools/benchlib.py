@@ -209,6 +209,8 @@ class Run:
     requests: int | None = None
     load: float = field(default_factory=load_1m)
     """1-minute load average when the run ended."""
+    iterations: int | None = None
+    """Requests completed, where the tool says (benchmark_app)."""
 
 
 @dataclass(slots=True)
@@ -353,6 +355,7 @@ def benchmark_app(
         p95_ms=latency if hint == "latency" else None,
         precision=OV_PRECISION.get(ov_type, ov_type),
         requests=int(requests.group(1)) if requests else 1,
+        iterations=iterations,
     )
 
 

@@ -9,8 +9,17 @@ CPU time from /proc/self/task over `--seconds`. Python threads are named by the 
 the model's workers); threads Python does not know are the engine's own (OpenVINO's
 stream threads) or a library's. It prints each one's share of a core and its CPU
 milliseconds per frame, beside the pipeline's FPS, the CPU flags and the load average.
-Compare the engine's ms per frame with `benchmark_app`'s (cores / FPS) to see whether
-inference itself got slower or the host took the cores.
+
+Then the budget. `benchmark_app` runs the same model fed the clip's frames twice, a short
+run and a long one, each timed by its CPU time (this process's children's rusage): the
+difference between the two is the engine's CPU per frame with the start-up (reading and
+compiling the model) taken out, and its share of the cores says how busy `benchmark_app`
+keeps them. With the engine at that cost, a pipeline whose work outside the engine takes
+X ms of CPU a frame can reach at most cores / (engine + X) frames a second; the table
+prints that ceiling against `benchmark_app`, and the X a pipeline may spend for 0.9x of it
+(bench_pipeline's target). Compare the engine's ms per frame in the pipeline with
+`benchmark_app`'s to see whether inference itself got slower or the host took the cores.
+About 40 seconds; `--no-benchmark-app` skips the budget:
 
     EDGE_AGENT_CACHE=.cache/edge-agent python tools/pipeline_threads.py --seconds 6
 """
@@ -19,14 +28,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import openvino as ov
-from benchlib import consoles, load_average, print_machine
+from benchlib import (
+    MeasureError,
+    benchmark_app,
+    consoles,
+    describe,
+    load_average,
+    print_machine,
+    quiet_home,
+)
+from pipeline_refs import write_frames
 from rich.table import Table
 
 from edge_agent.catalog.catalog import Catalog, default_models_dir
@@ -38,6 +58,10 @@ from edge_agent.runtime.pool import ModelPool
 from edge_agent.telemetry.stats import PipelineStats
 
 WARM_UP_S = 3.0
+SHORT_S = 2
+"""The short benchmark_app run: mostly start-up, taken out of the long one."""
+TARGET = 0.9
+"""tools/bench_pipeline.py's target: the pipeline at this share of benchmark_app."""
 ENGINE = "engine and libraries"
 """Threads Python did not start: OpenVINO's stream threads, FFmpeg's, OpenCV's."""
 
@@ -67,10 +91,79 @@ def _group(name: str) -> str:
     return name
 
 
+@dataclass(frozen=True, slots=True)
+class EngineCost:
+    """What benchmark_app's engine costs a frame, with its start-up taken out."""
+
+    fps: float
+    cpu_ms: float
+    """CPU milliseconds per frame: (long run's CPU - short run's) / (its frames - short's)."""
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def engine_cost(model: str, video: Path, root: Path, seconds: int) -> EngineCost:
+    """benchmark_app on `model` fed frames of `video`, `SHORT_S` then `SHORT_S + seconds`.
+
+    Raises:
+        MeasureError: benchmark_app failed or did not say how many frames it ran.
+    """
+    under_test = describe(model)
+    frames = root / "frames"
+    frames.mkdir()
+    write_frames(video, frames)
+    home = quiet_home(root)
+    cpu, runs = [], []
+    for length in (SHORT_S, SHORT_S + seconds):
+        before = _children_cpu_s()
+        runs.append(benchmark_app(under_test, length, None, home, inputs=frames))
+        cpu.append(_children_cpu_s() - before)
+    short, long = runs
+    if short.iterations is None or long.iterations is None or long.iterations <= short.iterations:
+        raise MeasureError("benchmark_app did not say how many frames it ran")
+    per_frame = (cpu[1] - cpu[0]) / (long.iterations - short.iterations)
+    return EngineCost(fps=long.fps, cpu_ms=per_frame * 1e3)
+
+
+def budget_table(cost: EngineCost, engine_ms: float, outside_ms: float, fps: float) -> Table:
+    """benchmark_app's cost, and what it leaves the pipeline on this many cores."""
+    cores = len(os.sched_getaffinity(0))
+    ceiling = cores / ((cost.cpu_ms + outside_ms) / 1e3)
+    allowed = cores / (TARGET * cost.fps) * 1e3 - cost.cpu_ms
+    table = Table(title=f"the budget on {cores} cores")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows = (
+        ("benchmark_app FPS (fed the clip's frames)", f"{cost.fps:.1f}"),
+        ("benchmark_app engine CPU ms per frame", f"{cost.cpu_ms:.2f}"),
+        ("benchmark_app cores busy", f"{cost.cpu_ms * cost.fps / 1e3:.2f} of {cores}"),
+        ("pipeline engine CPU ms per frame", f"{engine_ms:.2f}"),
+        ("pipeline CPU ms per frame outside the engine", f"{outside_ms:.2f}"),
+        ("pipeline / benchmark_app, measured", f"{fps / cost.fps:.2f}x"),
+        (
+            "ceiling at this outside cost: cores / (engine + outside)",
+            f"{ceiling:.1f} FPS, {ceiling / cost.fps:.2f}x",
+        ),
+        (f"outside cost allowed for {TARGET}x", f"{allowed:.2f} ms"),
+    )
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=6.0, help="how long to sample")
     parser.add_argument("--model", default="person-ssdlite")
+    parser.add_argument(
+        "--no-benchmark-app",
+        dest="budget",
+        action="store_false",
+        help="skip benchmark_app and the budget table",
+    )
     args = parser.parse_args(argv)
     console, status = consoles(100)
     print_machine(console, {"OpenVINO": ov.get_version()})
@@ -101,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
         handle.stop()
         runner.join()
         handle.close()
+        cost: EngineCost | None = None
+        if args.budget and done:
+            try:
+                cost = engine_cost(args.model, video, Path(tmp), round(args.seconds))
+            except MeasureError as exc:
+                status.print(f"error: benchmark_app: {exc}")
+                return 2
     error = handle.pipeline.error
     if not summary or error is not None or not done:
         status.print(f"error: the pipeline did not run: {error or 'no frames'}")
@@ -120,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(cores.values())
     table.add_row("all", f"{total:.3f}", f"{total / fps * 1e3:.2f}" if fps else "-")
     console.print(table)
+    if cost is not None:
+        engine = cores.get(ENGINE, 0.0) / fps * 1e3
+        console.print(budget_table(cost, engine, total / fps * 1e3 - engine, fps))
     console.print(f"load average after: {load_average()}")
     return 0
 
