@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,12 +34,63 @@ def find_mosquitto() -> str | None:
     return next((p for p in MOSQUITTO_CANDIDATES if Path(p).is_file()), None)
 
 
+# Where free_port looks when the kernel's ephemeral range cannot be read (Linux's default is
+# 32768-60999).
+_EPHEMERAL_DEFAULT = (32768, 60999)
+_PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_range(path: Path = _PORT_RANGE_FILE) -> tuple[int, int]:
+    try:
+        low, high = path.read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
+def _port_picker() -> random.Random:
+    # A private generator: Hypothesis and tests seed the global one, and two runs seeded
+    # alike would try the same ports in the same order.
+    return random.Random(os.urandom(16))
+
+
+# Below this sit the registered ports of services a box may well run.
+_LOWEST_PORT = 10000
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port nobody listens on right now, outside the kernel's ephemeral range.
+
+    A port from bind(("", 0)) is an ephemeral one. While a server on it is down (the outage
+    tests restart their broker on the same port), any outgoing connection can be given that
+    port as its local end, even the reconnecting client's own (a TCP self-connect), and the
+    restarted server then fails with "Address already in use". CI lost a run to exactly that,
+    so ports come from below the ephemeral range, where the kernel never hands them out.
+    """
+    low, high = _ephemeral_range()
+    if low - _LOWEST_PORT >= 1000:
+        start, stop = _LOWEST_PORT, low
+    elif 65535 - high >= 1000:
+        start, stop = high + 1, 65536
+    else:  # the whole port space is ephemeral: nothing better than the kernel's own pick
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            picked: int = sock.getsockname()[1]
+            return picked
+    rng = _port_picker()
+    for _ in range(500):
+        port = rng.randrange(start, stop)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise EdgeAgentError(
+        f"no free TCP port on {host} between {start} and {stop - 1}",
+        "stop what holds the ports, or widen the range",
+        code="broker.unreachable",
+    )
 
 
 class LocalBroker:

@@ -17,15 +17,12 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+# One port picker for every test server; see its docstring for why not bind(0).
+from edge_agent.comms.local_broker import free_port
+
+__all__ = ["BOUNDARY", "MjpegServer", "free_port"]
+
 BOUNDARY = b"frame"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class MjpegServer:
