@@ -23,6 +23,7 @@ from edge_agent.agent.sink import EmitEvent
 from edge_agent.catalog.catalog import Catalog
 from edge_agent.comms.base import Communicator
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
 from edge_agent.paths import Layout
 from edge_agent.protocol.agent import AgentEvent, ModelState
 from edge_agent.protocol.topics import Topics
@@ -146,7 +147,19 @@ class ModelOps:
         the device they run on, the precision used and any device fallback."""
         loaded = self.pipelines.pool.reports()
         found = []
-        for entry in self.store.entries():
+        entries, damaged = self.store.readable_entries()
+        for problem in damaged:
+            # The rest of the state still goes out: `list_models` and `verify` name it too.
+            log_event(
+                log,
+                logging.ERROR,
+                "store_damaged",
+                where=problem.where,
+                problem=problem.what,
+                fix="run `edge-agent models verify` on the box; move a damaged state.json "
+                "away (the model then has no active version) and activate or deploy it again",
+            )
+        for entry in entries:
             if entry.current:
                 found.append(
                     _state(entry.name, entry.version, entry.digest, loaded.get(entry.name))

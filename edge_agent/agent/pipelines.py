@@ -148,26 +148,60 @@ class Pipelines:
             entry = self._running[spec.id] = _Running(spec)
         try:
             self._launch(entry)
+            if persist:
+                # Under the record's lock, against a stop_pipeline that came during the
+                # compile: it set `stopping` before it forgets the record, so either it
+                # forgets this one after, or this sees it and records nothing.
+                with self._record_lock:
+                    if entry.stopping.is_set():
+                        raise _stopped_while_starting(spec.id)
+                    self._record_start(spec)
         except BaseException:
             with self._lock:
-                self._running.pop(spec.id, None)
+                ours = self._running.get(spec.id) is entry
+                if ours:
+                    del self._running[spec.id]
+            if ours and entry.handle is not None:
+                # Launched, then refused: it must not run on where no command can reach it.
+                entry.stopping.set()
+                entry.handle.stop()
+                if entry.thread is not None:
+                    entry.thread.join(5.0)
             raise
-        if persist:
-            self._persist(spec.id, spec)
         return self._state(entry)
+
+    def _record_start(self, spec: PipelineSpec) -> None:
+        try:
+            self._persist_locked(spec.id, spec)
+        except OSError as exc:
+            # A full or read-only state disk: the pipeline runs and is listed, it just
+            # will not come back by itself after a restart. Said, not fatal.
+            log_event(
+                log,
+                logging.ERROR,
+                "pipeline_not_recorded",
+                pipeline=spec.id,
+                error=str(exc),
+                fix="free space on the state disk; the pipeline is not restored after a restart",
+            )
 
     def _persist(self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False) -> None:
         """Record `spec` as the pipeline to restore (None forgets it); `known`: only if the
         record already has it. Serialised: concurrent commands must not lose an update."""
         with self._record_lock:
-            pipelines = dict(self.records.record.pipelines)
-            if known and pipeline_id not in pipelines:
-                return
-            if spec is None:
-                pipelines.pop(pipeline_id, None)
-            else:
-                pipelines[pipeline_id] = spec.model_dump(mode="json")
-            self.records.update(pipelines=pipelines)
+            self._persist_locked(pipeline_id, spec, known)
+
+    def _persist_locked(
+        self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False
+    ) -> None:
+        pipelines = dict(self.records.record.pipelines)
+        if known and pipeline_id not in pipelines:
+            return
+        if spec is None:
+            pipelines.pop(pipeline_id, None)
+        else:
+            pipelines[pipeline_id] = spec.model_dump(mode="json")
+        self.records.update(pipelines=pipelines)
 
     def _launch(self, entry: _Running) -> None:
         spec = entry.spec
@@ -175,13 +209,21 @@ class Pipelines:
         # Building compiles the model: on the command's thread, so its errors answer it.
         handle = PipelineHandle(spec, self.pool, [sink], layout=self.layout)
         with self._lock:
-            entry.handle, entry.sink, entry.ended = handle, sink, False
+            # A stop_pipeline during the compile found no handle to stop: this one must
+            # not run (stop sets `stopping` under this lock).
+            stopped = entry.stopping.is_set()
+            if not stopped:
+                entry.handle, entry.sink, entry.ended = handle, sink, False
+        if stopped:
+            handle.close()
+            raise _stopped_while_starting(spec.id)
         entry.status, entry.detail = "running", ""
         entry.fresh_at = time.monotonic()
-        entry.thread = threading.Thread(
+        thread = threading.Thread(
             target=self._run, args=(entry, handle), name=f"pipeline-{spec.id}", daemon=True
         )
-        entry.thread.start()
+        thread.start()
+        entry.thread = thread  # only once started: stop() may join it at any moment
         self._event("pipeline_started", spec.id, detail=f"model {spec.model.name}")
 
     def _run(self, entry: _Running, handle: PipelineHandle) -> None:
@@ -235,7 +277,13 @@ class Pipelines:
             try:
                 self._launch(entry)
             except EdgeAgentError as exc:
+                if entry.stopping.is_set():
+                    return  # stopped while it relaunched: no more retries
                 entry.status, entry.detail = "failed", str(exc)
+                self._schedule_retry(entry)
+            except Exception as exc:  # a bug must not end a live camera's retries for good
+                log_crash(log, "pipeline_retry_crashed", pipeline=entry.spec.id)
+                entry.status, entry.detail = "failed", f"crashed: {exc}"
                 self._schedule_retry(entry)
 
         threading.Thread(target=retry, name=f"retry-{entry.spec.id}", daemon=True).start()
@@ -244,13 +292,14 @@ class Pipelines:
         """Stop a pipeline (within `timeout`) and, by default, forget it across restarts."""
         with self._lock:
             entry = self._running.pop(pipeline_id, None)
+            if entry is not None:
+                entry.stopping.set()
         if entry is None:
             raise EdgeAgentError(
                 f"no pipeline {pipeline_id!r}",
                 "list them with list_pipelines",
                 code="pipeline.not_found",
             )
-        entry.stopping.set()
         if entry.handle is not None:
             entry.handle.stop()
         if entry.thread is not None:
@@ -464,3 +513,11 @@ class Pipelines:
             left = max(0.1, deadline - time.monotonic())
             with contextlib.suppress(EdgeAgentError):
                 self.stop(pipeline_id, forget=False, timeout=left)
+
+
+def _stopped_while_starting(pipeline_id: str) -> EdgeAgentError:
+    return EdgeAgentError(
+        f"pipeline {pipeline_id} was stopped while it started",
+        "start it again if it should run",
+        code="command.cancelled",
+    )

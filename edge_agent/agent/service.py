@@ -20,7 +20,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from edge_agent import __version__
@@ -38,7 +39,7 @@ from edge_agent.comms.session import MqttSession, Will
 from edge_agent.comms.settings import BrokerSettings, TlsSettings
 from edge_agent.config.agent import AgentConfig
 from edge_agent.integrations.hub import Integrations
-from edge_agent.logs import log_event
+from edge_agent.logs import log_crash, log_event
 from edge_agent.outbox import Outbox, Priority
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
@@ -144,6 +145,7 @@ class AgentService:
         self._reschedule = threading.Event()
         self._state_dirty = threading.Event()
         self._device_names: list[str] | None = None
+        self._pump_thread: threading.Thread | None = None
         self.session = MqttSession(
             broker_settings(config), will=self._will, on_connected=self._on_connected
         )
@@ -159,7 +161,14 @@ class AgentService:
 
     # --- publishing: everything through the outbox ---------------------------------------------
     def _queue(self, topic: str, payload: bytes, priority: Priority, retain: bool = False) -> None:
-        self.outbox.put(topic, payload, priority, qos=1, retain=retain)
+        queued = self.outbox.put(topic, payload, priority, qos=1, retain=retain)
+        if queued is None and self.outbox.refusing and priority == Priority.CRITICAL:
+            # The state disk refuses the outbox (full, read-only): an answer or event goes
+            # straight to the broker rather than nowhere, if the link is up. It may overtake
+            # results still on disk, and the outbox counts it as refused (not kept to resend).
+            if self.session.connected.is_set():
+                self.session.publish(topic, payload, qos=1, retain=retain)
+            return
         if priority == Priority.CRITICAL:
             self._urgent.set()
         self._wake.set()
@@ -250,12 +259,12 @@ class AgentService:
         # Directly, not through the outbox: the birth is about this connection, and an
         # old state is worth nothing once a newer one exists.
         self._state_dirty.clear()
-        self.session.publish(
-            self._state_topic,
-            self._birth().model_dump_json(exclude_none=True).encode(),
-            qos=1,
-            retain=True,
-        )
+        try:
+            birth = self._birth().model_dump_json(exclude_none=True).encode()
+            self.session.publish(self._state_topic, birth, qos=1, retain=True)
+        except BaseException:
+            self._state_dirty.set()  # tried again on the main loop's next turn
+            raise
 
     def _on_state(self, message: Message) -> None:
         # A stale will (an older connection's, published by the broker after our birth)
@@ -291,10 +300,15 @@ class AgentService:
         self._state_dirty.set()  # the birth may have gone out before the pipelines were back
         self.notifier.ready(self._status_line())
         pump = threading.Thread(target=self._pump, name="outbox-pump", daemon=True)
+        self._pump_thread = pump
         pump.start()
         next_telemetry = time.monotonic() + self.interval_s
         watchdog_every = (self.notifier.watchdog_s or 0) / 2
         next_watchdog = time.monotonic()
+        # Each step on its own: one that fails (a full disk, a damaged file) is logged and
+        # tried again on its next turn, and never stops the others, the watchdog least of all:
+        # a restart would meet the same disk, and systemd gives up after a few.
+        failed = _Failures("agent_loop_failed")
         try:
             while not stop.wait(0.25):
                 now = time.monotonic()
@@ -302,16 +316,15 @@ class AgentService:
                     self._reschedule.clear()
                     next_telemetry = min(next_telemetry, now + self.interval_s)
                 if self._state_dirty.is_set() and self.session.connected.is_set():
-                    self._publish_state()
-                self.integrations.tick()
+                    failed.guard("state", self._publish_state)
+                failed.guard("integrations", self.integrations.tick)
                 if now >= next_telemetry:
-                    self._publish_telemetry()
                     next_telemetry = now + self.interval_s
-                    self.notifier.status(self._status_line())
+                    failed.guard("telemetry", self._publish_telemetry)
+                    failed.guard("status", lambda: self.notifier.status(self._status_line()))
                 if watchdog_every and now >= next_watchdog:
-                    if self._healthy():
-                        self.notifier.watchdog()
                     next_watchdog = now + watchdog_every
+                    failed.guard("watchdog", self._feed_watchdog)
         finally:
             self._shutdown(pump)
         return 0
@@ -321,45 +334,63 @@ class AgentService:
 
     def _pump(self) -> None:
         """Move the outbox to the broker in order; delete only what the broker acknowledged."""
-        sent_upto = 0
-        in_flight: list[int] = []
-        while not self._stop.is_set() or in_flight:
-            if in_flight:
-                if self.session.flush(_FLUSH_TIMEOUT_S if not self._stop.is_set() else 2.0):
-                    self.outbox.ack(in_flight)
-                    in_flight = []
-                elif self._stop.is_set():
-                    return  # they stay in the outbox for the next start
-                continue
-            if not self.session.connected.is_set():
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            self._urgent.clear()
-            batch = self.outbox.peek(_PUMP_BATCH, after=sent_upto)
-            if not batch:
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            if (
-                len(batch) < _PUMP_BATCH
-                and not self._stop.is_set()
-                and all(q.priority != Priority.CRITICAL for q in batch)
-            ):
-                # Results and telemetry only: let more gather, unless an answer comes.
-                self._urgent.wait(_GATHER_S)
-                batch += self.outbox.peek(_PUMP_BATCH - len(batch), after=batch[-1].seq)
-            for queued in batch:
-                self.session.publish(
-                    queued.topic, queued.payload, qos=queued.qos, retain=queued.retain
-                )
-                sent_upto = queued.seq
-                in_flight.append(queued.seq)
+        sent = _Sent()
+        failed = _Failures("outbox_pump_failed")
+        while not self._stop.is_set() or sent.in_flight:
+            try:
+                if not self._pump_once(sent):
+                    return
+            except Exception:
+                # A disk that cannot be read now may be readable in a second; a dead pump
+                # would leave everything on disk while the agent looks well.
+                failed.record("pump")
+                if self._stop.wait(1.0):
+                    return
+
+    def _pump_once(self, sent: _Sent) -> bool:
+        """One step of the pump; False when it should end."""
+        if sent.in_flight:
+            if self.session.flush(_FLUSH_TIMEOUT_S if not self._stop.is_set() else 2.0):
+                self.outbox.ack(sent.in_flight)
+                sent.in_flight = []
+            elif self._stop.is_set():
+                return False  # they stay in the outbox for the next start
+            return True
+        if not self.session.connected.is_set():
+            self._wake.wait(0.5)
+            self._wake.clear()
+            return True
+        self._urgent.clear()
+        batch = self.outbox.peek(_PUMP_BATCH, after=sent.upto)
+        if not batch:
+            self._wake.wait(0.5)
+            self._wake.clear()
+            return True
+        if (
+            len(batch) < _PUMP_BATCH
+            and not self._stop.is_set()
+            and all(q.priority != Priority.CRITICAL for q in batch)
+        ):
+            # Results and telemetry only: let more gather, unless an answer comes.
+            self._urgent.wait(_GATHER_S)
+            batch += self.outbox.peek(_PUMP_BATCH - len(batch), after=batch[-1].seq)
+        for queued in batch:
+            self.session.publish(queued.topic, queued.payload, qos=queued.qos, retain=queued.retain)
+            sent.upto = queued.seq
+            sent.in_flight.append(queued.seq)
+        return True
+
+    def _feed_watchdog(self) -> None:
+        if self._healthy():
+            self.notifier.watchdog()
 
     def _healthy(self) -> bool:
         threads = [self.session._net, self.session._dispatch]
         if not all(t.is_alive() for t in threads):
             log_event(log, logging.ERROR, "watchdog_withheld", reason="mqtt loop stopped")
+            return False
+        if self._pump_thread is not None and not self._pump_thread.is_alive():
+            log_event(log, logging.ERROR, "watchdog_withheld", reason="outbox pump stopped")
             return False
         stale = self.pipelines.stale(max(60.0, 3 * self.interval_s))
         if stale:
@@ -442,3 +473,39 @@ class AgentService:
         self.outbox.close()
         self.commands.close()
         self.notifier.close()
+
+
+@dataclass(slots=True)
+class _Sent:
+    """The pump's place: the last sequence published, and those the broker has yet to ack."""
+
+    upto: int = 0
+    in_flight: list[int] = field(default_factory=list)
+
+
+_FAILED_LOG_S = 60.0
+"""A step that keeps failing is logged with its traceback at most this often."""
+
+
+class _Failures:
+    """Failures of a loop that must keep going, logged without flooding the journal."""
+
+    def __init__(self, event: str) -> None:
+        self._event = event
+        self._count = 0
+        self._logged: dict[str, float] = {}  # step -> when its traceback was last logged
+
+    def guard(self, step: str, call: Callable[[], object]) -> None:
+        """Run `call`; a failure is recorded, not raised."""
+        try:
+            call()
+        except Exception:
+            self.record(step)
+
+    def record(self, step: str) -> None:
+        """Call from an `except` block."""
+        self._count += 1
+        now = time.monotonic()
+        if now - self._logged.get(step, -_FAILED_LOG_S) >= _FAILED_LOG_S:
+            self._logged[step] = now
+            log_crash(log, self._event, step=step, failures=self._count)

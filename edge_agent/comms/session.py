@@ -54,6 +54,12 @@ class Will:
 _CONNECTED = object()
 _EARLY_S = 5.0
 _STOP = object()
+_DROPPED_KEPT = 256
+"""Filters let go of and unsubscribed again on each connect (each pull adds one)."""
+_WARN_AFTER_S = 15.0
+"""Connect failures are logged at INFO until they have lasted this long..."""
+_WARN_EVERY_S = 60.0
+"""...then at WARNING, at most this often."""
 
 
 def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
@@ -90,9 +96,20 @@ class MqttSession:
         self.reconnects = 0
         self.dropped = 0
         """QoS 0 messages dropped because handlers fell behind by dispatch_limit_bytes."""
+        self.rejected = 0
+        """QoS 1 messages the broker acknowledged with a failure reason (MQTT 5)."""
+        self.last_error: str | None = None
+        """Why the last connect failed, for an operator."""
+        self.refused = False
+        """Whether it was an answer (refused, no such host, CONNACK no) rather than silence."""
+        self._warned_at = -_WARN_EVERY_S
+        self._failing_since: float | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._subs: dict[str, tuple[int, list[Handler]]] = {}
+        self._dropped: dict[str, None] = {}  # filters to unsubscribe on each connect, oldest first
+        self._unsub_mids: dict[int, str] = {}  # UNSUBSCRIBEs of `_dropped` filters awaiting acks
+        self._online = False  # under _lock: subscriptions go out now (set with their snapshot)
         # Never held while calling into paho: paho calls _on_publish with its own mutexes
         # held (on the network thread, or at once inside publish() for a QoS 0 write), so
         # holding ours across client.publish() deadlocks against it.
@@ -126,17 +143,27 @@ class MqttSession:
             password = s.password.get_secret_value() if s.password is not None else None
             client.username_pw_set(s.username, password)
         if s.tls is not None:
-            client.tls_set(
-                ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
-                certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
-                keyfile=str(s.tls.key_file) if s.tls.key_file else None,
-                cert_reqs=ssl.CERT_REQUIRED,
-            )
+            try:
+                client.tls_set(
+                    ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
+                    certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
+                    keyfile=str(s.tls.key_file) if s.tls.key_file else None,
+                    cert_reqs=ssl.CERT_REQUIRED,
+                )
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                files = [str(f) for f in (s.tls.ca_file, s.tls.cert_file, s.tls.key_file) if f]
+                raise EdgeAgentError(
+                    f"cannot set up TLS from {', '.join(files) or 'the system CA store'}: "
+                    f"{getattr(exc, 'strerror', None) or exc}",
+                    "check that the CA, certificate and key files exist and are PEM",
+                    code="config.invalid",
+                ) from None
             client.tls_insecure_set(s.tls.insecure)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_publish = self._on_publish
+        client.on_unsubscribe = self._on_unsubscribe
         # Only the network thread writes to the socket. Without an "external loop" callback,
         # paho's publish() writes from the caller's thread too, and its write path takes no
         # lock: with the network thread writing at the same moment (acknowledgements,
@@ -190,7 +217,11 @@ class MqttSession:
             known = topic_filter in self._subs
             handlers = self._subs.setdefault(topic_filter, (qos, []))[1]
             handlers.append(handler)
-        if not known and self.connected.is_set():
+            self._dropped.pop(topic_filter, None)
+            # Decided under the lock _on_connect snapshots under: either that snapshot has
+            # this filter, or this call sends it.
+            send = not known and self._online
+        if send:
             self._client.subscribe(topic_filter, qos)
 
         def unsubscribe() -> None:
@@ -202,8 +233,16 @@ class MqttSession:
                 last = not entry[1]
                 if last:
                     del self._subs[topic_filter]
-            if last and self.connected.is_set():
-                self._client.unsubscribe(topic_filter)
+                    # Sent now if connected, and again on every connect until subscribed
+                    # anew: a persistent session keeps a filter the broker never heard
+                    # dropped (during an outage, or an UNSUBSCRIBE lost with the link), and
+                    # the broker goes on sending it.
+                    self._dropped[topic_filter] = None
+                    while len(self._dropped) > _DROPPED_KEPT:
+                        del self._dropped[next(iter(self._dropped))]
+                send = last and self._online
+            if send:
+                self._unsubscribe(topic_filter)
 
         return unsubscribe
 
@@ -248,11 +287,26 @@ class MqttSession:
             except (OSError, ssl.SSLError) as exc:
                 delay = backoff_delay(attempt, s.reconnect_min_s, s.reconnect_max_s, self._rng)
                 attempt += 1
-                log.info(
+                self.last_error = _connect_error(exc)
+                self.refused = _is_refusal(exc)
+                # Seen at the default log level once the failures have lasted a while, then
+                # once a minute: a box that cannot reach its broker must say so without -v,
+                # and without a line every retry (a command line's connect() says it itself).
+                now = time.monotonic()
+                if self._failing_since is None:
+                    self._failing_since = now
+                loud = (
+                    now - self._failing_since >= _WARN_AFTER_S
+                    and now - self._warned_at >= _WARN_EVERY_S
+                )
+                if loud:
+                    self._warned_at = now
+                log.log(
+                    logging.WARNING if loud else logging.INFO,
                     'event=mqtt.connect_failed host="%s" port=%d error="%s" retry_s=%.2f',
                     s.host,
                     s.port,
-                    exc,
+                    self.last_error,
                     delay,
                 )
                 self._stopping.wait(delay)
@@ -311,11 +365,22 @@ class MqttSession:
     ) -> None:
         if reason.is_failure:
             log.warning('event=mqtt.refused reason="%s"', reason)
+            self.last_error = f"the broker refused the connection: {reason}"
+            # Busy or unavailable is a broker still starting or shedding load: worth waiting for.
+            self.refused = reason.value not in _CONNACK_TRANSIENT
             return
         with self._lock:
+            if not flags.session_present:
+                self._dropped.clear()  # a new session holds no old filters
             filters = [(f, q) for f, (q, _) in self._subs.items()]
+            dropped = list(self._dropped)
+            self._online = True
         for topic_filter, qos in filters:
             client.subscribe(topic_filter, qos)
+        for topic_filter in dropped:
+            self._unsubscribe(topic_filter)
+        self.last_error, self.refused = None, False
+        self._failing_since = None
         self.connected.set()
         self._queue.put(_CONNECTED)
 
@@ -327,7 +392,30 @@ class MqttSession:
         reason: ReasonCode,
         properties: Properties | None,
     ) -> None:
+        with self._lock:
+            self._online = False
+            self._unsub_mids.clear()  # unacknowledged: sent again on the next connect
         self.connected.clear()
+
+    def _unsubscribe(self, topic_filter: str) -> None:
+        _, mid = self._client.unsubscribe(topic_filter)
+        if mid is not None:
+            with self._lock:
+                self._unsub_mids[mid] = topic_filter
+
+    def _on_unsubscribe(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
+        # The broker has it: the filter need not be sent again on later connects.
+        with self._lock:
+            topic_filter = self._unsub_mids.pop(mid, None)
+            if topic_filter is not None and topic_filter not in self._subs:
+                self._dropped.pop(topic_filter, None)
 
     def _on_publish(
         self,
@@ -337,6 +425,12 @@ class MqttSession:
         reason: ReasonCode,
         properties: Properties | None,
     ) -> None:
+        if reason.is_failure:
+            # MQTT 5: the broker took the message and refused it (not authorised, over a
+            # quota, a bad topic). Sending it again gets the same answer, so it counts as
+            # acknowledged, but never in silence.
+            self.rejected += 1
+            log.warning('event=mqtt.publish_refused mid=%d reason="%s"', mid, reason)
         with self._acked:
             if mid in self._pending:
                 self._pending.discard(mid)
@@ -394,18 +488,50 @@ class MqttSession:
             log.exception("event=mqtt.handler_failed")
 
 
-def connect(settings: BrokerSettings, timeout: float = 10.0, **kwargs: Any) -> MqttSession:
+def connect(
+    settings: BrokerSettings, timeout: float = 10.0, fail_fast: bool = True, **kwargs: Any
+) -> MqttSession:
     """Start a session and wait for its first CONNACK.
 
+    Args:
+        fail_fast: give up at the first refusal (nothing listens on the port, the name does
+            not resolve, the broker says no), with its cause, as mosquitto_pub does; a
+            command line wants that answer now. A server that may start before its broker
+            (`edge-fleet serve`) passes False and waits out `timeout`.
+
     Raises:
-        EdgeAgentError: broker.unreachable after `timeout` seconds.
+        EdgeAgentError: broker.unreachable.
     """
     session = MqttSession(settings, **kwargs).start()
-    if not session.wait_connected(timeout):
-        session.stop(1.0)
-        raise EdgeAgentError(
-            f"cannot reach the MQTT broker at {settings.host}:{settings.port} within {timeout:g} s",
-            "check the broker address, port, credentials and TLS settings",
-            code="broker.unreachable",
-        )
+    deadline = time.monotonic() + timeout
+    while not session.wait_connected(min(0.05, max(0.0, deadline - time.monotonic()))):
+        if (fail_fast and session.refused) or time.monotonic() >= deadline:
+            session.stop(1.0)
+            why = f": {session.last_error}" if session.last_error else f" within {timeout:g} s"
+            raise EdgeAgentError(
+                f"cannot reach the MQTT broker at {settings.host}:{settings.port}{why}",
+                "check the broker address, port, credentials and TLS settings",
+                code="broker.unreachable",
+            )
     return session
+
+
+# CONNACK reasons that say "not now" rather than "no": server unavailable, server busy,
+# quota exceeded, connection rate exceeded (paho maps 3.1.1's codes onto these).
+_CONNACK_TRANSIENT = frozenset({0x88, 0x89, 0x97, 0x9F})
+# getaddrinfo's "no such name" answers; EAI_AGAIN (a resolver not answering) is not one.
+_NO_SUCH_HOST = frozenset(
+    getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, name)
+)
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    if isinstance(exc, socket.gaierror):
+        return exc.errno in _NO_SUCH_HOST
+    return isinstance(exc, ConnectionRefusedError)
+
+
+def _connect_error(exc: BaseException) -> str:
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host name ({exc.strerror or exc})"
+    return str(getattr(exc, "strerror", None) or exc)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
+import time
 from pathlib import Path
 
 from edge_agent.delivery.chunks import ChunkMap
@@ -33,6 +35,40 @@ log = logging.getLogger(__name__)
 
 _BITMAP = "chunks.bitmap"
 _RELEASE = "release.json"
+_FOLDER = re.compile(r"^(?P<name>.+)-(?P<version>\d+)-(?P<rid>[0-9a-f]{16})$")
+ABANDONED_S = 14 * 24 * 3600.0
+"""A partial untouched this long is abandoned (its release long expired or replaced)."""
+
+
+def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
+    """Remove the partials below `root` that no pull will resume: every other one of
+    `keep`'s model name (a newer or re-signed release replaced it), and any untouched
+    for `ABANDONED_S`. A partial holds up to a whole model and counts against no quota.
+
+    Returns:
+        The folders removed.
+    """
+    wanted = _FOLDER.match(keep.name)
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    try:
+        found = list(root.iterdir())
+    except OSError:
+        return removed
+    for folder in found:
+        match = _FOLDER.match(folder.name)
+        if folder == keep or match is None or not folder.is_dir():
+            continue
+        same_name = wanted is not None and match["name"] == wanted["name"]
+        try:
+            idle = now - max(p.stat().st_mtime for p in (folder, *folder.iterdir()))
+        except (OSError, ValueError):
+            idle = 0.0
+        if same_name or idle > ABANDONED_S:
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info('event=transfer.swept folder="%s"', folder)
+            removed.append(folder)
+    return removed
 
 
 class PartialTransfer:
@@ -92,7 +128,8 @@ class PartialTransfer:
         return self.received == self.count
 
     def has(self, index: int) -> bool:
-        return bit(self.bits, index)
+        """Whether chunk `index` is stored; False for an index outside the release."""
+        return 0 <= index < self.count and bit(self.bits, index)
 
     def missing(self) -> list[int]:
         return [i for i in range(self.count) if not bit(self.bits, i)]

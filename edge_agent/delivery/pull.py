@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge_agent.comms.base import Communicator, Message
 from edge_agent.delivery.chunks import release_id
-from edge_agent.delivery.partial import PartialTransfer
+from edge_agent.delivery.partial import PartialTransfer, sweep
 from edge_agent.delivery.puller import Puller, PullerOptions, PullStats
 from edge_agent.delivery.urls import fetch_url_files
 from edge_agent.errors import EdgeAgentError
@@ -125,6 +125,7 @@ def pull(
     highest = store.state(name).highest
     verify(signed, trusted_keys, datetime.now(UTC), highest or None)
     folder = layout.transfers / f"{name}-{release.version}-{release_id(release)}"
+    sweep(layout.transfers, keep=folder)
     partial = PartialTransfer(folder, signed)
     try:
         stats = _transfer(comm, topics, device_id, partial, options, report, cancel)

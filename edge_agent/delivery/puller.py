@@ -218,14 +218,24 @@ class Puller:
         if self.partial.has(index):
             self.stats.duplicates += 1
             return 0
-        if not self.partial.write(index, data):
-            self.stats.bad += 1
+        try:
+            if not self.partial.write(index, data):
+                self.stats.bad += 1
+                return 0
+            self.stats.stored += 1
+            self._since_sync += 1
+            if self._since_sync >= self.options.sync_every or self.partial.complete:
+                self.partial.sync()
+                self._since_sync = 0
+        except OSError as exc:
+            # A full or failing disk: every later chunk would fail the same way.
+            self.error = EdgeAgentError(
+                f"cannot store {self.release.name} v{self.release.version}: {exc.strerror or exc}",
+                "free space on the state disk, then deploy again (the transfer resumes)",
+                code="transfer.failed",
+            )
+            self.stop()
             return 0
-        self.stats.stored += 1
-        self._since_sync += 1
-        if self._since_sync >= self.options.sync_every:
-            self.partial.sync()
-            self._since_sync = 0
         if self.partial.complete:
             self._complete()
         return 1

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
-from edge_agent.errors import EdgeAgentError
+from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.fleet.console_cmd import add_console_verbs
 from edge_agent.paths import default_fleet_repo
 from edge_agent.protocol.topics import DEFAULT_PREFIX, DEFAULT_SHARE_GROUP, Topics
@@ -160,6 +160,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     session = connect(
         broker_settings(args),
+        # A server may start before its broker (boot, compose): it waits, a command fails fast.
+        fail_fast=False,
         will=lambda: Will(topics.server(instance), b"", retain=True),
         on_connected=lambda _session: announce(),
     )
@@ -193,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.verbose, "kv", sys.stderr)
     try:
         code: int = args.run(args)
-    except EdgeAgentError as exc:
+    except BrokenPipeError:
+        return 141  # the reader of stdout went away (`| head`): nothing to say
+    except (EdgeAgentError, OSError) as caught:
+        exc = caught if isinstance(caught, EdgeAgentError) else from_os_error(caught)
         print(f"edge-fleet: error: {exc} [{exc.code}]", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

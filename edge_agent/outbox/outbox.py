@@ -17,12 +17,20 @@ sqlite in WAL mode: a crash loses at most the message being written, never
 the file; `synchronous=NORMAL` keeps a put at tens of microseconds, and WAL
 makes it durable against a process crash (the box losing power can lose the
 last transactions, which for telemetry is the right trade).
+
+A disk that refuses writes (full, read-only, failing) never raises out of `put`
+or `ack`: the agent must keep serving, and a full state disk is not a bug. A
+message the disk refuses is a drop like one over the quota, counted in memory
+(the counts on disk cannot be written either) and logged at most once a minute;
+an `ack` the disk refuses leaves its messages to be sent again after a restart,
+which at-least-once delivery allows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import sqlite3
 import threading
 import time
@@ -33,6 +41,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
+
+log = logging.getLogger(__name__)
+
+_WRITE_FAILED_LOG_S = 60.0
+"""At most one log line this often while the disk keeps refusing writes."""
 
 
 class Priority(enum.IntEnum):
@@ -67,9 +81,17 @@ class OutboxStats(BaseModel):
     depth: int = Field(ge=0, description="Messages waiting.")
     bytes: int = Field(ge=0, description="Payload and topic bytes waiting.")
     quota_bytes: int = Field(ge=0, description="The byte quota.")
-    dropped_critical: int = Field(ge=0, description="Answers and events dropped, ever.")
-    dropped_result: int = Field(ge=0, description="Results dropped over the quota, ever.")
-    dropped_telemetry: int = Field(ge=0, description="Telemetry dropped over the quota, ever.")
+    dropped_critical: int = Field(
+        ge=0, description="Answers and events dropped, ever (and refused by the disk, this run)."
+    )
+    dropped_result: int = Field(
+        ge=0,
+        description="Results dropped over the quota, ever (and refused by the disk, this run).",
+    )
+    dropped_telemetry: int = Field(
+        ge=0,
+        description="Telemetry dropped over the quota, ever (and refused by the disk, this run).",
+    )
     oldest_age_s: float = Field(ge=0.0, description="Age of the oldest waiting message.")
 
 
@@ -117,6 +139,10 @@ class Outbox:
         self.quota_bytes = quota_bytes
         self._clock = clock
         self._lock = threading.Lock()
+        self._refused: dict[Priority, int] = dict.fromkeys(Priority, 0)
+        self._refused_logged = -_WRITE_FAILED_LOG_S
+        self.refusing = False
+        """Whether the last write failed: the disk is refusing the outbox just now."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # check_same_thread=False: the lock above serialises every use.
@@ -152,28 +178,68 @@ class Outbox:
         """
         size = len(topic) + len(payload)
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._make_room(size, priority)
-                cursor = self._db.execute(
-                    "INSERT INTO messages (topic, payload, qos, retain, priority, created_at, size)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (topic, payload, qos, int(retain), int(priority), self._clock(), size),
-                )
-                self._db.execute("COMMIT")
-            except _DroppedError:
-                # Keep the evictions and the drop count: they happened.
-                self._db.execute("COMMIT")
-                self._bytes = self._sum_bytes()
+                seq = self._put(topic, payload, priority, qos, retain, size)
+            except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
+                raise  # a closed outbox or a bug, not the disk
+            except sqlite3.Error as exc:
+                self._undo()  # a refused COMMIT after a drop leaves here, not through _put's
+                self._refused[priority] += 1
+                self._write_failed("put", exc)
                 return None
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                self._bytes = self._sum_bytes()
-                raise
-            self._bytes += size
-            seq = cursor.lastrowid
-            assert seq is not None
+            self.refusing = False
             return seq
+
+    def _put(
+        self, topic: str, payload: bytes, priority: Priority, qos: int, retain: bool, size: int
+    ) -> int | None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            self._make_room(size, priority)
+            cursor = self._db.execute(
+                "INSERT INTO messages (topic, payload, qos, retain, priority, created_at, size)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (topic, payload, qos, int(retain), int(priority), self._clock(), size),
+            )
+            self._db.execute("COMMIT")
+        except _DroppedError:
+            # Keep the evictions and the drop count: they happened.
+            self._db.execute("COMMIT")
+            self._bytes = self._sum_bytes()
+            return None
+        except BaseException:
+            self._undo()
+            raise
+        self._bytes += size
+        seq = cursor.lastrowid
+        assert seq is not None
+        return seq
+
+    def _undo(self) -> None:
+        # sqlite has already rolled back a COMMIT the disk refused: a second ROLLBACK would
+        # raise and hide the first error. The running byte count is read again either way.
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+        with contextlib.suppress(sqlite3.Error):
+            self._bytes = self._sum_bytes()
+
+    def _write_failed(self, what: str, exc: sqlite3.Error) -> None:
+        self.refusing = True
+        now = time.monotonic()
+        if now - self._refused_logged < _WRITE_FAILED_LOG_S:
+            return
+        self._refused_logged = now
+        log_event(
+            log,
+            logging.ERROR,
+            "outbox_write_failed",
+            operation=what,
+            error=str(exc),
+            refused=sum(self._refused.values()),
+            path=str(self.path),
+            fix="free space on the state disk, or check that it is writable",
+        )
 
     def _make_room(self, size: int, priority: Priority) -> None:
         # Inside the caller's transaction. Drop the least valuable first: telemetry,
@@ -226,13 +292,21 @@ class Outbox:
         if not seqs:
             return
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             marks = ",".join("?" * len(seqs))
-            (freed,) = self._db.execute(
-                f"SELECT COALESCE(SUM(size), 0) FROM messages WHERE seq IN ({marks})", seqs
-            ).fetchone()
-            self._db.execute(f"DELETE FROM messages WHERE seq IN ({marks})", seqs)
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                (freed,) = self._db.execute(
+                    f"SELECT COALESCE(SUM(size), 0) FROM messages WHERE seq IN ({marks})", seqs
+                ).fetchone()
+                self._db.execute(f"DELETE FROM messages WHERE seq IN ({marks})", seqs)
+                self._db.execute("COMMIT")
+            except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
+                raise  # a closed outbox or a bug, not the disk
+            except sqlite3.Error as exc:
+                # They stay, to be sent again after a restart: at least once, never lost.
+                self._undo()
+                self._write_failed("ack", exc)
+                return
             self._bytes -= freed
 
     def stats(self) -> OutboxStats:
@@ -243,13 +317,18 @@ class Outbox:
             ).fetchone()
             drops = dict(self._db.execute("SELECT priority, count FROM dropped").fetchall())
             held = self._bytes
+            refused = dict(self._refused)
+
+        def dropped(priority: Priority) -> int:
+            return int(drops.get(int(priority), 0)) + refused[priority]
+
         return OutboxStats(
             depth=depth,
             bytes=held,
             quota_bytes=self.quota_bytes,
-            dropped_critical=drops.get(int(Priority.CRITICAL), 0),
-            dropped_result=drops.get(int(Priority.RESULT), 0),
-            dropped_telemetry=drops.get(int(Priority.TELEMETRY), 0),
+            dropped_critical=dropped(Priority.CRITICAL),
+            dropped_result=dropped(Priority.RESULT),
+            dropped_telemetry=dropped(Priority.TELEMETRY),
             oldest_age_s=max(0.0, self._clock() - oldest) if oldest is not None else 0.0,
         )
 

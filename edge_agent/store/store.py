@@ -180,27 +180,71 @@ class ModelStore:
         )
 
     def entries(self) -> list[StoredVersion]:
-        """Every installed version of every name, with which is current and previous."""
-        found = []
-        for name in self.names():
-            state = self.state(name)
-            for version in self.versions(name):
+        """Every installed version of every name, with which is current and previous.
+
+        Raises:
+            EdgeAgentError: store.corrupt, for the first file that does not read.
+        """
+        found, damaged = self.readable_entries()
+        if damaged:
+            raise EdgeAgentError(
+                str(damaged[0]), "run `edge-agent models verify`", code="store.corrupt"
+            )
+        return found
+
+    def readable_entries(self) -> tuple[list[StoredVersion], list[Problem]]:
+        """`entries`, less what does not read, and what that was.
+
+        For the agent's state: one damaged file must not hide every other model, nor stop
+        the birth message that says the box is online.
+        """
+        found: list[StoredVersion] = []
+        damaged: list[Problem] = []
+        try:
+            names = self.names()
+        except OSError as exc:
+            return found, [Problem(str(self.root), f"cannot be read: {exc.strerror or exc}")]
+        for name in names:
+            try:
+                state = self.state(name)
+                versions = self.versions(name)
+            except EdgeAgentError as exc:
+                damaged.append(Problem(name, exc.problem))
+                continue
+            except OSError as exc:  # a failing card reads as EIO, a bad mode as EACCES
+                damaged.append(Problem(name, f"cannot be read: {exc.strerror or exc}"))
+                continue
+            for version in versions:
+                try:
+                    release = self.release(name, version).release
+                except EdgeAgentError as exc:
+                    damaged.append(Problem(f"{name} v{version}", exc.problem))
+                    continue
+                except OSError as exc:
+                    damaged.append(Problem(f"{name} v{version}", f"cannot be read: {exc}"))
+                    continue
                 found.append(
                     StoredVersion(
                         name=name,
                         version=version,
-                        release=self.release(name, version).release,
+                        release=release,
                         current=state.current == version,
                         previous=state.previous == version,
                     )
                 )
-        return found
+        return found, damaged
 
     def verify(self) -> list[Problem]:
         """Re-hash every stored byte; an empty list means all is well."""
         problems: list[Problem] = []
         for name in self.names():
-            state = self.state(name)
+            try:
+                state = self.state(name)
+            except EdgeAgentError as exc:
+                # Named, and the versions still checked: `verify` is what the operator
+                # runs to find out what is damaged, so it must not stop at the first.
+                problems.append(Problem(name, exc.problem))
+                state = NameState()
             versions = self.versions(name)
             for label, pointer in (("current", state.current), ("previous", state.previous)):
                 if pointer is not None and pointer not in versions:

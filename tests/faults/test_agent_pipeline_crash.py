@@ -8,6 +8,7 @@ raise; everything around it (the pool, the model, the photos, the records) is re
 
 from __future__ import annotations
 
+import errno
 import threading
 from pathlib import Path
 from typing import Any
@@ -62,5 +63,33 @@ def test_a_pipeline_that_raises_is_reported_failed_and_the_next_one_runs(
         pipelines.start(spec, persist=False)
         assert ended.wait(60), "the second pipeline never ended"
         assert events[-1].kind == "pipeline_stopped", events
+    finally:
+        pipelines.close()
+
+
+def test_a_start_the_state_disk_cannot_record_still_runs_and_can_be_stopped(
+    tmp_path: Path,
+    cache_dir: Path,
+    astronaut: npt.NDArray[np.uint8],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The record is written after the launch; a full disk there used to unregister a
+    # pipeline that was already running, out of reach of every command.
+    events: list[AgentEvent | DetectionEvent] = []
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, events.append)
+
+    def full(**changes: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:
+        monkeypatch.setattr(pipelines.records, "update", full)
+        state = pipelines.start(spec)
+        assert state.status in ("running", "stopped")
+        assert [s.id for s in pipelines.states()] == ["cam"]
+        assert "cam" not in pipelines.records.record.pipelines
+        monkeypatch.undo()
+        pipelines.stop("cam")
+        assert pipelines.states() == []
+        assert not [t.name for t in threading.enumerate() if t.name.endswith("-cam")]
     finally:
         pipelines.close()

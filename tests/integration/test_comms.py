@@ -6,6 +6,8 @@ import queue
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,3 +187,84 @@ def test_a_request_and_its_answer_are_not_held_back_by_nagle(broker: LocalBroker
     finally:
         asker.stop()
         answerer.stop()
+
+
+@pytest.mark.parametrize("version", ["5", "3.1.1"])
+def test_a_filter_let_go_while_offline_is_unsubscribed_on_reconnect(
+    tmp_path: Path, version: str
+) -> None:
+    # A persistent session: the broker keeps its subscriptions over the outage, so one let
+    # go of meanwhile must be unsubscribed once the link is back, or the broker goes on
+    # sending it (a pull's 128 KB chunk frames, for as long as other boxes pull).
+    folder = tmp_path / "mosquitto"
+    folder.mkdir()
+    extra = f"persistence true\npersistence_location {folder}/\n"
+    with LocalBroker(folder=folder, extra_config=extra) as broker:
+        got: queue.Queue[Message] = queue.Queue()
+        a = connect(_settings(broker, version=version, client_id="dev-1", persistent=True))
+        seen: list[str] = []
+        routed = a._client.on_message
+        assert routed is not None
+
+        def spy(client: Any, userdata: Any, msg: Any) -> None:
+            seen.append(msg.topic)  # every message the broker sends this client
+            routed(client, userdata, msg)
+
+        a._client.on_message = spy
+        b = connect(_settings(broker, version=version))
+        try:
+            a.subscribe("keep", got.put)
+            let_go = a.subscribe("chunks/r1", got.put)
+            a.publish("keep", b"subscribed", qos=1)
+            assert _get(got).payload == b"subscribed"
+            broker.stop()  # SIGTERM: mosquitto saves the session, subscriptions and all
+            let_go()
+            broker.start()
+            assert a.wait_connected(10)
+            # a's own message comes back after its UNSUBSCRIBE was handled (same link).
+            a.publish("keep", b"back", qos=1)
+            assert _get(got, 10).payload == b"back"
+            assert b.wait_connected(10)
+            b.publish("chunks/r1", b"frame", qos=1)
+            b.publish("keep", b"after", qos=1)
+            assert _get(got).payload == b"after"
+            assert "chunks/r1" not in seen
+        finally:
+            a.stop()
+            b.stop()
+
+
+def test_a_publish_the_broker_refuses_is_counted(tmp_path: Path) -> None:
+    # MQTT 5 acknowledges a refused QoS 1 publish with a failure reason: it is not
+    # delivered, and the session says so instead of taking it for sent.
+    folder = tmp_path / "mosquitto"
+    folder.mkdir()
+    acl = folder / "acl"
+    acl.write_text("topic readwrite allowed/#\n")
+    with LocalBroker(folder=folder, extra_config=f"acl_file {acl}\n") as broker:
+        got: queue.Queue[Message] = queue.Queue()
+        a = connect(_settings(broker, version="5"))
+        try:
+            a.subscribe("allowed/#", got.put)
+            a.publish("denied/x", b"no", qos=1)
+            a.publish("allowed/x", b"yes", qos=1)
+            assert a.flush(5.0)
+            assert _get(got).payload == b"yes"
+            assert a.rejected == 1
+        finally:
+            a.stop()
+
+
+def test_a_filter_unsubscribed_while_connected_is_not_sent_again(broker: LocalBroker) -> None:
+    # Kept for the next connects only until the broker acknowledges the UNSUBSCRIBE: a
+    # box that pulls release after release must not send them all on every reconnect.
+    a = connect(_settings(broker, client_id="dev-2", persistent=True))
+    try:
+        let_go = a.subscribe("chunks/r2", lambda m: None)
+        let_go()
+        deadline = time.monotonic() + 5
+        while a._dropped and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not a._dropped
+    finally:
+        a.stop()

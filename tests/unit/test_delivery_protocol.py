@@ -3,6 +3,7 @@ whole pull with loss over the in-memory FakeBroker (the fake that ships with com
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from edge_agent.comms.base import Message, topic_matches
 from edge_agent.comms.fake import FakeBroker
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
 from edge_agent.delivery.chunks import ChunkMap
-from edge_agent.delivery.partial import PartialTransfer
+from edge_agent.delivery.partial import ABANDONED_S, PartialTransfer, sweep
 from edge_agent.delivery.puller import Puller, PullerOptions
 from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.server import FleetServer, owner
@@ -175,3 +176,39 @@ def test_rendezvous_owner_is_stable_and_spreads() -> None:
     owners = {owner(servers, f"{i:016x}") for i in range(30)}
     assert owners == servers
     assert owner(servers, "00000000000000ff") == owner({"c", "b", "a"}, "00000000000000ff")
+
+
+def test_a_frame_outside_the_release_is_counted_bad_not_raised(tmp_path: Path) -> None:
+    signed, _ = _release(tmp_path, 3 * CHUNK)
+    partial = PartialTransfer(tmp_path / "pull", signed)
+    assert not partial.has(10**6)
+    assert not partial.has(-1)
+    puller = Puller(FakeBroker().connect(), Topics(), "dev-1", partial, clock=lambda: 0.0)
+    assert puller._store(10**6, b"x") == 0
+    assert puller._store(-1, b"x") == 0
+    assert puller.stats.bad == 2
+    assert puller.error is None
+
+
+def test_sweep_removes_replaced_and_abandoned_partials_only(tmp_path: Path) -> None:
+    root = tmp_path / "transfers"
+    rid = "0123456789abcdef"
+
+    def partial(name: str, age_s: float = 0.0) -> Path:
+        folder = root / name
+        (folder / "files").mkdir(parents=True)
+        (folder / "chunks.bitmap").write_bytes(b"\x00")
+        stamp = 1_000_000_000.0 - age_s
+        for path in (folder, folder / "files", folder / "chunks.bitmap"):
+            os.utime(path, (stamp, stamp))
+        return folder
+
+    keep = partial(f"person-det-3-{rid}")
+    older = partial(f"person-det-2-{rid}")  # the same model, replaced by v3
+    resigned = partial("person-det-3-fedcba9876543210")  # v3 signed again
+    other = partial(f"person-1-{rid}")  # another model whose name is a prefix: kept
+    stale = partial(f"face-1-{rid}", age_s=ABANDONED_S + 60)
+    stranger = partial("not-a-transfer")
+    removed = sweep(root, keep=keep, now=1_000_000_000.0)
+    assert sorted(removed) == sorted([older, resigned, stale])
+    assert sorted(p for p in root.iterdir()) == sorted([keep, other, stranger])

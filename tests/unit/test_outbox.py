@@ -95,3 +95,37 @@ def test_unwritable_location_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(EdgeAgentError) as info:
         Outbox(blocker / "o.sqlite")
     assert info.value.code == "path.unwritable"
+
+
+def test_a_full_disk_drops_and_counts_instead_of_raising(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite")
+    box.put("resp", b"a" * 100, Priority.CRITICAL)
+    # sqlite's own cap on the file's pages: the same SQLITE_FULL a full disk gives.
+    (pages,) = box._db.execute("PRAGMA page_count").fetchone()
+    box._db.execute(f"PRAGMA max_page_count = {pages}")
+    assert box.put("res", b"r" * 200_000, Priority.RESULT) is None
+    assert box.put("tele", b"t" * 200_000, Priority.TELEMETRY) is None
+    assert box.refusing
+    stats = box.stats()
+    assert (stats.dropped_result, stats.dropped_telemetry, stats.dropped_critical) == (1, 1, 0)
+    # Nothing half-written, and the byte count is still the file's.
+    assert [q.topic for q in box.peek()] == ["resp"]
+    assert stats.bytes == len("resp") + 100
+    # Room again: puts work and the flag clears.
+    box._db.execute("PRAGMA max_page_count = 1073741823")
+    assert box.put("res", b"r" * 200_000, Priority.RESULT) is not None
+    assert not box.refusing
+    assert box.stats().bytes == len("resp") + 100 + len("res") + 200_000
+
+
+def test_an_ack_the_disk_refuses_keeps_the_messages(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "o.sqlite")
+    seqs = [box.put("t", f"{i}".encode(), Priority.RESULT) for i in range(3)]
+    box._db.execute("PRAGMA query_only = ON")  # writes fail: SQLITE_READONLY
+    box.ack([s for s in seqs if s is not None])
+    assert box.refusing
+    assert box.stats().depth == 3  # sent again after a restart: at least once
+    box._db.execute("PRAGMA query_only = OFF")
+    box.ack([s for s in seqs if s is not None])
+    assert box.stats().depth == 0
+    assert box.stats().bytes == 0

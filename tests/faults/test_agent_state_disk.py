@@ -1,0 +1,95 @@
+"""A state disk that refuses writes, or holds a damaged file, leaves the agent serving.
+
+Both used to end the agent: the outbox raised out of the main loop at the next telemetry
+tick (a full disk), and one unreadable `state.json` in the model store raised out of the
+birth message, so the box showed offline and the next state change killed the loop. Under
+systemd each restart met the same disk, and after ten the unit stayed down. The agent runs
+on a thread over a real mosquitto; the disk's refusal is sqlite's own (query_only makes
+every write fail as a read-only or full disk does) and the damaged file is a real one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.paths import Layout
+from edge_agent.store.store import ModelStore
+from tests.agent_kit import InProcessAgent, Watcher, write_config
+
+DEVICE = "disk-dev"
+
+
+@pytest.fixture
+def watcher(broker: LocalBroker) -> Iterator[Watcher]:
+    running = Watcher(broker.port, DEVICE)
+    yield running
+    running.close()
+
+
+def test_an_outbox_the_disk_refuses_keeps_answers_and_the_loop_going(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher
+) -> None:
+    config = write_config(
+        tmp_path / "agent.toml", port=broker.port, device=DEVICE, state=tmp_path / "state"
+    )
+    agent = InProcessAgent(config)
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        watcher.wait(lambda m: m.leaf == "telemetry", what="telemetry")
+        outbox = agent.service.outbox
+        with outbox._lock:
+            outbox._db.execute("PRAGMA query_only = ON")
+        # An answer still reaches the console, straight from the agent.
+        assert watcher.ok("ping")["pong"] is True
+        # Telemetry ticks go on, refused and counted, and the loop lives through them.
+        deadline = time.monotonic() + 15
+        while outbox.stats().dropped_telemetry < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert outbox.stats().dropped_telemetry >= 2
+        assert agent.thread.is_alive()
+        assert agent.service._healthy()
+        # The disk is back: telemetry flows through the outbox again.
+        with outbox._lock:
+            outbox._db.execute("PRAGMA query_only = OFF")
+        seen = len(watcher.on("telemetry"))
+        watcher.wait(
+            lambda m: m.leaf == "telemetry" and len(watcher.on("telemetry")) > seen + 1,
+            what="telemetry after the disk came back",
+        )
+    finally:
+        agent.close()
+
+
+def test_a_damaged_store_file_still_lets_the_box_come_online(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher
+) -> None:
+    state = tmp_path / "state"
+    damaged = Layout(cache=tmp_path / "cache", state=state).store / "models" / "dock"
+    damaged.mkdir(parents=True)
+    (damaged / "state.json").write_text('{"current": 1, "prev')  # cut off mid-write
+    config = write_config(tmp_path / "agent.toml", port=broker.port, device=DEVICE, state=state)
+    agent = InProcessAgent(config)
+    try:
+        birth = watcher.wait_state(lambda s: s["online"])
+        # Everything that does read is there: the reference models, at least.
+        assert {m["name"] for m in birth["models"]} >= {"person-ssdlite", "face-blazeface"}
+        assert "dock" not in {m["name"] for m in birth["models"]}
+        assert watcher.ok("ping")["pong"] is True
+        # The main loop published state after the pipelines were restored, and lives on.
+        time.sleep(1.0)
+        assert agent.thread.is_alive()
+        # Asked directly, the store names what is wrong.
+        answer = watcher.final(watcher.send("list_models"))
+        assert answer["status"] == "error"
+        assert answer["error"]["code"] == "store.corrupt"
+        assert "state.json" in answer["error"]["message"]
+        # And verify names it, rather than stopping at it.
+        problems = ModelStore(Layout(cache=tmp_path / "cache", state=state)).verify()
+        assert [p.where for p in problems] == ["dock"]
+    finally:
+        agent.close()
