@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from edge_agent.errors import EdgeAgentError
 
@@ -53,3 +53,20 @@ def first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"])
     return (f"{prefix}{where}" if where else prefix.rstrip(".") or "(top)"), first["msg"]
+
+
+def read_secret(path: Path, what: str, fix: str, code: str) -> SecretStr:
+    """The first line of a secret file (a password), '' for an empty file.
+
+    Raises:
+        EdgeAgentError: `code`, naming `what` and `path`, when the file cannot be read.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EdgeAgentError(
+            f"cannot read the {what} from {path}: {getattr(exc, 'strerror', None) or exc}",
+            fix,
+            code=code,
+        ) from None
+    return SecretStr(lines[0] if lines else "")

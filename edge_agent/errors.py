@@ -72,3 +72,21 @@ class EdgeAgentError(Exception):
 
     def __str__(self) -> str:
         return f"{self.problem}; {self.fix}" if self.fix else self.problem
+
+
+def from_os_error(exc: OSError) -> EdgeAgentError:
+    """An OSError no command caught itself (a path that cannot be made, read or written), as
+    the one line an operator sees: the last net under the promise of no traceback."""
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    problem = f"{exc.strerror or exc}" + (f": {where}" if where else "")
+    if isinstance(exc, FileNotFoundError):
+        return EdgeAgentError(
+            problem, "check the path; a folder it names must exist", code="input.not_found"
+        )
+    if exc.filename is None:  # not about a path at all (a socket, say)
+        return EdgeAgentError(problem, "see the log above, and run again", code="error")
+    return EdgeAgentError(
+        problem,
+        "check that the path is a folder this user may write to, and that its disk has room",
+        code="path.unwritable",
+    )

@@ -42,6 +42,11 @@ class WheelSource(_Strict):
     size: int = Field(gt=0, description="Size of the model file in bytes.")
 
 
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
+# A scale of 0 made every score NaN, and NaN is not JSON: refused where the manifest is read.
+_Divisor = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class ImageInput(_Strict):
     """How a camera frame (uint8 BGR, any size) becomes the model's input tensor."""
 
@@ -53,13 +58,13 @@ class ImageInput(_Strict):
     layout: Literal["NCHW", "NHWC"] = Field(description="Layout of the model input.")
     element_type: Literal["u8", "f32"] = Field(description="Element type the model expects.")
     color: Literal["RGB", "BGR"] = Field(description="Channel order the model expects.")
-    mean: tuple[float, float, float] = Field(
+    mean: tuple[_Finite, _Finite, _Finite] = Field(
         default=(0.0, 0.0, 0.0),
         description="Subtracted per channel, in 0-255 pixel units, in the model's colour order.",
     )
-    scale: tuple[float, float, float] = Field(
+    scale: tuple[_Divisor, _Divisor, _Divisor] = Field(
         default=(1.0, 1.0, 1.0),
-        description="Divides per channel after the mean, in 0-255 pixel units.",
+        description="Divides per channel after the mean, in 0-255 pixel units (above 0).",
     )
     center_crop: float = Field(
         default=1.0,

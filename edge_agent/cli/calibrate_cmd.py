@@ -22,7 +22,12 @@ if TYPE_CHECKING:
 
 def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
-        "calibrate", help="quantize a model to INT8 on local data, gated on accuracy"
+        "calibrate",
+        help="quantize a model to INT8 on local data, gated on accuracy",
+        description="Quantize a model to INT8 with NNCF on data from this box, and keep it "
+        "only if its accuracy on held-out data stays within the recipe's max_drop of the "
+        "original; a failed gate walks down to safer rungs of the recipe's ladder, ending "
+        "on FP32.",
     )
     parser.add_argument("--model", required=True, help="reference model name or model file")
     parser.add_argument(

@@ -31,6 +31,7 @@ class HelpFormatter(argparse.HelpFormatter):
         default = action.default
         if (
             "%(default)" in text
+            or "(default:" in text  # the help says it in words already
             or default is None
             or default is False
             or default is argparse.SUPPRESS
@@ -155,6 +156,12 @@ def catalog(args: argparse.Namespace) -> Catalog:
 
     # The store's current version of a name comes before the reference model of that name.
     where = layout(args)
+    if args.models_dir is not None and not Path(args.models_dir).is_dir():
+        raise EdgeAgentError(
+            f"--models-dir {args.models_dir} is not a folder",
+            "pass the folder of model manifests (*.toml), or leave it out for the built-in ones",
+            code="input.not_found",
+        )
     return Catalog(args.models_dir or default_models_dir(), where.cache, store=ModelStore(where))
 
 

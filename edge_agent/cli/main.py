@@ -23,10 +23,12 @@ from typing import NoReturn
 
 from edge_agent import __version__
 from edge_agent.cli.common import CliParser
-from edge_agent.errors import EdgeAgentError
+from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.paths import Layout
 
 EXIT_USER_ERROR = 2
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE, what a shell reports for a writer whose reader left."""
 
 COMMANDS = (
     "infer_cmd",
@@ -105,9 +107,22 @@ def run_command(args: argparse.Namespace) -> int:
     except EdgeAgentError as exc:
         print(error_line(exc), file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:
+        # The reader of stdout went away (`| head`): nothing to say, and no one to say it to.
+        return EXIT_BROKEN_PIPE
+    except OSError as exc:
+        print(error_line(from_os_error(exc)), file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("edge-agent: interrupted", file=sys.stderr)
         return 130
+    except ImportError as exc:
+        # A signal's SystemExit (cli.stopping) raised inside a C extension's import comes
+        # out as ImportError; the exit it was is the answer. Any other ImportError is real.
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, SystemExit) and isinstance(cause.code, int):
+            return cause.code
+        raise
     return code
 
 
@@ -129,7 +144,11 @@ def entry() -> NoReturn:
     parse_args, normally, before any engine is loaded.
     """
     _stacks_on_sigusr1()
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C while the command's modules were still importing
+        print("edge-agent: interrupted", file=sys.stderr)
+        code = 130
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe has nothing to flush to

@@ -257,6 +257,17 @@ def run(args: argparse.Namespace) -> int:
         frames = sum(o.stats.frames for o in outcomes)
         print(f"edge-agent: stopped by {name} after {frames} frames", file=sys.stderr)
         return exit_code(signum)
+    lost = [(h.spec.id, o.stats.sink_failures) for h, o in zip(handles, outcomes, strict=True)]
+    lost = [(pipeline, count) for pipeline, count in lost if count]
+    if lost:
+        # The frames ran, but results were lost on the way out (a full disk, a closed pipe):
+        # a script must not take that run for a good one.
+        pipeline, count = lost[0]
+        raise EdgeAgentError(
+            f"pipeline {pipeline} could not write {count} results to its sinks",
+            "check the sinks' paths and their disk; the log above says which failed",
+            code="sink.failed",
+        )
     return 0
 
 

@@ -55,6 +55,11 @@ def exit_on_signals() -> Iterator[None]:
     was built, and no engine thread is running work yet.
     """
 
+    # OpenVINO is imported first, outside the handler: a SystemExit raised inside a C
+    # extension's import (pybind11's) comes out as "ImportError: initialization failed",
+    # not as the exit it was (main.run_command maps any other such import back to it).
+    import edge_agent.runtime.openvino_backend  # noqa: F401
+
     def handler(signum: int, frame: FrameType | None) -> None:
         _say(f"stopped by {signal.Signals(signum).name} before the pipeline started")
         raise SystemExit(exit_code(signum))

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from edge_agent.comms.settings import BrokerSettings, TlsSettings
+from edge_agent.config_files import first_error, read_secret
+from edge_agent.errors import EdgeAgentError
 
 
 def add_broker_args(parser: argparse.ArgumentParser, *, short: bool = True) -> None:
@@ -38,20 +40,50 @@ def broker_settings(args: argparse.Namespace, **overrides: object) -> BrokerSett
     base = BrokerSettings.from_url(args.broker) if args.broker else BrokerSettings()
     if args.host:
         data["host"] = args.host
-    if args.port:
+    if args.port is not None:
         data["port"] = args.port
     if args.username:
         data["username"] = args.username
     if args.password_file is not None:
-        lines = args.password_file.read_text(encoding="utf-8").splitlines()
-        data["password"] = SecretStr(lines[0] if lines else "")
+        data["password"] = read_secret(
+            args.password_file,
+            "password file",
+            "pass --password-file a readable text file whose first line is the password",
+            "input.invalid",
+        )
     elif args.password:
         data["password"] = SecretStr(args.password)
     if args.cafile or args.cert or args.insecure:
+        for flag, path in (("--cafile", args.cafile), ("--cert", args.cert)):
+            _readable(flag, path)
+        _readable("--key-file", args.tls_key)
         data["tls"] = TlsSettings(
             ca_file=args.cafile, cert_file=args.cert, key_file=args.tls_key, insecure=args.insecure
         )
-        if not args.port and not (args.broker and ":" in args.broker.split("://")[-1]):
+        if args.port is None and not (args.broker and ":" in args.broker.split("://")[-1]):
             data["port"] = 8883
     data.update(overrides)
-    return base.model_copy(update=data)
+    # Validated whole, so a port out of range is refused here and not after a connect timeout.
+    try:
+        return BrokerSettings.model_validate({**dict(base), **data})
+    except ValidationError as exc:
+        where, message = first_error(exc)
+        raise EdgeAgentError(
+            f"broker option {where} is invalid: {message}",
+            "see --help for the broker flags (a port is 1 to 65535)",
+            code="input.invalid",
+        ) from None
+
+
+def _readable(flag: str, path: Path | None) -> None:
+    if path is None:
+        return
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise EdgeAgentError(
+            f"{flag} {path}: {exc.strerror}",
+            f"pass {flag} a readable PEM file",
+            code="input.invalid",
+        ) from None

@@ -63,17 +63,22 @@ class BrokerSettings(BaseModel):
         Raises:
             EdgeAgentError: input.invalid for another scheme or no host.
         """
-        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
-        if parts.scheme not in ("mqtt", "tcp", "mqtts", "ssl") or not parts.hostname:
-            raise EdgeAgentError(
-                f"broker URL {url!r} is not mqtt://host[:port] or mqtts://host[:port]",
-                "pass e.g. --broker mqtt://127.0.0.1:1883",
-                code="input.invalid",
-            )
+        bad = EdgeAgentError(
+            f"broker URL {url!r} is not mqtt://host[:port] or mqtts://host[:port]",
+            "pass e.g. --broker mqtt://127.0.0.1:1883 (a port from 1 to 65535)",
+            code="input.invalid",
+        )
+        try:
+            parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+            port = parts.port  # raises for a port that is not a number from 0 to 65535
+        except ValueError:
+            raise bad from None
+        if parts.scheme not in ("mqtt", "tcp", "mqtts", "ssl") or not parts.hostname or port == 0:
+            raise bad
         tls = parts.scheme in ("mqtts", "ssl")
         data: dict[str, object] = {
             "host": parts.hostname,
-            "port": parts.port or (8883 if tls else 1883),
+            "port": port or (8883 if tls else 1883),
         }
         if parts.username:
             data["username"] = unquote(parts.username)

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from edge_agent.config_files import first_error
+from edge_agent.config_files import first_error, read_secret
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout, is_safe_name
 
@@ -280,17 +280,20 @@ def _overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     return merged
 
 
+def _env_name(where: str) -> str | None:
+    """The variable `_overrides` reads for the config field at dotted path `where`, if any."""
+    match where.split("."):
+        case [key] if key in _TOP_LEVEL_ENV:
+            return f"EDGE_AGENT_{key.upper()}"
+        case ["mqtt", key] if key in _MQTT_ENV:
+            return f"EDGE_AGENT_MQTT_{key.upper()}"
+    return None
+
+
 def _read_secret(path: Path, what: str) -> SecretStr:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise EdgeAgentError(
-            f"cannot read the {what} from {path}: {exc.strerror}",
-            "check the file exists and the agent's user can read it",
-            code="config.invalid",
-        ) from None
-    lines = text.splitlines()
-    return SecretStr(lines[0] if lines else "")
+    return read_secret(
+        path, what, "check the file exists and the agent's user can read it", "config.invalid"
+    )
 
 
 def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
@@ -307,7 +310,13 @@ def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
             "write one (see systemd/agent.example.toml) or pass --config",
             code="config.invalid",
         ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except OSError as exc:
+        raise EdgeAgentError(
+            f"agent config {path} is unreadable: {exc.strerror or exc}",
+            "pass --config a TOML file the agent's user can read",
+            code="config.invalid",
+        ) from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise EdgeAgentError(
             f"agent config {path} is unreadable: {exc}",
             "fix the TOML syntax",
@@ -325,8 +334,11 @@ def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
         config = AgentConfig.model_validate(data)
     except ValidationError as exc:
         where, message = first_error(exc)
+        # Name where the bad value came from: an EDGE_AGENT_* variable overrides the file.
+        variable = _env_name(where)
+        source = f"${variable}" if variable and env.get(variable) else f"agent config {path}"
         raise EdgeAgentError(
-            f"agent config {path} is invalid at {where}: {message}",
+            f"{source} is invalid at {where}: {message}",
             "see the config reference in the README",
             code="config.invalid",
         ) from None

@@ -222,11 +222,22 @@ class OpenVinoBackend:
             except RuntimeError as exc:
                 raise EdgeAgentError(
                     f"{manifest.name} cannot take input shape {list(shape)}: {_first_line(exc)}",
-                    "pass a shape with the model's rank and layout (edge-agent models info NAME)",
+                    "pass a shape with the model's rank and layout (edge-agent models info NAME)"
+                    if options.shape is not None
+                    else "set [input] name and shape in the manifest to the model's own",
                     code="model.shape",
                 ) from None
         if isinstance(spec, ImageInput):
-            model = _fold_preprocessing(model, spec)
+            try:
+                model = _fold_preprocessing(model, spec)
+            except RuntimeError as exc:
+                raise EdgeAgentError(
+                    f"{manifest.name}'s manifest [input] does not fit the model "
+                    f"(layout {spec.layout}, shape {list(spec.shape)}): {_first_line(exc)}",
+                    "set [input] name, layout and shape in the manifest to the model's own "
+                    "(edge-agent models info NAME shows what the manifest says)",
+                    code="model.shape",
+                ) from None
         return model
 
 

@@ -460,7 +460,11 @@ def release_for_file(
         EdgeAgentError: input.not_found, config.invalid, release.invalid.
     """
     if not path.is_file():
-        raise EdgeAgentError(f"model file {path} does not exist", code="input.not_found")
+        raise EdgeAgentError(
+            f"model file {path} " + ("is a folder" if path.is_dir() else "does not exist"),
+            "pass the model file itself (.onnx, .xml, .tflite, .pb), its manifest beside it",
+            code="input.not_found",
+        )
     sidecar = manifest_path or path.with_suffix(".toml")
     if not sidecar.is_file():
         raise EdgeAgentError(

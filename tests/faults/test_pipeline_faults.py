@@ -112,7 +112,9 @@ def test_a_full_disk_is_one_warning_and_a_clean_end(
     assert all(r.exc_info is None for r in caplog.records)
 
 
-def test_a_full_disk_through_the_cli_exits_cleanly(walk: WalkVideo, tmp_path: Path) -> None:
+def test_a_full_disk_through_the_cli_ends_cleanly_and_fails(
+    walk: WalkVideo, tmp_path: Path
+) -> None:
     spec = tmp_path / "full.json"
     spec.write_text(
         spec_for(walk, sinks=[JsonLinesSinkSpec(path=Path("/dev/full"))]).model_dump_json()
@@ -121,9 +123,14 @@ def test_a_full_disk_through_the_cli_exits_cleanly(walk: WalkVideo, tmp_path: Pa
         [sys.executable, "-m", "edge_agent", "run-pipeline", str(spec), "--json"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    # The run ends on its own, says once what failed, prints its summary, and does not
+    # exit 0: every result was lost.
+    assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert sum("sink_failed" in line for line in proc.stderr.splitlines()) == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("edge-agent: error: pipeline ")
+    assert last.endswith("[sink.failed]")
     summary = json.loads(proc.stdout.splitlines()[-1])["summary"]
     assert summary["sink_failures"] == walk.frames + 1
 

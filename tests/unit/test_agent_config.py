@@ -82,3 +82,22 @@ def test_bad_fields_are_named(tmp_path: Path, text: str, where: str) -> None:
 def test_missing_file_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(EdgeAgentError, match="does not exist"):
         load_agent_config(tmp_path / "nope.toml", {})
+
+
+def test_a_bad_value_from_the_environment_names_the_variable(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('device_id = "d1"\n[mqtt]\nhost = "h"\nport = 1883\n')
+    with pytest.raises(EdgeAgentError) as caught:
+        load_agent_config(config, {"EDGE_AGENT_MQTT_PORT": "abc"})
+    assert str(caught.value).startswith("$EDGE_AGENT_MQTT_PORT is invalid at mqtt.port")
+    config.write_text('device_id = "d1"\n[mqtt]\nhost = "h"\nport = "abc"\n')
+    with pytest.raises(EdgeAgentError) as caught:
+        load_agent_config(config, {})
+    assert str(caught.value).startswith(f"agent config {config} is invalid at mqtt.port")
+
+
+def test_a_folder_as_the_config_says_so(tmp_path: Path) -> None:
+    with pytest.raises(EdgeAgentError) as caught:
+        load_agent_config(tmp_path, {})
+    assert "TOML syntax" not in str(caught.value)
+    assert caught.value.code == "config.invalid"

@@ -1,0 +1,138 @@
+"""Inputs a new user met that used to end in a traceback, a long wait or invalid JSON.
+
+Each is one `error: problem; fix [code]` line and exit 2, checked in a child process as a
+user runs the command: broker flags and URLs, TLS files, unwritable key paths, a missing
+models folder, and manifests that do not fit their model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import pytest
+
+from edge_agent.comms.session import connect
+from edge_agent.comms.settings import BrokerSettings
+from edge_agent.errors import CODES, EdgeAgentError
+from tests.cli_kit import edge_agent_cli, run_bounded
+from tests.conftest import bgr, sample
+
+FLEET = [sys.executable, "-m", "edge_agent.fleet.cli"]
+MODELS = Path(__file__).parents[2] / "models"
+
+pytestmark = pytest.mark.usefixtures("cache_dir")
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], prog: str, *needles: str) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"{prog}: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    code = lines[0].rsplit(" [", 1)[1].rstrip("]")
+    assert code in CODES, lines[0]
+    return code
+
+
+def fleet(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_bounded([*FLEET, *args], timeout=60)
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:  # bound, never listening: a connect is refused
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--broker", "mqtt://127.0.0.1:99999"], "is not mqtt://host"),
+        (["--broker", "mqtt://127.0.0.1:abc"], "is not mqtt://host"),
+        (["--broker", "mqtt://[::1"], "is not mqtt://host"),
+        (["-p", "99999"], "port is invalid"),
+        (["-p", "0"], "port is invalid"),
+        (["--password-file", "/nonexistent/pw"], "cannot read the password file"),
+        (["--cafile", "/nonexistent/ca.pem"], "--cafile /nonexistent/ca.pem"),
+    ],
+)
+def test_bad_broker_flags_are_refused_before_connecting(flags: list[str], needle: str) -> None:
+    # The needle is the flag's own error: a connect attempt would say broker.unreachable.
+    proc = fleet("cmd", "dock-7", "ping", *flags)
+    assert one_line_error(proc, "edge-fleet", needle) == "input.invalid"
+
+
+def test_a_ca_file_that_is_not_pem_is_one_line(tmp_path: Path) -> None:
+    junk = tmp_path / "ca.pem"
+    junk.write_text("not a certificate\n")
+    proc = fleet("cmd", "dock-7", "ping", "--cafile", str(junk))
+    assert one_line_error(proc, "edge-fleet", "cannot set up TLS") == "config.invalid"
+
+
+def test_a_refused_connection_fails_at_once_with_its_cause() -> None:
+    proc = fleet("cmd", "dock-7", "ping", "-p", str(closed_port()))
+    assert one_line_error(proc, "edge-fleet", "Connection refused") == "broker.unreachable"
+    # In process, with a timeout no refusal comes near: the answer, not the wait, ends it.
+    settings = BrokerSettings(port=closed_port(), reconnect_min_s=0.05)
+    started = time.monotonic()
+    with pytest.raises(EdgeAgentError) as caught:
+        connect(settings, timeout=60)
+    assert time.monotonic() - started < 30
+    assert "Connection refused" in str(caught.value)
+    assert "within" not in str(caught.value)
+    # A server waits instead: it may have started before its broker.
+    started = time.monotonic()
+    with pytest.raises(EdgeAgentError) as caught:
+        connect(settings, timeout=1.0, fail_fast=False)
+    assert time.monotonic() - started >= 1.0
+
+
+def test_keygen_into_a_path_that_cannot_exist(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = fleet("keygen", str(blocker / "fleet.key"))
+    assert one_line_error(proc, "edge-fleet") == "path.unwritable"
+
+
+def test_models_dir_that_is_not_a_folder() -> None:
+    proc = edge_agent_cli("--models-dir", "/nonexistent/models", "models", "list")
+    assert one_line_error(proc, "edge-agent", "is not a folder") == "input.not_found"
+
+
+def text_orientation_copy(folder: Path, manifest_edit: tuple[str, str]) -> Path:
+    """text-orientation's ONNX file with its manifest beside it, one line of it changed."""
+    info = edge_agent_cli("models", "info", "text-orientation")
+    assert info.returncode == 0, info.stderr
+    model = folder / "model.onnx"
+    shutil.copyfile(json.loads(info.stdout)["path"], model)
+    text = (MODELS / "text-orientation.toml").read_text()
+    old, new = manifest_edit
+    assert old in text
+    text = text.split("[source]")[0] + "[input]" + text.split("[input]")[1]
+    (folder / "model.toml").write_text(text.replace(old, new))
+    return model
+
+
+def test_a_manifest_layout_that_does_not_fit_the_model(tmp_path: Path) -> None:
+    model = text_orientation_copy(tmp_path, ('layout = "NCHW"', 'layout = "NHWC"'))
+    photo = tmp_path / "astronaut.jpg"
+    cv2.imwrite(str(photo), bgr(sample("astronaut")))
+    proc = edge_agent_cli("infer", "--model", str(model), "--input", str(photo), "--no-cache")
+    assert one_line_error(proc, "edge-agent", "does not fit the model") == "model.shape"
+
+
+def test_a_manifest_scale_of_zero_is_refused(tmp_path: Path) -> None:
+    # It used to print scores of NaN, which is not JSON, and exit 0.
+    model = text_orientation_copy(tmp_path, ("scale = [", "scale = [0.0, 0.0, 0.0] # ["))
+    proc = edge_agent_cli("models", "info", str(model))
+    assert one_line_error(proc, "edge-agent", "scale") == "config.invalid"
