@@ -35,6 +35,7 @@ from edge_agent.agent.supervisor import AgentSupervisor
 from edge_agent.agent.telemetry import model_telemetry, pipeline_telemetry
 from edge_agent.catalog.catalog import Catalog
 from edge_agent.comms.base import Message
+from edge_agent.comms.held_filters import HeldFilters
 from edge_agent.comms.session import MqttSession, Will
 from edge_agent.comms.settings import BrokerSettings, TlsSettings
 from edge_agent.config.agent import AgentConfig
@@ -147,7 +148,10 @@ class AgentService:
         self._device_names: list[str] | None = None
         self._pump_thread: threading.Thread | None = None
         self.session = MqttSession(
-            broker_settings(config), will=self._will, on_connected=self._on_connected
+            broker_settings(config),
+            will=self._will,
+            on_connected=self._on_connected,
+            held=HeldFilters(self.layout.agent / "mqtt-filters.json"),
         )
         self.models.comm = self.session
         self.integrations = Integrations(

@@ -35,6 +35,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from edge_agent.comms.base import Handler, Message, MqttVersion, Unsubscribe, topic_matches
+from edge_agent.comms.held_filters import HeldFilters
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.errors import EdgeAgentError
 
@@ -81,7 +82,14 @@ class MqttSession:
         *,
         will: Callable[[], Will] | None = None,
         on_connected: Callable[[MqttSession], None] | None = None,
+        held: HeldFilters | None = None,
     ) -> None:
+        """
+        Args:
+            held: where a persistent session keeps the filters it holds, for the next
+                process: those that process does not subscribe again it unsubscribes on
+                connect, as it does with filters let go of during an outage.
+        """
         if settings.persistent and not settings.client_id:
             raise EdgeAgentError(
                 "a persistent MQTT session needs a fixed client id",
@@ -109,7 +117,17 @@ class MqttSession:
         self._subs: dict[str, tuple[int, list[Handler]]] = {}
         self._dropped: dict[str, None] = {}  # filters to unsubscribe on each connect, oldest first
         self._unsub_mids: dict[int, str] = {}  # UNSUBSCRIBEs of `_dropped` filters awaiting acks
+        self._unsub_early: set[int] = set()  # UNSUBACKs read before their mid was recorded
         self._online = False  # under _lock: subscriptions go out now (set with their snapshot)
+        self._held = held
+        self._held_lock = threading.Lock()  # taken before _lock, never after
+        self._held_saved: list[str] = []
+        if held is not None:
+            # What the last process held and this one has not subscribed (yet): let go of on
+            # connect unless subscribed again first, which takes it out of the list.
+            self._held_saved = sorted(held.load())
+            for topic_filter in self._held_saved[-_DROPPED_KEPT:]:
+                self._dropped[topic_filter] = None
         # Never held while calling into paho: paho calls _on_publish with its own mutexes
         # held (on the network thread, or at once inside publish() for a QoS 0 write), so
         # holding ours across client.publish() deadlocks against it.
@@ -223,6 +241,8 @@ class MqttSession:
             send = not known and self._online
         if send:
             self._client.subscribe(topic_filter, qos)
+        if not known:
+            self._save_held()
 
         def unsubscribe() -> None:
             with self._lock:
@@ -243,6 +263,8 @@ class MqttSession:
                 send = last and self._online
             if send:
                 self._unsubscribe(topic_filter)
+            if last:
+                self._save_held()
 
         return unsubscribe
 
@@ -379,6 +401,8 @@ class MqttSession:
             client.subscribe(topic_filter, qos)
         for topic_filter in dropped:
             self._unsubscribe(topic_filter)
+        if not flags.session_present:
+            self._save_held()
         self.last_error, self.refused = None, False
         self._failing_since = None
         self.connected.set()
@@ -395,13 +419,30 @@ class MqttSession:
         with self._lock:
             self._online = False
             self._unsub_mids.clear()  # unacknowledged: sent again on the next connect
+            self._unsub_early.clear()
         self.connected.clear()
 
     def _unsubscribe(self, topic_filter: str) -> None:
         _, mid = self._client.unsubscribe(topic_filter)
-        if mid is not None:
-            with self._lock:
+        if mid is None:
+            return
+        with self._lock:
+            # On loopback the network thread can read the UNSUBACK before this thread gets
+            # the lock: then the filter was let go of already (it stayed on the resend list
+            # for good once, and in the held-filters record).
+            acked = mid in self._unsub_early
+            if acked:
+                self._unsub_early.discard(mid)
+                self._let_go(topic_filter)
+            else:
                 self._unsub_mids[mid] = topic_filter
+        if acked:
+            self._save_held()
+
+    def _let_go(self, topic_filter: str) -> None:
+        # Under _lock. The broker has it: the filter need not be sent again on later connects.
+        if topic_filter not in self._subs:
+            self._dropped.pop(topic_filter, None)
 
     def _on_unsubscribe(
         self,
@@ -411,11 +452,25 @@ class MqttSession:
         reason_codes: list[ReasonCode],
         properties: Properties | None,
     ) -> None:
-        # The broker has it: the filter need not be sent again on later connects.
         with self._lock:
             topic_filter = self._unsub_mids.pop(mid, None)
-            if topic_filter is not None and topic_filter not in self._subs:
-                self._dropped.pop(topic_filter, None)
+            if topic_filter is not None:
+                self._let_go(topic_filter)
+            elif len(self._unsub_early) < _DROPPED_KEPT:
+                self._unsub_early.add(mid)
+        if topic_filter is not None:
+            self._save_held()
+
+    def _save_held(self) -> None:
+        """Record the filters the broker may hold for this session, when they changed."""
+        if self._held is None:
+            return
+        with self._held_lock:
+            with self._lock:
+                now = sorted(set(self._subs) | set(self._dropped))
+            if now != self._held_saved:
+                self._held.save(now)
+                self._held_saved = now
 
     def _on_publish(
         self,

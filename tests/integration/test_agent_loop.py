@@ -19,6 +19,7 @@ import pytest
 from edge_agent.agent.loaded import TrackedPool
 from edge_agent.catalog.catalog import Catalog, ResolvedModel, default_models_dir
 from edge_agent.clips import WalkVideo, write_walk
+from edge_agent.comms.held_filters import HeldFilters
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.paths import Layout
 from edge_agent.runtime.base import RuntimeOptions
@@ -63,6 +64,10 @@ def test_full_loop(
             _loop(watcher, walk, mqtt_version)
         finally:
             agent.close()
+    # What its persistent session holds is on disk for the next process (which lets go of
+    # what it does not subscribe again: tests/integration/test_comms.py).
+    held = set(HeldFilters(tmp_path / "state" / "agent" / "mqtt-filters.json").load())
+    assert {f"edge/v1/{DEVICE}/cmd", "edge/v1/group/docks/cmd", f"edge/v1/{DEVICE}/state"} <= held
     # A clean stop says offline, with the same seq as the birth, and nothing else.
     births = [m.json() for m in watcher.on("state") if m.json()["online"]]
     last = watcher.on("state")[-1].json()

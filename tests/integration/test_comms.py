@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from edge_agent.comms.base import Message
+from edge_agent.comms.held_filters import HeldFilters
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
@@ -266,5 +268,102 @@ def test_a_filter_unsubscribed_while_connected_is_not_sent_again(broker: LocalBr
         while a._dropped and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not a._dropped
+    finally:
+        a.stop()
+
+
+def _restarted_without_unsubscribing(
+    broker: LocalBroker, held: HeldFilters | None, first_held: HeldFilters | None
+) -> list[str]:
+    """Topics the broker sends a new process that subscribes only "keep".
+
+    The first process subscribed "keep" and a pull's "chunks/r3" and ended without
+    unsubscribing (as one killed in the middle of a pull), so its persistent session holds
+    both; the second has `held`, the record the first left, or nothing.
+    """
+    settings = _settings(broker, client_id="dev-3", persistent=True)
+    first = connect(settings, held=first_held)
+    first.subscribe("keep", lambda m: None)
+    first.subscribe("chunks/r3", lambda m: None)
+    time.sleep(0.2)  # the SUBACKs
+    first.stop()
+    got: queue.Queue[Message] = queue.Queue()
+    second = MqttSession(settings, held=held)
+    seen: list[str] = []
+    routed = second._client.on_message
+    assert routed is not None
+
+    def spy(client: Any, userdata: Any, msg: Any) -> None:
+        seen.append(msg.topic)  # every message the broker sends this client
+        routed(client, userdata, msg)
+
+    second._client.on_message = spy
+    second.subscribe("keep", got.put)
+    publisher = connect(_settings(broker))
+    try:
+        second.start()
+        assert second.wait_connected(10)
+        second.publish("keep", b"mine", qos=1)  # back once the broker took its UNSUBSCRIBE
+        assert _get(got).payload == b"mine"
+        publisher.publish("chunks/r3", b"frame", qos=1)
+        publisher.publish("keep", b"after", qos=1)
+        assert _get(got).payload == b"after"
+        return seen
+    finally:
+        second.stop()
+        publisher.stop()
+
+
+def test_a_filter_a_dead_process_held_is_let_go_of_by_the_next(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    record = HeldFilters(tmp_path / "mqtt-filters.json")
+    seen = _restarted_without_unsubscribing(broker, record, record)
+    assert "chunks/r3" not in seen
+    assert "keep" in seen
+    assert record.load() == ["keep"]  # let go of, acknowledged, and no longer recorded
+
+
+def test_without_the_record_the_broker_goes_on_sending_a_dead_processs_filter(
+    broker: LocalBroker,
+) -> None:
+    # The case the record is for, shown on the same broker: MQTT has no way to list a
+    # session's filters, so without it the frames keep coming.
+    assert "chunks/r3" in _restarted_without_unsubscribing(broker, None, None)
+
+
+def test_an_unsuback_read_before_its_unsubscribe_returned_still_lets_go(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    # On loopback the broker's UNSUBACK can be read (on the network thread) before the
+    # thread that sent the UNSUBSCRIBE records its message id. Forced here by holding that
+    # thread until the ack is in: the filter must still leave the resend list and the record.
+    record = HeldFilters(tmp_path / "mqtt-filters.json")
+    a = MqttSession(_settings(broker, client_id="dev-4", persistent=True), held=record)
+    a.start()
+    assert a.wait_connected(10)
+    acked = threading.Event()
+    on_unsubscribe = a._client.on_unsubscribe
+    assert on_unsubscribe is not None
+
+    def seen(*args: Any) -> None:
+        on_unsubscribe(*args)
+        acked.set()
+
+    a._client.on_unsubscribe = seen
+    send = a._client.unsubscribe
+
+    def held_back(*args: Any, **kwargs: Any) -> Any:
+        sent = send(*args, **kwargs)
+        assert acked.wait(5), "no UNSUBACK"
+        return sent
+
+    a._client.unsubscribe = held_back  # type: ignore[method-assign]
+    try:
+        let_go = a.subscribe("chunks/r4", lambda m: None)
+        assert record.load() == ["chunks/r4"]
+        let_go()
+        assert not a._dropped
+        assert record.load() == []
     finally:
         a.stop()

@@ -1,0 +1,76 @@
+"""The topic filters a persistent MQTT session holds, kept on disk for the next process.
+
+A persistent session outlives the process that made it: the broker keeps every filter
+subscribed until it hears an UNSUBSCRIBE. A process that dies in the middle of a pull
+(OOM kill, power cut, `kill -9`) leaves the pull's chunk filter in its session, and MQTT
+gives the next process no way to list it, so the broker goes on sending those frames
+for as long as other boxes pull. This file is how the next process learns them: the
+session (`MqttSession(held=...)`) saves the filters it holds whenever they change, and
+unsubscribes the ones its successor does not subscribe again.
+
+Best effort by design: a file that is missing, unreadable or garbled only loses that
+clean-up, never the session, so it is written without fsync (a rename of a whole file,
+which survives a crash of the process; after a power cut it may be old or empty).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MAX_FILTERS = 512
+"""More than a session ever holds (a few permanent filters, one per pull, 256 let go of)."""
+_MAX_FILTER_BYTES = 65535  # MQTT's limit on a topic filter
+_WARN_EVERY_S = 60.0
+
+
+class HeldFilters:
+    """Loads and saves the list of filters in one small JSON file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._warned_at = -_WARN_EVERY_S
+
+    def load(self) -> list[str]:
+        """The filters the last process saved; empty when there is no usable file."""
+        try:
+            data = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.warning('event=mqtt.held_filters_unreadable path="%s" error="%s"', self.path, exc)
+            return []
+        if not isinstance(data, list):
+            log.warning(
+                'event=mqtt.held_filters_unreadable path="%s" error="not a list"', self.path
+            )
+            return []
+        valid = [
+            f
+            for f in data
+            if isinstance(f, str) and f and len(f.encode("utf-8", "replace")) <= _MAX_FILTER_BYTES
+        ]
+        return list(dict.fromkeys(valid))[:MAX_FILTERS]
+
+    def save(self, filters: list[str]) -> None:
+        """Replace the file with `filters`; a disk that refuses is logged, never raised."""
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(filters[:MAX_FILTERS]), encoding="utf-8")
+            tmp.replace(self.path)
+        except OSError as exc:
+            now = time.monotonic()
+            if now - self._warned_at >= _WARN_EVERY_S:
+                self._warned_at = now
+                log.warning(
+                    'event=mqtt.held_filters_not_saved path="%s" error="%s"', self.path, exc
+                )
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
