@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import cv2
 import pytest
 
+from edge_agent.comms.local_broker import free_port
 from edge_agent.comms.session import connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.errors import CODES, EdgeAgentError
@@ -48,10 +48,9 @@ def fleet(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def closed_port() -> int:
-    with socket.socket() as probe:  # bound, never listening: a connect is refused
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
+    # Nothing listens there, and it is outside the ephemeral range, so no connection of
+    # this machine's (nor the client's own, connecting to itself) can hold it meanwhile.
+    return free_port()
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -390,9 +389,9 @@ def test_folder_lines_name_their_file_and_skips_are_counted(tmp_path: Path, smal
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])  # closed again when the block ends
+    # Nothing listens there, and it is outside the ephemeral range, so no connection of
+    # this machine's (nor the client's own, connecting to itself) can hold it meanwhile.
+    return free_port()
 
 
 def test_unreachable_stream_is_said_once_in_our_words(tmp_path: Path) -> None:
