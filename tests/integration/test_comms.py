@@ -283,9 +283,13 @@ def _restarted_without_unsubscribing(
     """
     settings = _settings(broker, client_id="dev-3", persistent=True)
     first = connect(settings, held=first_held)
-    first.subscribe("keep", lambda m: None)
-    first.subscribe("chunks/r3", lambda m: None)
-    time.sleep(0.2)  # the SUBACKs
+    echoed: queue.Queue[Message] = queue.Queue()
+    first.subscribe("keep", echoed.put)
+    first.subscribe("chunks/r3", echoed.put)
+    # Both filters are in the broker's session once its own messages come back on them.
+    first.publish("chunks/r3", b"own", qos=1)
+    first.publish("keep", b"own", qos=1)
+    assert {_get(echoed).topic, _get(echoed).topic} == {"chunks/r3", "keep"}
     first.stop()
     got: queue.Queue[Message] = queue.Queue()
     second = MqttSession(settings, held=held)
