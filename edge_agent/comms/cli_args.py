@@ -15,10 +15,20 @@ from edge_agent.errors import EdgeAgentError
 
 def add_broker_args(parser: argparse.ArgumentParser, *, short: bool = True) -> None:
     """Add the broker flags; `short=False` leaves out -h/-p/-u/-P (for parsers with -h help)."""
+    fields = BrokerSettings.model_fields
     group = parser.add_argument_group("broker (as mosquitto_sub)")
     group.add_argument("--broker", metavar="URL", help="mqtt://[user@]host[:port] or mqtts://")
-    group.add_argument(*(["-h"] if short else []), "--host", help="broker host")
-    group.add_argument(*(["-p"] if short else []), "--port", type=int, help="broker port")
+    group.add_argument(
+        *(["-h"] if short else []),
+        "--host",
+        help=f"broker host (default: {fields['host'].default})",
+    )
+    group.add_argument(
+        *(["-p"] if short else []),
+        "--port",
+        type=int,
+        help=f"broker port (default: {fields['port'].default}, 8883 with TLS)",
+    )
     group.add_argument(*(["-u"] if short else []), "--username", help="user name")
     group.add_argument(*(["-P"] if short else []), "--pw", dest="password", help="password")
     group.add_argument(
@@ -29,9 +39,15 @@ def add_broker_args(parser: argparse.ArgumentParser, *, short: bool = True) -> N
     group.add_argument("--key-file", dest="tls_key", type=Path, help="client key (mutual TLS)")
     group.add_argument("--insecure", action="store_true", help="skip TLS host name checks")
     group.add_argument(
-        "-V", "--mqtt-version", choices=["5", "3.1.1"], default="5", help="MQTT protocol"
+        "-V",
+        "--mqtt-version",
+        choices=["5", "3.1.1"],
+        default="5",
+        help="MQTT protocol (default: 5)",
     )
-    group.add_argument("--client-id", default="", help="MQTT client id")
+    group.add_argument(
+        "--client-id", default="", help="MQTT client id (default: one the broker assigns)"
+    )
 
 
 def broker_settings(args: argparse.Namespace, **overrides: object) -> BrokerSettings:

@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, add_help=False)
         sub.add_argument("--help", action="help", help="show this help and exit")
         add_broker_args(sub)
-        sub.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix")
+        sub.add_argument(
+            "--prefix", default=DEFAULT_PREFIX, help=f"topic prefix (default: {DEFAULT_PREFIX})"
+        )
         sub.add_argument(
             "--repo",
             type=Path,
@@ -66,15 +68,37 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--version", type=int, required=True, help="release version (>= 1)")
     publish.add_argument("--key", type=Path, required=True, help="private key PEM")
     publish.add_argument("--manifest", type=Path, help="manifest TOML, if not beside FILE")
-    publish.add_argument("--precision", choices=["f32", "f16", "bf16", "int8", "int4", "mixed"])
-    publish.add_argument("--chunk-kib", type=int, default=128, choices=[64, 96, 128])
-    publish.add_argument("--expires-days", type=float, default=30.0, help="release lifetime")
+    publish.add_argument(
+        "--precision",
+        choices=["f32", "f16", "bf16", "int8", "int4", "mixed"],
+        help=(
+            "the weights' precision, as the release states it "
+            "(default: int8 when the manifest says the model is quantized, else f32)"
+        ),
+    )
+    publish.add_argument(
+        "--chunk-kib",
+        type=int,
+        default=128,
+        choices=[64, 96, 128],
+        help="size of each broadcast chunk (default: 128)",
+    )
+    publish.add_argument(
+        "--expires-days",
+        type=float,
+        default=30.0,
+        help="release lifetime: devices refuse it after this (default: 30)",
+    )
     publish.set_defaults(run=run_publish)
 
     serve = with_broker("serve", "answer repairs and pace broadcasts (run several)")
     serve.add_argument("--instance", default=None, help="instance id (default: random)")
-    serve.add_argument("--share-group", default=DEFAULT_SHARE_GROUP, help="$share group")
-    serve.add_argument("--window", type=int, default=4, help="frames a puller may lag")
+    serve.add_argument(
+        "--share-group",
+        default=DEFAULT_SHARE_GROUP,
+        help=f"$share group (default: {DEFAULT_SHARE_GROUP})",
+    )
+    serve.add_argument("--window", type=int, default=4, help="frames a puller may lag (default: 4)")
     serve.set_defaults(run=run_serve)
 
     add_console_verbs(verbs)  # cmd, deploy, status, watch (fleet/console_cmd.py)

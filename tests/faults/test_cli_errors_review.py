@@ -135,3 +135,26 @@ def test_a_manifest_scale_of_zero_is_refused(tmp_path: Path) -> None:
     model = text_orientation_copy(tmp_path, ("scale = [", "scale = [0.0, 0.0, 0.0] # ["))
     proc = edge_agent_cli("models", "info", str(model))
     assert one_line_error(proc, "edge-agent", "scale") == "config.invalid"
+
+
+def test_edge_fleet_help_explains_every_option_and_shows_defaults() -> None:
+    for verb, defaults in (
+        (
+            "publish-model",
+            ["(default: edge/v1)", "(default: 128)", "(default: 30)", "else f32)"],
+        ),
+        ("serve", ["(default: edge-fleet)", "(default: 4)", "(default: random)"]),
+    ):
+        proc = fleet(verb, "--help")
+        assert proc.returncode == 0, proc.stderr
+        options = " ".join(proc.stdout.split("options:", 1)[1].split())
+        for default in [
+            *defaults,
+            "(default: 127.0.0.1)",
+            "(default: 1883, 8883 with TLS)",
+            "(default: 5)",
+        ]:
+            assert default in options, (verb, default)
+        # Every option is followed by words of help before the next option.
+        for option in options.split(" --")[1:]:
+            assert len(option.split()) >= 3, (verb, option)
