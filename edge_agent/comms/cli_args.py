@@ -43,7 +43,7 @@ def add_broker_args(parser: argparse.ArgumentParser, *, short: bool = True) -> N
         "--mqtt-version",
         choices=["5", "3.1.1"],
         default="5",
-        help="MQTT protocol (default: 5)",
+        help="MQTT protocol (default: %(default)s)",
     )
     group.add_argument(
         "--client-id", default="", help="MQTT client id (default: one the broker assigns)"

@@ -81,13 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=128,
         choices=[64, 96, 128],
-        help="size of each broadcast chunk (default: 128)",
+        help="size of each broadcast chunk (default: %(default)s)",
     )
     publish.add_argument(
         "--expires-days",
         type=float,
         default=30.0,
-        help="release lifetime: devices refuse it after this (default: 30)",
+        help="release lifetime: devices refuse it after this (default: %(default)g)",
     )
     publish.set_defaults(run=run_publish)
 
@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SHARE_GROUP,
         help=f"$share group (default: {DEFAULT_SHARE_GROUP})",
     )
-    serve.add_argument("--window", type=int, default=4, help="frames a puller may lag (default: 4)")
+    serve.add_argument(
+        "--window", type=int, default=4, help="frames a puller may lag (default: %(default)s)"
+    )
     serve.set_defaults(run=run_serve)
 
     add_console_verbs(verbs)  # cmd, deploy, status, watch (fleet/console_cmd.py)
