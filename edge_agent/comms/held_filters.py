@@ -30,6 +30,31 @@ _MAX_FILTER_BYTES = 65535  # MQTT's limit on a topic filter
 _WARN_EVERY_S = 60.0
 
 
+def is_valid_filter(topic_filter: object) -> bool:
+    """Whether a broker takes `topic_filter` in an UNSUBSCRIBE (MQTT 5 section 4.7).
+
+    Strict UTF-8 without NUL, at most 65535 bytes, `#` only as the whole last level and
+    `+` only as a whole level. A filter read back from disk is checked with this before it
+    goes to paho: a malformed one makes the broker drop the connection on every connect,
+    and one that is not UTF-8 raises inside paho's network loop.
+    """
+    if not isinstance(topic_filter, str) or not topic_filter or "\0" in topic_filter:
+        return False
+    try:
+        size = len(topic_filter.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate, which JSON can carry
+        return False
+    if size > _MAX_FILTER_BYTES:
+        return False
+    levels = topic_filter.split("/")
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != len(levels) - 1):
+            return False
+        if "+" in level and level != "+":
+            return False
+    return True
+
+
 class HeldFilters:
     """Loads and saves the list of filters in one small JSON file."""
 
@@ -51,11 +76,13 @@ class HeldFilters:
                 'event=mqtt.held_filters_unreadable path="%s" error="not a list"', self.path
             )
             return []
-        valid = [
-            f
-            for f in data
-            if isinstance(f, str) and f and len(f.encode("utf-8", "replace")) <= _MAX_FILTER_BYTES
-        ]
+        valid = [f for f in data if is_valid_filter(f)]
+        if len(valid) < len(data):
+            log.warning(
+                'event=mqtt.held_filters_invalid path="%s" skipped=%d',
+                self.path,
+                len(data) - len(valid),
+            )
         return list(dict.fromkeys(valid))[:MAX_FILTERS]
 
     def save(self, filters: list[str]) -> None:
@@ -65,7 +92,7 @@ class HeldFilters:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(filters[:MAX_FILTERS]), encoding="utf-8")
             tmp.replace(self.path)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a filter that is not UTF-8
             now = time.monotonic()
             if now - self._warned_at >= _WARN_EVERY_S:
                 self._warned_at = now

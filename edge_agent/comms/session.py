@@ -119,6 +119,11 @@ class MqttSession:
         self._unsub_mids: dict[int, str] = {}  # UNSUBSCRIBEs of `_dropped` filters awaiting acks
         self._unsub_early: set[int] = set()  # UNSUBACKs read before their mid was recorded
         self._online = False  # under _lock: subscriptions go out now (set with their snapshot)
+        # Held from deciding to send a SUBSCRIBE or UNSUBSCRIBE until paho has queued it, by
+        # subscribe, unsubscribe and _on_connect alike: the broker must get them in the order
+        # they were decided, or a reconnect's resubscribe can follow (and undo) a newer
+        # UNSUBSCRIBE. Taken before _held_lock and _lock; never in paho's ack callbacks.
+        self._send_lock = threading.Lock()
         self._held = held
         self._held_lock = threading.Lock()  # taken before _lock, never after
         self._held_saved: list[str] = []
@@ -231,38 +236,42 @@ class MqttSession:
             log.warning('event=mqtt.queue_full topic="%s"', topic)
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> Unsubscribe:
-        with self._lock:
-            known = topic_filter in self._subs
-            handlers = self._subs.setdefault(topic_filter, (qos, []))[1]
-            handlers.append(handler)
-            self._dropped.pop(topic_filter, None)
-            # Decided under the lock _on_connect snapshots under: either that snapshot has
-            # this filter, or this call sends it.
-            send = not known and self._online
-        if send:
-            self._client.subscribe(topic_filter, qos)
-        if not known:
-            self._save_held()
+        with self._send_lock:
+            with self._lock:
+                known = topic_filter in self._subs
+                handlers = self._subs.setdefault(topic_filter, (qos, []))[1]
+                handlers.append(handler)
+                self._dropped.pop(topic_filter, None)
+                # Decided under the lock _on_connect snapshots under: either that snapshot
+                # has this filter, or this call sends it.
+                send = not known and self._online
+            if not known:
+                # On disk before the broker hears of it: a process killed in between must
+                # not leave a filter its successor does not know.
+                self._save_held()
+            if send:
+                self._client.subscribe(topic_filter, qos)
 
         def unsubscribe() -> None:
-            with self._lock:
-                entry = self._subs.get(topic_filter)
-                if entry is None or handler not in entry[1]:
-                    return
-                entry[1].remove(handler)
-                last = not entry[1]
-                if last:
-                    del self._subs[topic_filter]
-                    # Sent now if connected, and again on every connect until subscribed
-                    # anew: a persistent session keeps a filter the broker never heard
-                    # dropped (during an outage, or an UNSUBSCRIBE lost with the link), and
-                    # the broker goes on sending it.
-                    self._dropped[topic_filter] = None
-                    while len(self._dropped) > _DROPPED_KEPT:
-                        del self._dropped[next(iter(self._dropped))]
-                send = last and self._online
-            if send:
-                self._unsubscribe(topic_filter)
+            with self._send_lock:
+                with self._lock:
+                    entry = self._subs.get(topic_filter)
+                    if entry is None or handler not in entry[1]:
+                        return
+                    entry[1].remove(handler)
+                    last = not entry[1]
+                    if last:
+                        del self._subs[topic_filter]
+                        # Sent now if connected, and again on every connect until subscribed
+                        # anew: a persistent session keeps a filter the broker never heard
+                        # dropped (during an outage, or an UNSUBSCRIBE lost with the link),
+                        # and the broker goes on sending it.
+                        self._dropped[topic_filter] = None
+                        while len(self._dropped) > _DROPPED_KEPT:
+                            del self._dropped[next(iter(self._dropped))]
+                    send = last and self._online
+                if send:
+                    self._unsubscribe(topic_filter)
             if last:
                 self._save_held()
 
@@ -335,13 +344,20 @@ class MqttSession:
                 continue
             self._no_delay()
             disconnecting = False
-            while self._client.loop(timeout=0.1) == MQTTErrorCode.MQTT_ERR_SUCCESS:
-                if self._stopping.is_set():
-                    if not self.connected.is_set():
-                        break
-                    if not disconnecting:  # paho closes the socket once DISCONNECT is out
-                        disconnecting = True
-                        self._client.disconnect()
+            try:
+                while self._client.loop(timeout=0.1) == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                    if self._stopping.is_set():
+                        if not self.connected.is_set():
+                            break
+                        if not disconnecting:  # paho closes the socket once DISCONNECT is out
+                            disconnecting = True
+                            self._client.disconnect()
+            except Exception:
+                # Our callbacks run inside loop(): a bug in one must not end this thread, or
+                # the session stays offline for good. Drop the link and connect again.
+                log.exception("event=mqtt.network_failed")
+                self._client._reset_sockets()
+                self._mark_offline()
             was_up = self.connected.is_set()
             self.connected.clear()
             if self._stopping.is_set():
@@ -391,16 +407,17 @@ class MqttSession:
             # Busy or unavailable is a broker still starting or shedding load: worth waiting for.
             self.refused = reason.value not in _CONNACK_TRANSIENT
             return
-        with self._lock:
-            if not flags.session_present:
-                self._dropped.clear()  # a new session holds no old filters
-            filters = [(f, q) for f, (q, _) in self._subs.items()]
-            dropped = list(self._dropped)
-            self._online = True
-        for topic_filter, qos in filters:
-            client.subscribe(topic_filter, qos)
-        for topic_filter in dropped:
-            self._unsubscribe(topic_filter)
+        with self._send_lock:
+            with self._lock:
+                if not flags.session_present:
+                    self._dropped.clear()  # a new session holds no old filters
+                filters = [(f, q) for f, (q, _) in self._subs.items()]
+                dropped = list(self._dropped)
+                self._online = True
+            for topic_filter, qos in filters:
+                client.subscribe(topic_filter, qos)
+            for topic_filter in dropped:
+                self._unsubscribe(topic_filter)
         if not flags.session_present:
             self._save_held()
         self.last_error, self.refused = None, False
@@ -416,6 +433,9 @@ class MqttSession:
         reason: ReasonCode,
         properties: Properties | None,
     ) -> None:
+        self._mark_offline()
+
+    def _mark_offline(self) -> None:
         with self._lock:
             self._online = False
             self._unsub_mids.clear()  # unacknowledged: sent again on the next connect

@@ -371,3 +371,117 @@ def test_an_unsuback_read_before_its_unsubscribe_returned_still_lets_go(
         assert record.load() == []
     finally:
         a.stop()
+
+
+def test_a_filter_let_go_while_a_reconnect_resubscribes_it_stays_let_go(
+    broker: LocalBroker,
+) -> None:
+    # The reconnect's SUBSCRIBE and a pull's UNSUBSCRIBE race for the same filter: the
+    # broker must get them in the order they were decided, or it goes on sending the filter
+    # while the session has forgotten it. Forced here: the let-go starts while _on_connect
+    # is about to resubscribe, and is held until that SUBSCRIBE is out.
+    got: queue.Queue[Message] = queue.Queue()
+    a = connect(_settings(broker))
+    seen: list[str] = []
+    routed = a._client.on_message
+    assert routed is not None
+
+    def spy(client: Any, userdata: Any, msg: Any) -> None:
+        seen.append(msg.topic)
+        routed(client, userdata, msg)
+
+    a._client.on_message = spy
+    b = connect(_settings(broker))
+    try:
+        a.subscribe("keep", got.put)
+        let_go = a.subscribe("chunks/r6", got.put)
+        send = a._client.subscribe
+        racers: list[threading.Thread] = []
+
+        def resubscribe(topic_filter: str, *args: Any, **kwargs: Any) -> Any:
+            if topic_filter == "chunks/r6" and not racers:
+                racers.append(threading.Thread(target=let_go))
+                racers[0].start()
+                racers[0].join(0.3)  # the old code sent its UNSUBSCRIBE in this time
+            return send(topic_filter, *args, **kwargs)
+
+        a._client.subscribe = resubscribe  # type: ignore[method-assign,assignment]
+        broker.restart()
+        assert a.wait_connected(10)
+        assert racers, "the reconnect did not resubscribe"
+        racers[0].join(5)
+        assert not racers[0].is_alive()
+        a.publish("keep", b"mine", qos=1)  # after both of a's packets, on the same link
+        assert _get(got, 10).payload == b"mine"
+        assert b.wait_connected(10)
+        b.publish("chunks/r6", b"frame", qos=1)
+        b.publish("keep", b"after", qos=1)
+        assert _get(got).payload == b"after"
+        assert "chunks/r6" not in seen
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_callback_that_raises_does_not_end_the_session(
+    broker: LocalBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Callbacks run inside paho's loop(): one that raises once ended the network thread,
+    # and the session stayed offline for good. Now the link is dropped and made again.
+    got: queue.Queue[Message] = queue.Queue()
+    a = connect(_settings(broker))
+    try:
+        a.subscribe("t", got.put)
+        routed = a._client.on_message
+        assert routed is not None
+        raised = threading.Event()
+
+        def broken(client: Any, userdata: Any, msg: Any) -> None:
+            if not raised.is_set():
+                raised.set()
+                raise RuntimeError("a bug in a callback")
+            routed(client, userdata, msg)
+
+        a._client.on_message = broken
+        a.publish("t", b"first", qos=1)
+        assert raised.wait(5)
+        deadline = time.monotonic() + 10
+        while a.reconnects == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert a.wait_connected(10), "the session did not come back"
+        a.publish("t", b"second", qos=1)
+        # "first" may come again (the broker redelivers what was never acknowledged).
+        payloads = [_get(got, 10).payload]
+        while payloads[-1] != b"second":
+            payloads.append(_get(got, 10).payload)
+        assert set(payloads) <= {b"first", b"second"}, payloads
+        assert a.reconnects >= 1
+        assert "mqtt.network_failed" in caplog.text
+    finally:
+        a.stop()
+
+
+def test_a_record_with_filters_a_broker_refuses_still_connects(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    # mosquitto drops a client whose UNSUBSCRIBE carries a malformed filter: a record with
+    # one must not keep the box offline (it reconnected five times in four seconds).
+    path = tmp_path / "mqtt-filters.json"
+    path.write_text('["a/#/b", "\\ud800", "chunks/r7"]')
+    got: queue.Queue[Message] = queue.Queue()
+    settings = _settings(broker, client_id="dev-7", persistent=True)
+    connect(settings).stop()  # the broker has a session: the record's filters are let go of
+    a = MqttSession(settings, held=HeldFilters(path))
+    a.subscribe("keep", got.put)
+    a.start()
+    try:
+        assert a.wait_connected(10)
+        a.publish("keep", b"one", qos=1)
+        assert _get(got).payload == b"one"
+        time.sleep(0.5)
+        a.publish("keep", b"two", qos=1)
+        assert _get(got).payload == b"two"
+        assert a.reconnects == 0
+        assert HeldFilters(path).load() == ["keep"]
+    finally:
+        a.stop()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.comms.held_filters import MAX_FILTERS, HeldFilters
+from edge_agent.comms.held_filters import MAX_FILTERS, HeldFilters, is_valid_filter
 
 
 def test_saved_filters_load_back(tmp_path: Path) -> None:
@@ -54,3 +54,39 @@ def test_a_disk_that_refuses_is_logged_and_never_raised(
         record.save(["b"])
     assert caplog.text.count("held_filters_not_saved") == 1  # once a minute, not per save
     assert record.load() == []
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "valid"),
+    [
+        ("edge/v1/dock-7/cmd", True),
+        ("edge/+/x", True),
+        ("edge/#", True),
+        ("#", True),
+        ("+", True),
+        ("$share/g/edge/v1/x", True),
+        ("", False),
+        ("a/#/b", False),
+        ("a#", False),
+        ("a/+x", False),
+        ("a\0b", False),
+        ("\ud800", False),
+        ("x" * 65536, False),
+        (7, False),
+    ],
+)
+def test_filters_are_checked_as_a_broker_would(topic_filter: object, valid: bool) -> None:
+    assert is_valid_filter(topic_filter) is valid
+
+
+def test_filters_a_broker_would_refuse_are_skipped_on_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A malformed filter in an UNSUBSCRIBE makes mosquitto drop the link on every connect,
+    # and a lone surrogate (valid JSON) raises inside paho: neither may reach the session.
+    path = tmp_path / "mqtt-filters.json"
+    path.write_text('["a/#/b", "\\ud800", "a\\u0000b", "keep/+/x"]')
+    with caplog.at_level(logging.WARNING):
+        assert HeldFilters(path).load() == ["keep/+/x"]
+    assert "held_filters_invalid" in caplog.text
+    assert "skipped=3" in caplog.text
