@@ -33,6 +33,8 @@ from edge_agent.store.health import HealthGate
 from edge_agent.store.store import ModelStore
 
 log = logging.getLogger(__name__)
+_DAMAGED_SAY_EVERY_S = 3600.0
+"""How often one damaged store entry is logged while it stays damaged."""
 
 
 class ModelOps:
@@ -71,6 +73,7 @@ class ModelOps:
         self._clock = clock
         self.comm: Communicator | None = None
         self.topics = Topics()
+        self._damaged_said: dict[tuple[str, str], float] = {}
 
     def gate(self) -> HealthGate:
         """The health gate for this box: compile on the planned device, smoke-run, budget."""
@@ -148,7 +151,14 @@ class ModelOps:
         loaded = self.pipelines.pool.reports()
         found = []
         entries, damaged = self.store.readable_entries()
+        now = time.monotonic()
         for problem in damaged:
+            # Said once an hour per problem: the state goes out at every event, and a file
+            # that stays damaged must not fill the journal.
+            key = (problem.where, problem.what)
+            if now - self._damaged_said.get(key, -_DAMAGED_SAY_EVERY_S) < _DAMAGED_SAY_EVERY_S:
+                continue
+            self._damaged_said[key] = now
             # The rest of the state still goes out: `list_models` and `verify` name it too.
             log_event(
                 log,

@@ -10,6 +10,7 @@ every write fail as a read-only or full disk does) and the damaged file is a rea
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,7 +67,7 @@ def test_an_outbox_the_disk_refuses_keeps_answers_and_the_loop_going(
 
 
 def test_a_damaged_store_file_still_lets_the_box_come_online(
-    broker: LocalBroker, tmp_path: Path, watcher: Watcher
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher, caplog: pytest.LogCaptureFixture
 ) -> None:
     state = tmp_path / "state"
     damaged = Layout(cache=tmp_path / "cache", state=state).store / "models" / "dock"
@@ -91,5 +92,21 @@ def test_a_damaged_store_file_still_lets_the_box_come_online(
         # And verify names it, rather than stopping at it.
         problems = ModelStore(Layout(cache=tmp_path / "cache", state=state)).verify()
         assert [p.where for p in problems] == ["dock"]
+        # Said once, though every state message reads the store again: a file that stays
+        # damaged must not fill the journal. (A stale will makes the agent publish again.)
+        births = len([m for m in watcher.on("state") if m.json()["online"]])
+        stale = json.dumps({"online": False, "seq": 0, "ts": time.time()}).encode()
+        watcher.session.publish(f"edge/v1/{DEVICE}/state", stale, qos=1)
+        watcher.wait(
+            lambda m: (
+                m.leaf == "state"
+                and m.json()["online"]
+                and len([x for x in watcher.on("state") if x.json()["online"]]) > births
+            ),
+            timeout=30,
+            what="a birth answering the stale will",
+        )
+        said = [r for r in caplog.records if "store_damaged" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]
     finally:
         agent.close()
