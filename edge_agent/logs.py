@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -58,6 +60,30 @@ def log_crash(logger: logging.Logger, event: str, /, **fields: object) -> None:
     the thread that caught it keeps serving.
     """
     logger.error(event, extra={"event": event, "fields": fields}, exc_info=True, stacklevel=2)
+
+
+class Throttle:
+    """Whether a line that repeats may be logged now: once per key every `every_s` seconds.
+
+    A service that keeps failing the same way (a full disk, a broken sink, a damaged file)
+    must say so without a -v, but must not fill the journal. Thread-safe.
+    """
+
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._last: dict[Hashable, float] = {}
+        self._lock = threading.Lock()
+
+    def ready(self, key: Hashable = None) -> bool:
+        """True the first time for `key`, then once `every_s` has passed since it last was."""
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.every_s:
+                return False
+            self._last[key] = now
+            return True
 
 
 @contextmanager

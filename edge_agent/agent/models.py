@@ -23,7 +23,7 @@ from edge_agent.agent.sink import EmitEvent
 from edge_agent.catalog.catalog import Catalog
 from edge_agent.comms.base import Communicator
 from edge_agent.errors import EdgeAgentError
-from edge_agent.logs import log_event
+from edge_agent.logs import Throttle, log_event
 from edge_agent.paths import Layout
 from edge_agent.protocol.agent import AgentEvent, ModelState
 from edge_agent.protocol.topics import Topics
@@ -73,7 +73,7 @@ class ModelOps:
         self._clock = clock
         self.comm: Communicator | None = None
         self.topics = Topics()
-        self._damaged_said: dict[tuple[str, str], float] = {}
+        self._damaged_said = Throttle(_DAMAGED_SAY_EVERY_S)  # per damaged entry
 
     def gate(self) -> HealthGate:
         """The health gate for this box: compile on the planned device, smoke-run, budget."""
@@ -151,14 +151,11 @@ class ModelOps:
         loaded = self.pipelines.pool.reports()
         found = []
         entries, damaged = self.store.readable_entries()
-        now = time.monotonic()
         for problem in damaged:
             # Said once an hour per problem: the state goes out at every event, and a file
             # that stays damaged must not fill the journal.
-            key = (problem.where, problem.what)
-            if now - self._damaged_said.get(key, -_DAMAGED_SAY_EVERY_S) < _DAMAGED_SAY_EVERY_S:
+            if not self._damaged_said.ready((problem.where, problem.what)):
                 continue
-            self._damaged_said[key] = now
             # The rest of the state still goes out: `list_models` and `verify` name it too.
             log_event(
                 log,

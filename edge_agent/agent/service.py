@@ -40,7 +40,7 @@ from edge_agent.comms.session import MqttSession, Will
 from edge_agent.comms.settings import BrokerSettings, TlsSettings
 from edge_agent.config.agent import AgentConfig
 from edge_agent.integrations.hub import Integrations
-from edge_agent.logs import log_crash, log_event
+from edge_agent.logs import Throttle, log_crash, log_event
 from edge_agent.outbox import Outbox, Priority
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
@@ -497,7 +497,7 @@ class _Failures:
     def __init__(self, event: str) -> None:
         self._event = event
         self._count = 0
-        self._logged: dict[str, float] = {}  # step -> when its traceback was last logged
+        self._throttle = Throttle(_FAILED_LOG_S)  # per step
 
     def guard(self, step: str, call: Callable[[], object]) -> None:
         """Run `call`; a failure is recorded, not raised."""
@@ -509,7 +509,5 @@ class _Failures:
     def record(self, step: str) -> None:
         """Call from an `except` block."""
         self._count += 1
-        now = time.monotonic()
-        if now - self._logged.get(step, -_FAILED_LOG_S) >= _FAILED_LOG_S:
-            self._logged[step] = now
+        if self._throttle.ready(step):
             log_crash(log, self._event, step=step, failures=self._count)

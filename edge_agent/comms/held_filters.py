@@ -19,8 +19,9 @@ import contextlib
 import json
 import logging
 import os
-import time
 from pathlib import Path
+
+from edge_agent.logs import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class HeldFilters:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._warned_at = -_WARN_EVERY_S
+        self._not_saved = Throttle(_WARN_EVERY_S)
 
     def load(self) -> list[str]:
         """The filters the last process saved; empty when there is no usable file."""
@@ -93,9 +94,7 @@ class HeldFilters:
             tmp.write_text(json.dumps(filters[:MAX_FILTERS]), encoding="utf-8")
             tmp.replace(self.path)
         except (OSError, ValueError) as exc:  # ValueError: a filter that is not UTF-8
-            now = time.monotonic()
-            if now - self._warned_at >= _WARN_EVERY_S:
-                self._warned_at = now
+            if self._not_saved.ready():
                 log.warning(
                     'event=mqtt.held_filters_not_saved path="%s" error="%s"', self.path, exc
                 )

@@ -38,6 +38,7 @@ from edge_agent.comms.base import Handler, Message, MqttVersion, Unsubscribe, to
 from edge_agent.comms.held_filters import HeldFilters
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class MqttSession:
         """Why the last connect failed, for an operator."""
         self.refused = False
         """Whether it was an answer (refused, no such host, CONNACK no) rather than silence."""
-        self._warned_at = -_WARN_EVERY_S
+        self._connect_warned = Throttle(_WARN_EVERY_S)
         self._failing_since: float | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -326,12 +327,7 @@ class MqttSession:
                 now = time.monotonic()
                 if self._failing_since is None:
                     self._failing_since = now
-                loud = (
-                    now - self._failing_since >= _WARN_AFTER_S
-                    and now - self._warned_at >= _WARN_EVERY_S
-                )
-                if loud:
-                    self._warned_at = now
+                loud = now - self._failing_since >= _WARN_AFTER_S and self._connect_warned.ready()
                 log.log(
                     logging.WARNING if loud else logging.INFO,
                     'event=mqtt.connect_failed host="%s" port=%d error="%s" retry_s=%.2f',

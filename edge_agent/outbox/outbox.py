@@ -41,7 +41,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.errors import EdgeAgentError
-from edge_agent.logs import log_event
+from edge_agent.logs import Throttle, log_event
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class Outbox:
         self._clock = clock
         self._lock = threading.Lock()
         self._refused: dict[Priority, int] = dict.fromkeys(Priority, 0)
-        self._refused_logged = -_WRITE_FAILED_LOG_S
+        self._refused_said = Throttle(_WRITE_FAILED_LOG_S)
         self.refusing = False
         """Whether the last write failed: the disk is refusing the outbox just now."""
         try:
@@ -226,10 +226,8 @@ class Outbox:
 
     def _write_failed(self, what: str, exc: sqlite3.Error) -> None:
         self.refusing = True
-        now = time.monotonic()
-        if now - self._refused_logged < _WRITE_FAILED_LOG_S:
+        if not self._refused_said.ready():
             return
-        self._refused_logged = now
         log_event(
             log,
             logging.ERROR,

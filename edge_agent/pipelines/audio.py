@@ -30,7 +30,7 @@ from edge_agent.catalog.manifest import Manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Result, SpeechSegment
 from edge_agent.heads.vad import SpeechMark, VadConfig, VadSegmenter
-from edge_agent.logs import error_text, log_event
+from edge_agent.logs import Throttle, error_text, log_event
 from edge_agent.pipelines.base import (
     AudioChunk,
     AudioSource,
@@ -138,7 +138,7 @@ class AudioPipeline:
         self._events = events
         self._max_frames = max_frames
         self._stop = StopFlag()
-        self._sink_logged: dict[int, float] = {}
+        self._sink_said = Throttle(_SINK_LOG_EVERY_S)  # per sink
         self._left = False  # run() gave up on the worker: it must send nothing more
         self._busy_since: float | None = None  # when the window in the engine went in
         self._holding = False  # the worker has taken a window it has not finished
@@ -361,10 +361,7 @@ class AudioPipeline:
                 # without it: one broken sink must neither stop the audio nor starve the rest.
                 self.failures += 1
                 self.telemetry.count("sink_failures")
-                now = time.monotonic()
-                last = self._sink_logged.get(id(sink))
-                if last is None or now - last >= _SINK_LOG_EVERY_S:
-                    self._sink_logged[id(sink)] = now
+                if self._sink_said.ready(id(sink)):
                     log_event(
                         log,
                         logging.WARNING,

@@ -36,6 +36,20 @@ def _get(q: queue.Queue[Message], timeout: float = 5.0) -> Message:
     return q.get(timeout=timeout)
 
 
+def _topics_sent_to(session: MqttSession) -> list[str]:
+    """The topic of every message the broker sends `session`, routed or not, as it comes."""
+    seen: list[str] = []
+    routed = session._client.on_message
+    assert routed is not None
+
+    def spy(client: Any, userdata: Any, msg: Any) -> None:
+        seen.append(msg.topic)
+        routed(client, userdata, msg)
+
+    session._client.on_message = spy
+    return seen
+
+
 @pytest.mark.parametrize("version", ["5", "3.1.1"])
 def test_publish_subscribe_round_trip(broker: LocalBroker, version: str) -> None:
     got: queue.Queue[Message] = queue.Queue()
@@ -204,15 +218,7 @@ def test_a_filter_let_go_while_offline_is_unsubscribed_on_reconnect(
     with LocalBroker(folder=folder, extra_config=extra) as broker:
         got: queue.Queue[Message] = queue.Queue()
         a = connect(_settings(broker, version=version, client_id="dev-1", persistent=True))
-        seen: list[str] = []
-        routed = a._client.on_message
-        assert routed is not None
-
-        def spy(client: Any, userdata: Any, msg: Any) -> None:
-            seen.append(msg.topic)  # every message the broker sends this client
-            routed(client, userdata, msg)
-
-        a._client.on_message = spy
+        seen = _topics_sent_to(a)
         b = connect(_settings(broker, version=version))
         try:
             a.subscribe("keep", got.put)
@@ -293,15 +299,7 @@ def _restarted_without_unsubscribing(
     first.stop()
     got: queue.Queue[Message] = queue.Queue()
     second = MqttSession(settings, held=held)
-    seen: list[str] = []
-    routed = second._client.on_message
-    assert routed is not None
-
-    def spy(client: Any, userdata: Any, msg: Any) -> None:
-        seen.append(msg.topic)  # every message the broker sends this client
-        routed(client, userdata, msg)
-
-    second._client.on_message = spy
+    seen = _topics_sent_to(second)
     second.subscribe("keep", got.put)
     publisher = connect(_settings(broker))
     try:
@@ -382,15 +380,7 @@ def test_a_filter_let_go_while_a_reconnect_resubscribes_it_stays_let_go(
     # is about to resubscribe, and is held until that SUBSCRIBE is out.
     got: queue.Queue[Message] = queue.Queue()
     a = connect(_settings(broker))
-    seen: list[str] = []
-    routed = a._client.on_message
-    assert routed is not None
-
-    def spy(client: Any, userdata: Any, msg: Any) -> None:
-        seen.append(msg.topic)
-        routed(client, userdata, msg)
-
-    a._client.on_message = spy
+    seen = _topics_sent_to(a)
     b = connect(_settings(broker))
     try:
         a.subscribe("keep", got.put)

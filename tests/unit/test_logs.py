@@ -10,7 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from edge_agent.logs import format_value, log_context, log_crash, log_event, setup_logging
+from edge_agent.logs import (
+    Throttle,
+    format_value,
+    log_context,
+    log_crash,
+    log_event,
+    setup_logging,
+)
 
 
 @pytest.fixture
@@ -130,3 +137,17 @@ def test_a_detail_cannot_overwrite_the_line_s_own_fields(stream: io.StringIO) ->
     fields = fields_of(stream.getvalue())
     assert fields["level"] == "warning"
     assert fields["field_level"] == "custom"
+
+
+def test_throttle_lets_a_key_through_once_per_period() -> None:
+    now = [100.0]
+    throttle = Throttle(60.0, clock=lambda: now[0])
+    assert throttle.ready("disk")  # the first time, always
+    assert not throttle.ready("disk")
+    assert throttle.ready("sink")  # each key on its own
+    now[0] += 59.9
+    assert not throttle.ready("disk")
+    now[0] += 0.1
+    assert throttle.ready("disk")
+    assert not throttle.ready("disk")
+    assert throttle.ready()  # no key: one line for the whole
