@@ -13,6 +13,8 @@ docs/PROTOCOL.md can be generated from it and a typo fails a test.
 
 from __future__ import annotations
 
+import errno
+
 CODES: dict[str, str] = {
     "error": "An operator-fixable problem with no more specific code.",
     "input.invalid": "An argument, file or message field is malformed or out of range.",
@@ -30,6 +32,7 @@ CODES: dict[str, str] = {
     "source.failed": "A source failed for good mid-stream (truncated, gone, stalled).",
     "sink.failed": "A sink cannot write where it was told to.",
     "path.unwritable": "An output, cache or state folder cannot be written.",
+    "path.denied": "This user may not read or write a path it needs (permissions).",
     "config.invalid": "A config, spec, manifest or recipe file is invalid.",
     "calibration.failed": "Calibration could not produce or judge a model.",
     "release.invalid": "A model release is malformed.",
@@ -76,7 +79,12 @@ class EdgeAgentError(Exception):
 
 def from_os_error(exc: OSError) -> EdgeAgentError:
     """An OSError no command caught itself (a path that cannot be made, read or written), as
-    the one line an operator sees: the last net under the promise of no traceback."""
+    the one line an operator sees: the last net under the promise of no traceback.
+
+    An OSError does not say whether it came from a read or a write, so the code and fix
+    follow what the errno does say: a missing path, a permission, a full or read-only disk,
+    a file where a folder should be (nearly always an output made under a file). A read
+    refused for permission is path.denied, and is not told to look for disk space."""
     where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
     problem = f"{exc.strerror or exc}" + (f": {where}" if where else "")
     if isinstance(exc, FileNotFoundError):
@@ -85,8 +93,36 @@ def from_os_error(exc: OSError) -> EdgeAgentError:
         )
     if exc.filename is None:  # not about a path at all (a socket, say)
         return EdgeAgentError(problem, "see the log above, and run again", code="error")
+    if isinstance(exc, PermissionError):
+        return EdgeAgentError(
+            problem,
+            "check with `ls -ld` that this user may read it (and write it, for an output "
+            "or state folder); run as the service's user or fix the owner",
+            code="path.denied",
+        )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return EdgeAgentError(
+            problem,
+            "free space on that disk (or raise the quota), then run again",
+            code="path.unwritable",
+        )
+    if exc.errno == errno.EROFS:
+        return EdgeAgentError(
+            problem,
+            "its filesystem is mounted read-only: pick a writable folder",
+            code="path.unwritable",
+        )
+    if isinstance(exc, IsADirectoryError | NotADirectoryError | FileExistsError):
+        # Nearly always an output being made under a file, or over a folder.
+        return EdgeAgentError(
+            problem,
+            "a file stands where a folder is needed, or a folder where a file is: "
+            "check the path, or pick another",
+            code="path.unwritable",
+        )
     return EdgeAgentError(
         problem,
-        "check that the path is a folder this user may write to, and that its disk has room",
-        code="path.unwritable",
+        "check the path: that it exists, that this user may read and write it, and that "
+        "its disk is healthy and has room",
+        code="error",
     )
