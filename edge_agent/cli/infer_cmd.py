@@ -44,9 +44,13 @@ def run(args: argparse.Namespace) -> int:
     data = read_input(resolved.manifest, args.input)
     backend = create_backend(args.backend)
     with backend.compile(resolved.path, resolved.manifest, runtime_options(args)) as model:
+        # Decoded before anything is printed: a head that cannot read the model's outputs
+        # (a manifest naming an output it lacks) is then the one error line, not a
+        # compile line followed by one.
+        results = list(infer_input(model, resolved.manifest, data))
         # Where it ran, and any fallback, goes to stderr so stdout stays pure results.
         report = model.report
         print(json.dumps({"compile": report.model_dump(mode="json")}), file=sys.stderr)
-        for result in infer_input(model, resolved.manifest, data):
+        for result in results:
             print(json.dumps(result.model_dump(mode="json")))
     return 0

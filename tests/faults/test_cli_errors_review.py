@@ -137,6 +137,21 @@ def test_a_manifest_scale_of_zero_is_refused(tmp_path: Path) -> None:
     assert one_line_error(proc, "edge-agent", "scale") == "config.invalid"
 
 
+@pytest.mark.parametrize("verb", ["infer", "run-pipeline"])
+def test_a_head_naming_an_output_the_model_lacks_is_one_line(tmp_path: Path, verb: str) -> None:
+    # infer printed its compile line before the error; run-pipeline warned on every frame
+    # and exited 0. Both now decode one run before anything else is said.
+    model = text_orientation_copy(tmp_path, ('output = "fetch_name_0"', 'output = "logits"'))
+    photo = tmp_path / "astronaut.jpg"
+    cv2.imwrite(str(photo), bgr(sample("astronaut")))
+    flag = "--input" if verb == "infer" else "--source"
+    extra = ["--no-cache"] if verb == "infer" else []
+    proc = edge_agent_cli(verb, "--model", str(model), flag, str(photo), *extra)
+    code = one_line_error(proc, "edge-agent", "no output 'logits'", "fetch_name_0")
+    assert code == "model.incompatible"
+    assert proc.stdout == ""
+
+
 def test_edge_fleet_help_explains_every_option_and_shows_defaults() -> None:
     for verb, defaults in (
         (
