@@ -78,6 +78,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def topic_prefix(text: str) -> str:
+    """argparse type: an MQTT topic prefix (protocol.topics.check_prefix)."""
+    from edge_agent.protocol.topics import check_prefix
+
+    try:
+        return check_prefix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
 DEVICE_HELP = (
     "CPU, GPU, NPU, AUTO, or a priority list such as GPU,CPU (tried in order; "
     "a device that cannot compile is reported and the next one used)"

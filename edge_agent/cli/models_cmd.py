@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.cli import pull_cmd
-from edge_agent.cli.common import catalog, layout
+from edge_agent.cli.common import catalog, layout, positive_float, positive_int
 from edge_agent.errors import EdgeAgentError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def register(commands: Any) -> None:
     install.add_argument("source", type=Path, metavar="FILE|RELEASE")
     install.add_argument("--name", help="store name for a model file (default: the manifest's)")
     install.add_argument(
-        "--version", type=int, help="version for a model file (default: the next one)"
+        "--version", type=positive_int, help="version for a model file (default: the next one)"
     )
     install.add_argument("--manifest", type=Path, help="manifest TOML, if not beside the file")
     install.add_argument(
@@ -66,7 +66,7 @@ def register(commands: Any) -> None:
 
     activate = verbs.add_parser("activate", help="make a version current, behind the gate")
     activate.add_argument("name")
-    activate.add_argument("version", type=int)
+    activate.add_argument("version", type=positive_int)
     _add_gate_args(activate)
     activate.set_defaults(run=run_activate)
     rollback = verbs.add_parser("rollback", help="make the previous version current again")
@@ -74,7 +74,7 @@ def register(commands: Any) -> None:
     rollback.set_defaults(run=run_rollback)
     remove = verbs.add_parser("remove", help="delete a version that is not current")
     remove.add_argument("name")
-    remove.add_argument("version", type=int)
+    remove.add_argument("version", type=positive_int)
     remove.set_defaults(run=run_remove)
     verify = verbs.add_parser("verify", help="re-hash the store; non-zero exit if anything is off")
     verify.set_defaults(run=run_verify)
@@ -96,7 +96,10 @@ def _add_gate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="CPU", help="device the health gate compiles for")
     parser.add_argument("--backend", default="openvino", choices=["openvino", "onnxruntime"])
     parser.add_argument(
-        "--gate-timeout", type=float, default=300.0, help="seconds before the gate gives up"
+        "--gate-timeout",
+        type=positive_float,
+        default=300.0,
+        help="seconds before the gate gives up",
     )
 
 

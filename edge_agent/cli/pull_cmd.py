@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edge_agent.cli.common import layout
+from edge_agent.cli.common import layout, positive_float, positive_int, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.protocol.topics import DEFAULT_PREFIX
 
@@ -26,7 +26,7 @@ def register(verbs: Any) -> None:
         "pull", help="pull a published release over MQTT (resumes), verify, install"
     )
     pull.add_argument("name", help="model name as published by `edge-fleet publish-model`")
-    pull.add_argument("--version", type=int, help="version to pull (default: the latest)")
+    pull.add_argument("--version", type=positive_int, help="version to pull (default: the latest)")
     pull.add_argument(
         "--trusted-key",
         type=Path,
@@ -37,8 +37,10 @@ def register(verbs: Any) -> None:
     )
     pull.add_argument("--activate", action="store_true", help="activate behind the health gate")
     pull.add_argument("--device-id", default=None, help="this box's id (default: host name)")
-    pull.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix")
-    pull.add_argument("--timeout", type=float, default=300.0, help="give up after this stall")
+    pull.add_argument("--prefix", type=topic_prefix, default=DEFAULT_PREFIX, help="topic prefix")
+    pull.add_argument(
+        "--timeout", type=positive_float, default=300.0, help="give up after this stall"
+    )
     add_broker_args(pull, short=False)
     _add_gate_args(pull)
     pull.set_defaults(run=run_pull)

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from edge_agent.config_files import first_error, read_secret
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout, is_safe_name
+from edge_agent.protocol.topics import check_prefix
 
 
 class TlsConfig(BaseModel):
@@ -119,9 +120,7 @@ class HomeAssistantConfig(BaseModel):
     @field_validator("prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
-        if not value or any(c in value for c in "#+\0") or value.startswith("/"):
-            raise ValueError("a topic prefix has no wildcards and does not start with '/'")
-        return value.rstrip("/")
+        return check_prefix(value)
 
 
 class PrometheusConfig(BaseModel):
@@ -237,9 +236,7 @@ class AgentConfig(BaseModel):
     @field_validator("topic_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
-        if not value or any(c in value for c in "#+\0") or value.startswith("/"):
-            raise ValueError("a topic prefix has no wildcards and does not start with '/'")
-        return value.rstrip("/")
+        return check_prefix(value)
 
     def layout(self, env: Mapping[str, str]) -> Layout:
         """Where this agent keeps its cache and state."""

@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from edge_agent.cli.common import positive_float, positive_int, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.fleet.console_cmd import add_console_verbs
@@ -52,7 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--help", action="help", help="show this help and exit")
         add_broker_args(sub)
         sub.add_argument(
-            "--prefix", default=DEFAULT_PREFIX, help=f"topic prefix (default: {DEFAULT_PREFIX})"
+            "--prefix",
+            type=topic_prefix,
+            default=DEFAULT_PREFIX,
+            help=f"topic prefix (default: {DEFAULT_PREFIX})",
         )
         sub.add_argument(
             "--repo",
@@ -65,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     publish = with_broker("publish-model", "sign a model file and publish its release")
     publish.add_argument("file", type=Path, help="model file; its manifest is <stem>.toml beside")
     publish.add_argument("--name", help="model name (default: the manifest's)")
-    publish.add_argument("--version", type=int, required=True, help="release version (>= 1)")
+    publish.add_argument(
+        "--version", type=positive_int, required=True, help="release version (>= 1)"
+    )
     publish.add_argument("--key", type=Path, required=True, help="private key PEM")
     publish.add_argument("--manifest", type=Path, help="manifest TOML, if not beside FILE")
     publish.add_argument(
@@ -85,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     publish.add_argument(
         "--expires-days",
-        type=float,
+        type=positive_float,
         default=30.0,
         help="release lifetime: devices refuse it after this (default: %(default)g)",
     )
@@ -99,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"$share group (default: {DEFAULT_SHARE_GROUP})",
     )
     serve.add_argument(
-        "--window", type=int, default=4, help="frames a puller may lag (default: %(default)s)"
+        "--window",
+        type=positive_int,
+        default=4,
+        help="frames a puller may lag (default: %(default)s)",
     )
     serve.set_defaults(run=run_serve)
 

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
+from edge_agent.cli.common import positive_float, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.errors import EdgeAgentError
@@ -49,7 +50,7 @@ def add_console_verbs(verbs: Any) -> None:
         sub: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, add_help=False)
         sub.add_argument("--help", action="help", help="show this help and exit")
         add_broker_args(sub)
-        sub.add_argument("--prefix", default=DEFAULT_PREFIX, help="topic prefix")
+        sub.add_argument("--prefix", type=topic_prefix, default=DEFAULT_PREFIX, help="topic prefix")
         return sub
 
     cmd = verb("cmd", "send one command to a device and print its answer")
@@ -63,7 +64,9 @@ def add_console_verbs(verbs: Any) -> None:
         help="an argument; VALUE is JSON when it parses (3, true, {...}), else a string",
     )
     cmd.add_argument("--args-file", type=Path, help="arguments as a JSON or TOML file")
-    cmd.add_argument("--timeout", type=float, help="seconds to wait (default 30; long: 600)")
+    cmd.add_argument(
+        "--timeout", type=positive_float, help="seconds to wait (default 30; long: 600)"
+    )
     cmd.set_defaults(run=run_cmd)
 
     deploy = verb("deploy", "deploy a published model to a device or a group")
@@ -73,17 +76,23 @@ def add_console_verbs(verbs: Any) -> None:
     where.add_argument("--to", metavar="DEVICE", help="one device")
     where.add_argument("--group", metavar="G", help="every online device of group G")
     deploy.add_argument("--no-activate", action="store_true", help="install only")
-    deploy.add_argument("--timeout", type=float, default=LONG_TIMEOUT_S, help="seconds to wait")
+    deploy.add_argument(
+        "--timeout", type=positive_float, default=LONG_TIMEOUT_S, help="seconds to wait"
+    )
     deploy.add_argument("--json", action="store_true", help="results as JSON")
     deploy.set_defaults(run=run_deploy)
 
     status = verb("status", "every device's retained state")
     status.add_argument("--json", action="store_true", help="as JSON")
-    status.add_argument("--wait", type=float, default=5.0, help="longest wait for the broker")
+    status.add_argument(
+        "--wait", type=positive_float, default=5.0, help="longest wait for the broker"
+    )
     status.set_defaults(run=run_status)
 
     watch = verb("watch", "a live table of every device's state, FPS, p95 and outbox")
-    watch.add_argument("--once", type=float, metavar="S", help="one snapshot after S seconds")
+    watch.add_argument(
+        "--once", type=positive_float, metavar="S", help="one snapshot after S seconds"
+    )
     watch.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
     watch.set_defaults(run=run_watch)
 

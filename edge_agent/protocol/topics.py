@@ -14,6 +14,16 @@ RESERVED_IDS = frozenset({"releases", "delivery", "group", "fleet"})
 DEFAULT_SHARE_GROUP = "edge-fleet"
 
 
+def check_prefix(value: str) -> str:
+    """A topic prefix as every topic is built on it, or ValueError: no wildcards (a
+    subscription filter built on one would match the wrong topics, and a broker refuses
+    them in topic names), no NUL, not empty and not starting with '/'. A trailing '/' is
+    dropped."""
+    if not value or any(c in value for c in "#+\0") or value.startswith("/"):
+        raise ValueError("a topic prefix has no wildcards and does not start with '/'")
+    return value.rstrip("/")
+
+
 @dataclass(frozen=True, slots=True)
 class Topics:
     """Topic names below `prefix` (default edge/v1)."""
