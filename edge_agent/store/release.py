@@ -424,7 +424,10 @@ def parse_signed_release(data: bytes | str) -> SignedRelease:
     except ValidationError as exc:
         where, message = first_error(exc)
         raise EdgeAgentError(
-            f"release is invalid at {where}: {message}", code="release.invalid"
+            f"release is invalid at {where}: {message}",
+            "use the signed release JSON that `edge-fleet publish-model` wrote (from its "
+            "repo, or the broker's retained copy), unedited",
+            code="release.invalid",
         ) from None
 
 

@@ -16,7 +16,7 @@ Points are in frame pixels, or in fractions of the frame's width and height
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
 import cv2
 import numpy as np
@@ -27,13 +27,16 @@ from edge_agent.heads.base import Detection, Result
 from edge_agent.vision.geometry import Rect
 
 Units = Literal["px", "fraction"]
+Coordinate = Annotated[float, Field(allow_inf_nan=False)]
+"""A corner's x or y: NaN or infinity would make every inside() test false (and numpy warn
+casting it) instead of failing where the spec is read."""
 Points = npt.NDArray[np.float64]
 
 
 class _Polygon(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    points: tuple[tuple[float, float], ...] = Field(
+    points: tuple[tuple[Coordinate, Coordinate], ...] = Field(
         min_length=3,
         description='Corners (x, y) in order, in frame pixels or (units = "fraction") 0-1.',
     )

@@ -206,3 +206,12 @@ def test_keys_round_trip_and_the_private_key_is_owner_only(tmp_path: Path) -> No
     assert _code(lambda: load_public_key(private)) == "input.invalid"
     assert _code(lambda: load_private_key(public)) == "input.invalid"
     assert _code(lambda: load_public_key(tmp_path / "absent.pub")) == "input.not_found"
+
+
+@pytest.mark.parametrize("text", ["", "[1, 2]", "{}", "{not json", "\udcff"])
+def test_a_file_that_is_no_release_says_what_to_use_instead(text: str) -> None:
+    # The CLI's line was "release is invalid at (top): ... [release.invalid]", no fix.
+    with pytest.raises(EdgeAgentError) as caught:
+        parse_signed_release(text.encode("utf-8", "surrogateescape"))
+    assert caught.value.code == "release.invalid"
+    assert "edge-fleet publish-model" in caught.value.fix

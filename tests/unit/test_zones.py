@@ -95,3 +95,13 @@ def test_inside_agrees_with_a_rectangle(
         | np.isclose(pts[:, 1], y0 + h)
     )
     assert np.array_equal(got[~on_edge], strict[~on_edge])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_corner_that_is_not_a_finite_number_is_refused(bad: float) -> None:
+    # It was accepted, and every inside() test of the zone was then false (numpy warned
+    # casting it): a zone that never fires, with the spec reading as fine.
+    with pytest.raises(ValidationError, match="finite"):
+        Zone(name="x", points=((bad, 0.1), (1, 0), (1, 1)))
+    with pytest.raises(ValidationError, match="finite"):
+        Mask.model_validate_json('{"points": [[0, 0], [1, 0], [1, NaN]]}')
