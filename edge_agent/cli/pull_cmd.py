@@ -57,12 +57,15 @@ def run_pull(args: argparse.Namespace) -> int:
     keys = [load_public_key(path) for path in args.trusted_key]
     where = layout(args)
     shown: dict[str, int] = {}
+    # Progress on a terminal only, drawn over itself and wiped at the end: a failed pull
+    # then leaves its one error line, and a script reading stderr gets no meter lines.
+    live = sys.stderr.isatty()
 
     def progress(stage: str, fraction: float) -> None:
         tenth = int(fraction * 10)
-        if shown.get(stage) != tenth:
+        if live and shown.get(stage) != tenth:
             shown[stage] = tenth
-            print(f"{stage} {fraction:4.0%}", file=sys.stderr, flush=True)
+            print(f"\r{stage} {fraction:4.0%}\033[K", end="", file=sys.stderr, flush=True)
 
     session = connect(broker_settings(args))
     try:
@@ -82,6 +85,8 @@ def run_pull(args: argparse.Namespace) -> int:
         )
     finally:
         session.stop()
+        if shown:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
     release = result.release
     what = "pulled" if result.installed else "already installed"
     stats = result.stats

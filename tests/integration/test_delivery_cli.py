@@ -98,8 +98,11 @@ def test_keygen_publish_serve_pull(
             ]
         )
         assert again.returncode == 2
-        assert "edge-agent: error:" in again.stderr
-        assert "[transfer.failed]" in again.stderr  # v2 was never published
+        # One line: no "release   0%" meter before it (progress is drawn on a terminal only).
+        lines = again.stderr.splitlines()
+        assert len(lines) == 1, again.stderr
+        assert lines[0].startswith("edge-agent: error:")
+        assert lines[0].endswith("[transfer.failed]")  # v2 was never published
     finally:
         server.terminate()
         server.communicate(timeout=10)
