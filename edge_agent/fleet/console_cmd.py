@@ -21,6 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
@@ -28,6 +29,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from edge_agent.cli.common import positive_float, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.comms.session import MqttSession, connect
+from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import tables
 from edge_agent.fleet.console import DeviceConsole, NoAnswerError
@@ -147,6 +149,31 @@ def command_args(pairs: list[str], args_file: Path | None) -> dict[str, Any]:
     return found
 
 
+def check_command(kind: str, arguments: dict[str, Any]) -> None:
+    """Refuse, before anything is sent, a command type or arguments the device would refuse:
+    a typo then costs no round trip, and no 30 s wait for a box that is offline.
+
+    Raises:
+        EdgeAgentError: command.unknown or command.invalid, as the device would answer.
+    """
+    model = msg.COMMAND_ARGS.get(kind)
+    if model is None:
+        raise EdgeAgentError(
+            f"unknown command type {kind!r}",
+            f"use one of: {', '.join(sorted(msg.COMMAND_ARGS))}",
+            code="command.unknown",
+        )
+    try:
+        model.model_validate(arguments)
+    except ValidationError as exc:
+        where, message = first_error(exc, "args.")
+        raise EdgeAgentError(
+            f"{kind} arguments are invalid at {where}: {message}",
+            "fix the --arg KEY=VALUE pairs or the --args-file (docs/PROTOCOL.md lists them)",
+            code="command.invalid",
+        ) from None
+
+
 # --- progress ---------------------------------------------------------------------------------
 class Bars:
     """Progress of long commands on stderr: bars on a terminal, a line per step elsewhere."""
@@ -200,6 +227,7 @@ def _error_line(text: str, code: str) -> None:
 # --- cmd --------------------------------------------------------------------------------------
 def run_cmd(args: argparse.Namespace) -> int:
     arguments = command_args(args.arg, args.args_file)
+    check_command(args.type, arguments)
     long = args.type in msg.LONG_COMMANDS
     timeout = args.timeout or (LONG_TIMEOUT_S if long else SHORT_TIMEOUT_S)
     session, topics = _session(args)

@@ -70,21 +70,26 @@ def test_cmd_prints_the_answer_and_exits_by_its_status(
     answer = as_json(done)
     assert (answer["status"], answer["device_id"], answer["result"]["pong"]) == ("ok", DEVICE, True)
 
-    # Wrong argument type: the device's error answer on stdout, one line on stderr, exit 1.
-    done = fleet_cli(broker, "cmd", DEVICE, "set_telemetry", "--arg", "interval_s=often")
+    # The device refuses: its error answer on stdout, one line on stderr, exit 1.
+    done = fleet_cli(broker, "cmd", DEVICE, "stop_pipeline", "--arg", "id=nope")
     assert done.returncode == 1, done.stderr
-    assert as_json(done)["error"]["code"] == "command.invalid"
-    assert as_json(done)["error"]["field"] == "args.interval_s"
+    assert as_json(done)["error"]["code"] == "pipeline.not_found"
     line = done.stderr.strip().splitlines()[-1]
-    assert line.startswith(
-        f"edge-fleet: error: {DEVICE}: set_telemetry failed (field args.interval_s)"
-    )
-    assert line.endswith("[command.invalid]")
+    assert line.startswith(f"edge-fleet: error: {DEVICE}: stop_pipeline failed")
+    assert line.endswith("[pipeline.not_found]")
 
-    # Values are JSON when they parse: 0 is a number, and out of range.
-    done = fleet_cli(broker, "cmd", DEVICE, "remove_model", "--arg", "name=x", "--arg", "version=0")
-    assert done.returncode == 1
-    assert as_json(done)["error"]["field"] == "args.version"
+    # What the device would refuse for its type or arguments is refused here, before
+    # anything is sent (values are JSON when they parse: 0 is a number, and out of range).
+    for argv, code, needle in [
+        (["set_telemetry", "--arg", "interval_s=often"], "command.invalid", "args.interval_s"),
+        (["remove_model", "--arg", "name=x", "--arg", "version=0"], "command.invalid", "version"),
+        (["reboot"], "command.unknown", "'reboot'"),
+    ]:
+        done = fleet_cli(broker, "cmd", DEVICE, *argv)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert needle in line
+        assert line.endswith(f"[{code}]")
 
     # A usage error never reaches the device.
     done = fleet_cli(broker, "cmd", DEVICE, "ping", "--arg", "no-equals-sign")
