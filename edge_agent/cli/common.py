@@ -10,6 +10,7 @@ break the others.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -131,6 +132,10 @@ def add_runtime_args(parser: argparse.ArgumentParser, default_hint: Hint) -> Non
     )
 
 
+MAX_SHAPE_ELEMENTS = 1 << 28
+"""The largest input a --shape may ask for: 268M elements, a GB of float32 a request."""
+
+
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
     """'1,3,640,640' -> (1, 3, 640, 640)."""
     if text is None:
@@ -146,6 +151,13 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     if any(d <= 0 for d in dims):
         raise EdgeAgentError(
             f"bad shape {text!r}", "every dimension must be positive", code="input.invalid"
+        )
+    if math.prod(dims) > MAX_SHAPE_ELEMENTS:
+        # 1,99999,99999,3 is 30 GB a request: the engine's bad_alloc blamed the manifest.
+        raise EdgeAgentError(
+            f"shape {text!r} is {math.prod(dims):,} elements a request",
+            f"pass a shape of at most {MAX_SHAPE_ELEMENTS:,} elements (a 4K frame is 25M)",
+            code="input.invalid",
         )
     return dims
 

@@ -231,6 +231,14 @@ class OpenVinoBackend:
             try:
                 model = _fold_preprocessing(model, spec)
             except RuntimeError as exc:
+                if options.shape is not None:
+                    raise EdgeAgentError(
+                        f"{manifest.name} cannot take input shape {list(spec.shape)} "
+                        f"(layout {spec.layout}): {_first_line(exc)}",
+                        "pass a shape with the model's rank and layout, at a size it can "
+                        "take (edge-agent models info NAME)",
+                        code="model.shape",
+                    ) from None
                 raise EdgeAgentError(
                     f"{manifest.name}'s manifest [input] does not fit the model "
                     f"(layout {spec.layout}, shape {list(spec.shape)}): {_first_line(exc)}",
