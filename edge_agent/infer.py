@@ -10,18 +10,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cv2
 import numpy as np
 import numpy.typing as npt
 
 from edge_agent.audio.resample import resample
-from edge_agent.audio.wav import WavError, read_wav, to_mono
+from edge_agent.audio.wav import WavError, load_wav, to_mono
 from edge_agent.catalog.manifest import AudioInput, ImageInput, Manifest
-from edge_agent.errors import EdgeAgentError
-from edge_agent.heads.base import Result, SpeechSegment
+from edge_agent.errors import EdgeAgentError, from_os_error
+from edge_agent.heads.base import Result, SpeechSegment, decode_checked
 from edge_agent.heads.registry import build_frame_head
 from edge_agent.heads.vad import VadConfig, VadSegmenter, audio_windows
-from edge_agent.quiet import native_stderr_held
+from edge_agent.pipelines.decode import IMAGE_TOO_LARGE, decode_image
 from edge_agent.runtime.base import CompiledModel
 from edge_agent.runtime.preprocess import input_geometry
 from edge_agent.runtime.stateful import StatefulVad
@@ -33,29 +32,47 @@ AUDIO_SUFFIXES = {".wav", ".wave"}
 def read_image(path: Path) -> npt.NDArray[np.uint8]:
     """Read an image file as uint8 BGR, or say clearly why not."""
     _check_file(path)
-    with native_stderr_held():
-        frame = cv2.imread(str(path), cv2.IMREAD_COLOR)
-        if frame is None:  # raised inside, so OpenCV's own warning is dropped
-            raise EdgeAgentError(
-                f"cannot decode image {path}",
-                "the file is corrupt or not an image OpenCV reads (JPEG, PNG, BMP, TIFF, WebP)",
-                code="input.unreadable",
-            )
-    return np.asarray(frame, dtype=np.uint8)
+    # Read here and decode the bytes, as a folder source does: cv2.imread segfaults on a
+    # name that is not UTF-8, and accepts a truncated JPEG that imdecode rejects.
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+    except OSError as exc:
+        raise from_os_error(exc) from None
+    frame, why = decode_image(data)
+    if frame is None:
+        fix = (
+            "downscale it (e.g. `convert IN -resize 8000x8000 out.jpg`)"
+            if why == IMAGE_TOO_LARGE
+            else "re-copy or re-export it as JPEG, PNG, BMP, TIFF or WebP"
+        )
+        raise EdgeAgentError(f"cannot decode image {path}: {why}", fix, code="input.unreadable")
+    return frame
 
 
 def read_audio(path: Path, rate: int) -> npt.NDArray[np.float32]:
     """Read a WAV file as mono float32 at `rate`."""
     _check_file(path)
     try:
-        samples, source_rate = read_wav(path)
+        wav = load_wav(path)
     except WavError as exc:
         raise EdgeAgentError(
             f"cannot read {path}: {exc}",
             "convert it to PCM WAV with `sox IN -r 16000 -c 1 out.wav`",
             code="input.unreadable",
         ) from None
-    return resample(to_mono(samples), source_rate, rate)
+    except OSError as exc:
+        raise from_os_error(exc) from None
+    if wav.missing_s > 0:
+        # A one-shot answer on part of a clip would pass for the whole clip's; the
+        # run-pipeline WAV source fails the same way, after what there was.
+        raise EdgeAgentError(
+            f"WAV file {path} ends {wav.missing_s:.2f} s short of what its header declares, "
+            f"after {len(wav.samples) / wav.rate:.2f} s: it is truncated",
+            f"re-copy the file, or re-export what is left with `sox --ignore-length {path} "
+            "fixed.wav`",
+            code="source.failed",
+        )
+    return resample(to_mono(wav.samples), wav.rate, rate)
 
 
 def _check_file(path: Path) -> None:
@@ -65,9 +82,19 @@ def _check_file(path: Path) -> None:
             "pass one image or WAV file; run-pipeline takes a folder source",
             code="input.invalid",
         )
-    if not path.is_file():
+    if not path.exists():
         raise EdgeAgentError(
             f"input file {path} does not exist", "check the path", code="input.not_found"
+        )
+    if not path.is_file():
+        raise EdgeAgentError(
+            f"input {path} is not a regular file (a device, pipe or socket)",
+            "pass one image or WAV file saved on disk",
+            code="input.invalid",
+        )
+    if path.stat().st_size == 0:
+        raise EdgeAgentError(
+            f"input file {path} is empty", "pass an image or WAV file", code="input.unreadable"
         )
 
 
@@ -85,7 +112,7 @@ def infer_frame(
     height, width = frame.shape[:2]
     geometry = input_geometry(spec.with_shape(model.report.model_shape), (width, height))
     outputs = model.infer({spec.name: geometry.prepare(frame)[None]})
-    found = build_frame_head(manifest.head).decode(outputs, geometry.model_size)
+    found = decode_checked(build_frame_head(manifest.head), outputs, geometry.model_size)
     return to_frame(found, geometry)
 
 

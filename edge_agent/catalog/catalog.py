@@ -83,6 +83,12 @@ class Catalog:
                 return installed
             manifest = self.manifest(name_or_path)
             return ResolvedModel(manifest, fetch(manifest, self.cache))
+        if candidate.is_dir():
+            raise EdgeAgentError(
+                f"model path {candidate} is a folder, not a model file",
+                "pass the model file in it (.onnx, .xml, .tflite or .pb, with its .toml beside)",
+                code="input.invalid",
+            )
         if not candidate.is_file():
             raise EdgeAgentError(
                 f"model file {candidate} does not exist", "check the path", code="model.not_found"

@@ -117,3 +117,22 @@ def pick(outputs: Outputs, name: str, key: str = "output") -> npt.NDArray[np.gen
             f"set [head] {key} in the model's manifest to one of the outputs it has",
             code="model.incompatible",
         ) from None
+
+
+def decode_checked(head: FrameHead, outputs: Outputs, input_size: tuple[int, int]) -> list[Result]:
+    """`head.decode`, with a head that does not fit the model's outputs said as the
+    operator's problem: the heads check the shapes they are given and raise ValueError,
+    which would otherwise reach the CLI as a traceback.
+
+    Raises:
+        EdgeAgentError: `model.incompatible`, the manifest's [head] cannot read these outputs.
+    """
+    try:
+        return head.decode(outputs, input_size)
+    except ValueError as exc:
+        raise EdgeAgentError(
+            f"the manifest's [head] cannot read this model's outputs: {exc}",
+            "set [head] in the model's manifest to a head type that fits this model's "
+            "outputs (their shapes are in the message)",
+            code="model.incompatible",
+        ) from None

@@ -12,7 +12,7 @@ import numpy as np
 
 from edge_agent.catalog.manifest import ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
-from edge_agent.heads.base import FrameHead
+from edge_agent.heads.base import FrameHead, decode_checked
 from edge_agent.heads.registry import build_frame_head
 from edge_agent.runtime.base import CompiledModel
 
@@ -57,4 +57,4 @@ class ActiveModel:
         spec = self.image
         blank = np.zeros((spec.shape[0], spec.height, spec.width, 3), dtype=np.uint8)
         outputs = self.model.infer({spec.name: blank})
-        self.head.decode(outputs, (spec.width, spec.height))
+        decode_checked(self.head, outputs, (spec.width, spec.height))

@@ -24,13 +24,18 @@ compile says which device it fell back from. It never fails a source.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import cv2
 import numpy as np
 import numpy.typing as npt
+
+from edge_agent.pipelines.base import SourceError
+from edge_agent.quiet import native_stderr_held
 
 Image = npt.NDArray[np.uint8]
 Size = tuple[int, int]
@@ -208,6 +213,67 @@ def open_capture(
         cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, params)
         return cap, "cpu", "hw decode: failed to start, decoding on CPU"
     return cv2.VideoCapture(target, cv2.CAP_FFMPEG, params), "cpu", ""
+
+
+def require_utf8_path(path: Path) -> None:
+    """Refuse a file name that is not valid UTF-8 before OpenCV is handed it.
+
+    cv2.VideoCapture takes only a path, and converts it to UTF-8 on the way in: a name
+    that is not (written under another locale, or mangled by a copy) kills the process
+    with a segfault instead of failing the open. Cameras and URLs never come here.
+
+    Raises:
+        SourceError: input.invalid, naming the file as Python shows it.
+    """
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise SourceError(
+            f"video file name {str(path)!r} is not valid UTF-8, which OpenCV cannot open",
+            fix="rename the file (or its folder) to a UTF-8 name, e.g. with `convmv` or `mv`",
+            code="input.invalid",
+        ) from None
+
+
+IMAGE_UNDECODABLE = "not an image OpenCV decodes (another format, or corrupt)"
+IMAGE_TOO_LARGE = "too large for OpenCV to decode (over 2^30 pixels, or 2^20 on a side)"
+
+
+class _UndecodableError(Exception):
+    """Raised inside the stderr hold so that what the codec printed is dropped."""
+
+
+def decode_image(
+    data: npt.NDArray[np.uint8], decode: Callable[[Image], Image | None] | None = None
+) -> tuple[Image | None, str]:
+    """Decode the bytes of an image file as BGR; on failure, None and why.
+
+    Args:
+        data: the whole file, as uint8.
+        decode: how to decode (a `JpegDecoder.decode`, to reduce a JPEG); whole by default.
+
+    Returns:
+        The image and '', or None and the reason (`IMAGE_UNDECODABLE`, `IMAGE_TOO_LARGE`,
+        'empty file'). Never raises for bad bytes: a folder skips the file, `infer` says why.
+    """
+    if data.size == 0:
+        return None, "empty file"
+    try:
+        # libjpeg and libpng print their complaints on fd 2; the reason says it in one line.
+        with native_stderr_held():
+            if decode is None:
+                image = cv2.imdecode(data.reshape(-1), cv2.IMREAD_COLOR)
+            else:
+                image = decode(data)
+            if image is None:
+                raise _UndecodableError
+    except _UndecodableError:
+        return None, IMAGE_UNDECODABLE
+    except cv2.error as exc:
+        # OpenCV raises rather than returning None for a header declaring more pixels than
+        # it allows: a 40000 x 40000 PNG is 1.5 MB on disk. That is a bad file like any other.
+        return None, IMAGE_TOO_LARGE if "CV_IO_MAX_IMAGE" in str(exc) else IMAGE_UNDECODABLE
+    return np.asarray(image, dtype=np.uint8), ""
 
 
 def hw_in_use(cap: cv2.VideoCapture, asked: bool) -> tuple[str, str]:

@@ -22,9 +22,11 @@ from edge_agent.pipelines.decode import (
     Decoding,
     JpegDecoder,
     MinSize,
+    decode_image,
     is_packet,
     open_capture,
     read_packets,
+    require_utf8_path,
 )
 from edge_agent.quiet import mute_video_logs, native_stderr_held
 
@@ -51,12 +53,20 @@ class VideoFile:
         self.path = path
         self.decoder = decoder
         self._hw_decode = hw_decode
+        if path.exists() and not path.is_file():
+            what = "a folder" if path.is_dir() else "not a regular file (a device or pipe)"
+            raise SourceError(
+                f"video file {path} is {what}",
+                fix="give a video file; a folder of images needs type=folder",
+                code="input.invalid",
+            )
         if not path.is_file():
             raise SourceError(
                 f"video file {path} does not exist",
                 fix="check the path (a folder needs type=folder)",
                 code="source.unreachable",
             )
+        require_utf8_path(path)
         mute_video_logs()
         self._cap: cv2.VideoCapture | None = self._open()
         fps = float(self._cap.get(cv2.CAP_PROP_FPS))
@@ -202,15 +212,8 @@ def _load_image(path: Path, decoder: JpegDecoder) -> tuple[Image | None, str]:
         data = np.fromfile(path, dtype=np.uint8)
     except OSError as exc:
         return None, f"cannot read it: {exc.strerror or exc}"
-    if data.size == 0:
-        return None, "empty file"
-    # libjpeg and libpng complain on fd 2 about the files they reject; we say why instead.
-    with native_stderr_held():
-        # The decoder reduces JPEGs only; any other format decodes whole as before.
-        image = decoder.decode(data)
-    if image is None:
-        return None, "not an image OpenCV decodes (another format, or corrupt)"
-    return image, ""
+    # The decoder reduces JPEGs only; any other format decodes whole as before.
+    return decode_image(data, decoder.decode)
 
 
 class FolderSource:
@@ -229,6 +232,12 @@ class FolderSource:
         Raises:
             SourceError: the folder is missing or no file matches the pattern.
         """
+        if path.exists() and not path.is_dir():
+            raise SourceError(
+                f"image folder {path} is a file, not a folder",
+                fix="give the folder holding the images; a video file needs type=file",
+                code="input.invalid",
+            )
         if not path.is_dir():
             raise SourceError(
                 f"image folder {path} does not exist",

@@ -21,8 +21,8 @@ from edge_agent.audio.wav import WavError, read_wav, to_mono
 from edge_agent.catalog.manifest import AudioInput, Manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout, is_safe_name
+from edge_agent.pipelines.decode import decode_image, require_utf8_path
 from edge_agent.quantize.recipe import Recipe, load_recipe
-from edge_agent.quiet import native_stderr_held
 
 if TYPE_CHECKING:
     from edge_agent.quantize.calibrate import CalibrationData
@@ -118,12 +118,17 @@ def load_clips(path: Path, rate: int) -> list[npt.NDArray[np.float32]]:
 
 
 def _read_image(path: Path) -> npt.NDArray[np.uint8] | None:
-    with native_stderr_held():
-        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
-    return None if image is None else np.asarray(image, dtype=np.uint8)
+    # Bytes decoded as a folder source decodes them: cv2.imread segfaults on a name that is
+    # not UTF-8 and raises on an oversized image, where a bad file should only be passed over.
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+    except OSError:
+        return None
+    return decode_image(data)[0]
 
 
 def _video_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:
+    require_utf8_path(path)  # OpenCV segfaults on a name that is not UTF-8
     capture = cv2.VideoCapture(str(path))
     try:
         total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))

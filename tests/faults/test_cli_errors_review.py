@@ -152,6 +152,67 @@ def test_a_head_naming_an_output_the_model_lacks_is_one_line(tmp_path: Path, ver
     assert proc.stdout == ""
 
 
+@pytest.mark.parametrize("verb", ["infer", "run-pipeline"])
+def test_a_head_that_cannot_read_the_outputs_is_one_line(tmp_path: Path, verb: str) -> None:
+    # A yolo head on a 4-way classifier: the head's shape check raised ValueError, which
+    # reached the user as a traceback.
+    model = text_orientation_copy(tmp_path, ('task = "classification"', 'task = "detection"'))
+    manifest = tmp_path / "model.toml"
+    text = manifest.read_text()
+    head = text.index("[head]")
+    labels = 'labels = ["a", "b"]'
+    manifest.write_text(text[:head] + f'[head]\ntype = "yolo"\noutput = "fetch_name_0"\n{labels}\n')
+    photo = tmp_path / "astronaut.jpg"
+    cv2.imwrite(str(photo), bgr(sample("astronaut")))
+    flag = "--input" if verb == "infer" else "--source"
+    extra = ["--no-cache"] if verb == "infer" else []
+    proc = edge_agent_cli(verb, "--model", str(model), flag, str(photo), *extra)
+    code = one_line_error(proc, "edge-agent", "cannot read this model's outputs", "(1, 4)")
+    assert code == "model.incompatible"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["models", "install", "m.onnx", "--version", "-3"], "--version"),
+        (["models", "install", "m.onnx", "--version", "0"], "--version"),
+        (["models", "activate", "text-orientation", "1", "--gate-timeout", "nan"], "--gate"),
+        (["models", "activate", "text-orientation", "1", "--gate-timeout", "-5"], "--gate"),
+        (["models", "remove", "text-orientation", "0"], "version"),
+        (["models", "pull", "foo", "--timeout", "-1"], "--timeout"),
+        (["models", "pull", "foo", "--prefix", "a/#"], "wildcards"),
+        # 30 GB a request: the engine's bad_alloc was blamed on the manifest.
+        (["bench", "--model", "person-ssdlite", "--shape", "1,99999,99999,3"], "elements"),
+    ],
+)
+def test_edge_agent_flag_values_are_checked_before_anything_runs(
+    args: list[str], needle: str
+) -> None:
+    # Each of these was a pydantic or paho traceback, or (--version 0) a silent v1.
+    proc = edge_agent_cli(*args)
+    assert one_line_error(proc, "edge-agent", needle) == "input.invalid"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["cmd", "dev-1", "ping", "--timeout", "-1"], "--timeout"),
+        (["watch", "--once", "-1"], "--once"),
+        (["status", "--wait", "inf"], "--wait"),
+        (["deploy", "m", "1", "--to", "d", "--timeout", "0"], "--timeout"),
+        (["serve", "--window", "0"], "--window"),
+        (["status", "--prefix", "edge/+"], "wildcards"),
+        (["publish-model", "m.onnx", "--version", "0", "--key", "k.pem"], "--version"),
+    ],
+)
+def test_edge_fleet_flag_values_are_checked_before_anything_runs(
+    args: list[str], needle: str
+) -> None:
+    # `cmd --timeout -1` waited -1 s and reported no answer; `watch --once -1` exited 0.
+    proc = fleet(*args)
+    assert one_line_error(proc, "edge-fleet", needle) == "input.invalid"
+
+
 def test_edge_fleet_help_explains_every_option_and_shows_defaults() -> None:
     for verb, defaults in (
         (

@@ -1,0 +1,182 @@
+"""Image and video files a user can hand the CLI that used to crash it or be misnamed.
+
+An image over OpenCV's pixel limit raised a traceback; a file name that is not UTF-8
+segfaulted OpenCV with no word at all; a truncated JPEG was accepted by `infer` while a
+folder source rejected it; /dev/null, a file given as a folder and a folder given as a
+model were all said not to exist. Each is now one `error: problem; fix [code]` line and
+exit 2, or, in a folder or a calibration set, one skipped image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edge_agent.errors import CODES
+from edge_agent.pipelines.file_sources import FolderSource
+from edge_agent.quantize.data import load_frames
+from tests.cli_kit import edge_agent_cli
+from tests.conftest import bgr, sample
+
+pytestmark = pytest.mark.usefixtures("cache_dir")
+
+MODEL = "text-orientation"  # a small image model: these are about the input, not the model
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("edge-agent: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    code = lines[0].rsplit(" [", 1)[1].rstrip("]")
+    assert code in CODES, lines[0]
+    return code
+
+
+def oversized_png(path: Path) -> Path:
+    """A 40000 x 40000 PNG header over 8 x 8 pixels of data: OpenCV checks the declared
+    size before it decodes, so this is what a 1.5 MB all-black 40000 x 40000 PNG meets."""
+    ok, encoded = cv2.imencode(".png", np.zeros((8, 8), np.uint8))
+    assert ok
+    data = bytearray(encoded.tobytes())
+    assert data[12:16] == b"IHDR"
+    data[16:24] = struct.pack(">II", 40000, 40000)
+    data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
+    path.write_bytes(bytes(data))
+    return path
+
+
+def jpeg_bytes() -> bytes:
+    ok, encoded = cv2.imencode(".jpg", bgr(sample("astronaut")))
+    assert ok
+    return encoded.tobytes()
+
+
+def truncated_jpeg(path: Path) -> Path:
+    path.write_bytes(jpeg_bytes()[:700])  # headers and a few rows: libjpeg warns, fills grey
+    return path
+
+
+def non_utf8(folder: Path, name: bytes) -> Path:
+    """A path in `folder` whose last part is `name`, bytes that are not valid UTF-8."""
+    return Path(os.fsdecode(os.fsencode(folder) + b"/" + name))
+
+
+def infer(image: Path, model: str = MODEL) -> subprocess.CompletedProcess[str]:
+    return edge_agent_cli("infer", "--model", model, "--input", str(image), "--no-cache")
+
+
+def test_an_oversized_image_is_one_line_for_infer(tmp_path: Path) -> None:
+    proc = infer(oversized_png(tmp_path / "bomb.png"))
+    assert one_line_error(proc, "bomb.png", "too large") == "input.unreadable"
+
+
+def test_a_truncated_jpeg_is_refused_by_infer_as_by_a_folder(tmp_path: Path) -> None:
+    # infer used to run it (libjpeg's "Premature end of JPEG file" on stderr, exit 0).
+    proc = infer(truncated_jpeg(tmp_path / "trunc.jpg"))
+    assert one_line_error(proc, "trunc.jpg", "cannot decode") == "input.unreadable"
+    assert "Premature" not in proc.stderr
+
+
+def test_an_image_named_in_another_encoding_is_read(tmp_path: Path) -> None:
+    # cv2.imread segfaulted on it: exit 139, nothing said.
+    image = non_utf8(tmp_path, b"bad\xffname.jpg")
+    image.write_bytes(jpeg_bytes())
+    proc = infer(image)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert any("label" in r for r in results), proc.stdout
+
+
+def test_a_video_named_in_another_encoding_is_one_line(tmp_path: Path) -> None:
+    # cv2.VideoCapture takes only a path, and segfaulted on this one: refused by name.
+    clip = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter.fourcc(*"MJPG"), 10, (64, 48))
+    for _ in range(3):
+        writer.write(np.zeros((48, 64, 3), np.uint8))
+    writer.release()
+    renamed = non_utf8(tmp_path, b"v\xff.avi")
+    clip.rename(renamed)
+    proc = edge_agent_cli(
+        "run-pipeline", "--model", MODEL, "--source", str(renamed), "--max-frames", "2"
+    )
+    assert one_line_error(proc, "not valid UTF-8", "rename") == "input.invalid"
+
+
+def test_dev_null_is_not_said_to_be_missing() -> None:
+    proc = infer(Path("/dev/null"))
+    assert one_line_error(proc, "is not a regular file") == "input.invalid"
+    assert "does not exist" not in proc.stderr
+
+
+def test_an_empty_image_is_said_to_be_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jpg"
+    empty.touch()
+    proc = infer(empty)
+    assert one_line_error(proc, "is empty") == "input.unreadable"
+
+
+def test_a_model_folder_is_named_as_a_folder(tmp_path: Path) -> None:
+    image = tmp_path / "photo.jpg"
+    image.write_bytes(jpeg_bytes())
+    proc = infer(image, model=str(tmp_path))
+    assert one_line_error(proc, "is a folder", "model file") == "input.invalid"
+    assert "does not exist" not in proc.stderr
+
+
+def test_a_folder_spec_naming_a_file_is_named_as_a_file(tmp_path: Path) -> None:
+    image = tmp_path / "photo.jpg"
+    image.write_bytes(jpeg_bytes())
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        f'id = "dock"\n[model]\nname = "{MODEL}"\n[source]\ntype = "folder"\npath = "{image}"\n'
+    )
+    proc = edge_agent_cli("run-pipeline", str(spec))
+    assert one_line_error(proc, "is a file, not a folder") == "input.invalid"
+
+
+def test_a_folder_skips_and_counts_oversized_and_truncated_images(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The oversized one used to stop the pipeline with an [internal] error.
+    oversized_png(tmp_path / "a.png")
+    truncated_jpeg(tmp_path / "b.jpg")
+    (tmp_path / "c.jpg").write_bytes(jpeg_bytes())
+    source = FolderSource(tmp_path)
+    frames = []
+    while (frame := source.read()) is not None:
+        frames.append(frame)
+    assert [Path(f.source or "").name for f in frames] == ["c.jpg"]
+    assert source.skipped == 2
+    # Why each was skipped is in the log; libjpeg's own complaint is not on stderr besides.
+    assert "Premature" not in capfd.readouterr().err
+
+
+def test_calibration_passes_over_oversized_images(tmp_path: Path) -> None:
+    oversized_png(tmp_path / "a.png")
+    truncated_jpeg(tmp_path / "b.jpg")
+    (tmp_path / "c.jpg").write_bytes(jpeg_bytes())
+    image = non_utf8(tmp_path, b"d\xff.jpg")
+    image.write_bytes(jpeg_bytes())
+    frames = load_frames(tmp_path, 10)
+    assert len(frames) == 2
+    assert all(f.shape == (512, 512, 3) for f in frames)
+
+
+def test_calibration_refuses_a_video_named_in_another_encoding(tmp_path: Path) -> None:
+    # Run as a user would: on the old code this was a segfault, which would end pytest.
+    video = non_utf8(tmp_path, b"v\xff.avi")
+    video.write_bytes(b"\x00" * 1024)
+    proc = edge_agent_cli("calibrate", "--model", MODEL, "--data", str(video))
+    assert one_line_error(proc, "not valid UTF-8") == "input.invalid"
