@@ -23,16 +23,23 @@ _ROLLOFF = 0.92
 _BETA = 8.0
 # Outputs computed per gather, to bound the [block, taps] working array.
 _BLOCK = 8192
+# Filter taps held at once, in the phase table or a block's [outputs, taps] arrays.
+# Co-prime rates (383999 -> 16000 Hz) would want one phase per output rate step, a
+# table of GiBs; past this bound the phases are rounded to the nearest of fewer ones.
+_MAX_TAPS = 1 << 20
+# Largest up- or downsampling factor: the output (or the filter) grows with it, and a
+# damaged header (1 Hz, 4 GHz) must fail here rather than allocate until killed.
+MAX_RATIO = 1024
 
 
-def _phase_filters(up: int, cutoff: float, half: int) -> npt.NDArray[np.float64]:
-    """Filter taps for each of the `up` fractional positions between input samples.
+def _phase_filters(phases: int, cutoff: float, half: int) -> npt.NDArray[np.float64]:
+    """Filter taps for each of `phases` evenly spaced positions between input samples.
 
     Row p weighs inputs at offsets -half+1 .. half from the input sample just
-    before the output's position, which lies p/up of the way to the next one.
+    before the output's position, which lies p/phases of the way to the next one.
     """
     offsets = np.arange(-half + 1, half + 1, dtype=np.float64)
-    distance = np.arange(up, dtype=np.float64)[:, None] / up - offsets[None, :]
+    distance = np.arange(phases, dtype=np.float64)[:, None] / phases - offsets[None, :]
     u = np.clip(distance / half, -1.0, 1.0)
     window = np.i0(_BETA * np.sqrt(1.0 - u**2)) / np.i0(_BETA)
     taps = cutoff * np.sinc(cutoff * distance) * window
@@ -51,12 +58,21 @@ def resample(samples: FloatArray, from_rate: int, to_rate: int) -> FloatArray:
     Returns:
         float32 audio of `round(len(samples) * to_rate / from_rate)` samples; a copy of
         the input when the rates are equal.
+
+    Raises:
+        ValueError: the audio is not 1-D, a rate is not positive, or one rate is more
+            than `MAX_RATIO` times the other.
     """
     audio = np.asarray(samples, dtype=np.float32)
     if audio.ndim != 1:
         raise ValueError(f"resample wants mono 1-D audio; got shape {audio.shape}")
     if from_rate <= 0 or to_rate <= 0:
         raise ValueError(f"sample rates must be positive; got {from_rate} -> {to_rate}")
+    if max(from_rate, to_rate) > MAX_RATIO * min(from_rate, to_rate):
+        raise ValueError(
+            f"cannot resample {from_rate} Hz to {to_rate} Hz: one rate is more than "
+            f"{MAX_RATIO} times the other"
+        )
     if from_rate == to_rate:
         return audio.copy()
 
@@ -65,16 +81,24 @@ def resample(samples: FloatArray, from_rate: int, to_rate: int) -> FloatArray:
     count = round(Fraction(len(audio) * to_rate, from_rate))
     cutoff = _ROLLOFF * min(1.0, to_rate / from_rate)
     half = ceil(_ZEROS / cutoff)
-    filters = _phase_filters(up, cutoff, half)
+    phases = max(1, min(up, _MAX_TAPS // (2 * half)))
+    filters = _phase_filters(phases, cutoff, half)
+    block = max(1, min(_BLOCK, _MAX_TAPS // (2 * half)))
 
     # Zeros beyond both ends stand in for the silence before and after the clip.
     padded = np.zeros(len(audio) + 2 * half + 1, dtype=np.float64)
     padded[half : half + len(audio)] = audio
     taps = np.arange(2 * half)
     out = np.empty(count, dtype=np.float32)
-    for first in range(0, count, _BLOCK):
-        n = np.arange(first, min(first + _BLOCK, count), dtype=np.int64)
+    for first in range(0, count, block):
+        n = np.arange(first, min(first + block, count), dtype=np.int64)
         base, phase = np.divmod(n * down, up)
+        if phases < up:
+            # Rounding can reach the next input sample's phase 0, which is the same
+            # position as the last phase + 1 step; fold it over to keep indices in range.
+            phase = (phase * phases + up // 2) // up
+            base += phase // phases
+            phase %= phases
         # Input index base - half + 1 + j sits at padded index base + 1 + j.
         window = padded[(base + 1)[:, None] + taps[None, :]]
         out[first : first + len(n)] = np.einsum("ij,ij->i", window, filters[phase])

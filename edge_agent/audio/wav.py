@@ -34,6 +34,12 @@ _CONVERT = "convert it with `sox in.wav -e signed -b 16 out.wav`"
 # a placeholder near 2 or 4 GiB (espeak-ng writes 0x7FFFF000): such a size means "to
 # the end of the file". A smaller size past the end means the file was cut short.
 _STREAMING_SIZE = 0x7FF00000
+# Rates and channel counts any real recorder or DAW writes. A header outside them is
+# damaged, and trusting it would make the resampler allocate hundreds of GiB (an
+# absurd rate) or spin for minutes (a rate of a few Hz), so it is refused up front.
+MIN_RATE = 1_000
+MAX_RATE = 384_000
+MAX_CHANNELS = 32
 
 
 class WavError(ValueError):
@@ -56,11 +62,13 @@ class WavAudio:
     """Seconds of audio the header promises beyond the end of the file: > 0 means truncated."""
 
 
-def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None, int]:
-    """Find the fmt chunk body, the data chunk body and how many data bytes are missing."""
+def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None, int, bool]:
+    """Find the fmt chunk body, the data chunk body, how many data bytes are missing, and
+    whether the data size was a streaming placeholder (the data runs to the end)."""
     fmt: bytes | None = None
     audio: memoryview | None = None
     missing = 0
+    streamed = False
     view = memoryview(data)
     pos = 12
     while pos + 8 <= len(data):
@@ -71,6 +79,7 @@ def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None, int]:
         if chunk_id == b"data":
             if remaining < size < _STREAMING_SIZE:
                 missing = size - remaining
+            streamed = size >= _STREAMING_SIZE
             size = min(size, remaining)
             audio = view[body : body + size]
         elif chunk_id == b"fmt ":
@@ -79,7 +88,7 @@ def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None, int]:
             break
         # Chunks are word-aligned: odd sizes are followed by a pad byte.
         pos = body + size + (size & 1)
-    return fmt, audio, missing
+    return fmt, audio, missing, streamed
 
 
 def parse_wav(data: bytes) -> tuple[FloatArray, int]:
@@ -108,7 +117,7 @@ def decode_wav(data: bytes) -> WavAudio:
         raise WavError("not a WAV file: no RIFF header")
     if data[8:12] != b"WAVE":
         raise WavError(f"not a WAV file: RIFF form is {bytes(data[8:12])!r}, not b'WAVE'")
-    fmt, audio, missing = _chunks(data)
+    fmt, audio, missing, streamed = _chunks(data)
     if fmt is None:
         raise WavError("WAV has no fmt chunk")
     if len(fmt) < 16:
@@ -121,10 +130,16 @@ def decode_wav(data: bytes) -> WavAudio:
             )
         # The subformat GUID starts with the plain format tag it stands for.
         (tag,) = struct.unpack_from("<H", fmt, 24)
-    if channels == 0:
-        raise WavError("WAV fmt chunk says 0 channels")
-    if rate == 0:
-        raise WavError("WAV fmt chunk says a sample rate of 0 Hz")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise WavError(
+            f"WAV fmt chunk says {channels} channels, outside 1 to {MAX_CHANNELS}: "
+            "the header is damaged"
+        )
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise WavError(
+            f"WAV fmt chunk says a sample rate of {rate} Hz, outside {MIN_RATE} to "
+            f"{MAX_RATE} Hz: the header is damaged"
+        )
     if tag == _PCM and bits not in (8, 16, 24, 32):
         raise _unsupported(f"{bits}-bit PCM")
     if tag == _FLOAT and bits not in (32, 64):
@@ -138,6 +153,17 @@ def decode_wav(data: bytes) -> WavAudio:
     width = bits // 8
     frame = width * channels
     usable = len(audio) - len(audio) % frame
+    if usable == 0:
+        held = f"{len(audio)} of the {frame} bytes of one frame" if audio else "no bytes"
+        cut = " (the file is truncated)" if missing else ""
+        raise WavError(f"WAV has no audio samples: its data chunk holds {held}{cut}")
+    if usable < len(audio) and not missing and not streamed:
+        # A complete chunk that ends mid-frame was written with another channel count
+        # or sample width than the header says; decoding it would scramble the channels.
+        raise WavError(
+            f"WAV data chunk holds {len(audio)} bytes, not a whole number of {frame}-byte "
+            f"frames ({channels} channels of {bits} bits): the header is damaged"
+        )
     raw = np.frombuffer(audio[:usable], dtype=np.uint8)
     samples = _decode(raw, tag, width)
     if tag == _FLOAT:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import struct
 import subprocess
+import tracemalloc
 import wave
 from pathlib import Path
 
@@ -13,7 +14,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_agent.audio.wav import WavError, decode_wav, parse_wav, read_wav, to_mono
+from edge_agent.audio.resample import MAX_RATIO, resample
+from edge_agent.audio.wav import (
+    MAX_RATE,
+    MIN_RATE,
+    WavError,
+    decode_wav,
+    parse_wav,
+    read_wav,
+    to_mono,
+)
 
 
 def write_pcm(path: Path, frames: bytes, width: int, channels: int = 1, rate: int = 16000) -> Path:
@@ -26,8 +36,10 @@ def write_pcm(path: Path, frames: bytes, width: int, channels: int = 1, rate: in
 
 
 def fmt_chunk(tag: int, channels: int, rate: int, bits: int, extra: bytes = b"") -> bytes:
-    align = channels * bits // 8
-    body = struct.pack("<HHIIHH", tag, channels, rate, rate * align, align, bits) + extra
+    # Masked as a writer's fixed-width fields would be, so damaged headers can be built.
+    align = (channels * bits // 8) & 0xFFFF
+    byte_rate = (rate * align) & 0xFFFFFFFF
+    body = struct.pack("<HHIIHH", tag, channels, rate, byte_rate, align, bits) + extra
     return b"fmt " + struct.pack("<I", len(body)) + body
 
 
@@ -130,6 +142,19 @@ def test_fmt_after_data_is_found() -> None:
         (riff(fmt_chunk(1, 0, 8000, 16), chunk(b"data", b"\0\0")), "0 channels"),
         (riff(fmt_chunk(1, 1, 0, 16), chunk(b"data", b"\0\0")), "0 Hz"),
         (riff(fmt_chunk(1, 1, 8000, 16)), "no audio data"),
+        # Damaged headers that would have the resampler allocate or spin without end.
+        (riff(fmt_chunk(1, 1, 0xFFFFFFFF, 16), chunk(b"data", b"\0\0")), "4294967295 Hz"),
+        (riff(fmt_chunk(1, 1, 1, 16), chunk(b"data", b"\0\0")), "1 Hz, outside 1000 to"),
+        (riff(fmt_chunk(1, 1, 999, 16), chunk(b"data", b"\0\0")), "999 Hz"),
+        (riff(fmt_chunk(1, 1, 384001, 16), chunk(b"data", b"\0\0")), "to 384000 Hz"),
+        (riff(fmt_chunk(1, 33, 8000, 16), chunk(b"data", bytes(66))), "33 channels"),
+        (riff(fmt_chunk(1, 0xFFFF, 8000, 16), chunk(b"data", b"\0\0")), "outside 1 to 32"),
+        # Nothing to hear: no bytes, or less than one frame of them.
+        (riff(fmt_chunk(1, 1, 8000, 16), chunk(b"data", b"")), "no audio samples.*no bytes"),
+        (riff(fmt_chunk(1, 1, 8000, 16), chunk(b"data", b"\x01")), "1 of the 2 bytes"),
+        (riff(fmt_chunk(1, 2, 8000, 24), chunk(b"data", bytes(5))), "5 of the 6 bytes"),
+        # A whole chunk ending mid-frame: the header's channels or width are wrong.
+        (riff(fmt_chunk(1, 2, 8000, 16), chunk(b"data", bytes(6))), "not a whole number of 4"),
         (riff(fmt_chunk(1, 1, 8000, 16))[:30], "no fmt chunk|too short"),
     ],
 )
@@ -137,6 +162,51 @@ def test_broken_files_say_what_is_wrong(data: bytes, message: str) -> None:
     with pytest.raises(WavError, match=message) as caught:
         parse_wav(data)
     assert "\n" not in str(caught.value)
+
+
+def test_rates_and_channels_at_the_limits_are_read() -> None:
+    for rate in (1000, 384000):
+        _, got = parse_wav(riff(fmt_chunk(1, 1, rate, 16), chunk(b"data", b"\0\0")))
+        assert got == rate
+    samples, _ = parse_wav(riff(fmt_chunk(1, 32, 8000, 8), chunk(b"data", bytes(range(64)))))
+    assert samples.shape == (2, 32)
+
+
+def test_a_file_cut_before_its_first_sample_says_it_is_truncated() -> None:
+    header = riff(fmt_chunk(1, 1, 16000, 16)) + b"data" + struct.pack("<I", 32000)
+    with pytest.raises(WavError, match=r"no audio samples.*\(the file is truncated\)"):
+        parse_wav(header)
+    with pytest.raises(WavError, match=r"1 of the 2 bytes.*truncated"):
+        parse_wav(header + b"\x01")
+
+
+def test_resample_refuses_a_ratio_no_wav_it_reads_can_ask_for() -> None:
+    # Every rate the reader takes is within MAX_RATIO of every model rate; a rate that
+    # slipped past would mean an output of MAX_RATIO times the input, or more.
+    x = np.zeros(10, np.float32)
+    for from_rate, to_rate in [(1, 16000), (16000, 1), (0xFFFFFFFF, 16000)]:
+        with pytest.raises(ValueError, match=f"{from_rate} Hz to {to_rate} Hz"):
+            resample(x, from_rate, to_rate)
+    assert len(resample(x, MAX_RATE, MIN_RATE)) == 0  # 384 times fewer: still taken
+    assert MAX_RATE <= MAX_RATIO * MIN_RATE
+
+
+def test_resampling_from_a_co_prime_rate_is_bounded_and_accurate() -> None:
+    # 383999 and 16000 share no factor: an exact polyphase table would hold 16000
+    # phases of 836 taps, over 1 GiB with its temporaries, for one second of audio.
+    rate = 383_999
+    t = np.arange(rate) / rate
+    x = (0.5 * np.sin(2 * np.pi * 3000 * t)).astype(np.float32)
+    tracemalloc.start()
+    try:
+        y = resample(x, rate, 16000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 * 2**20, f"{peak / 2**20:.0f} MiB"
+    want = 0.5 * np.sin(2 * np.pi * 3000 * np.arange(16000) / 16000)
+    # Away from the ends, where the filter sees the zeros beyond the clip.
+    np.testing.assert_allclose(y[800:-800], want[800:-800], atol=1e-3)
 
 
 def test_wav_error_is_a_value_error() -> None:
