@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from edge_agent.audio.wav import MAX_RATE, MIN_RATE
 from edge_agent.config_files import load_validated
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.registry import HeadConfig
@@ -122,7 +123,11 @@ class AudioInput(_Strict):
 
     kind: Literal["audio"] = "audio"
     name: str = Field(description="Model input tensor name for the audio window.")
-    sample_rate: int = Field(gt=0, description="Rate the model expects, in Hz.")
+    sample_rate: int = Field(
+        ge=MIN_RATE,
+        le=MAX_RATE,
+        description="Rate the model expects, in Hz (1,000 to 384,000, as WAV files are read).",
+    )
 
 
 InputSpec = Annotated[ImageInput | AudioInput, Field(discriminator="kind")]

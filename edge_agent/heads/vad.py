@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.audio.wav import MAX_RATE, MIN_RATE
 from edge_agent.heads.base import FloatArray, SpeechSegment
 
 
@@ -32,7 +33,12 @@ class VadConfig(BaseModel):
     state_in: str = Field(default="state", description="Input taking the recurrent state.")
     state_out: str = Field(default="stateN", description="Output giving the next recurrent state.")
     audio_input: str = Field(default="input", description="Input taking context plus window.")
-    sample_rate: int = Field(default=16000, gt=0, description="Sample rate the model expects, Hz.")
+    sample_rate: int = Field(
+        default=16000,
+        ge=MIN_RATE,
+        le=MAX_RATE,
+        description="Sample rate the model expects, Hz (1,000 to 384,000).",
+    )
     window: int = Field(default=512, gt=0, description="New samples per model call.")
     context: int = Field(
         default=64, ge=0, description="Samples carried over from the previous window."

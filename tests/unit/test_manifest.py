@@ -283,3 +283,13 @@ def test_a_folder_as_input_is_named_as_a_folder(tmp_path: Path) -> None:
     with pytest.raises(EdgeAgentError, match="does not exist") as info:
         read_input(load_manifest(ORIENTATION_TOML), tmp_path / "absent.png")
     assert info.value.code == "input.not_found"
+
+
+@pytest.mark.parametrize("rate", [1, 999, 384_001, 4_000_000_000])
+def test_an_audio_model_rate_no_wav_reader_takes_is_refused(tmp_path: Path, rate: int) -> None:
+    # A rate above 0 was enough; the resampler then refused it mid-run, as a traceback.
+    text = (Path(default_models_dir()) / "vad-silero.toml").read_text()
+    path = tmp_path / "vad.toml"
+    path.write_text(text.replace("sample_rate = 16000", f"sample_rate = {rate}"))
+    with pytest.raises(EdgeAgentError, match=r"invalid at input\.audio\.sample_rate"):
+        load_manifest(path)
