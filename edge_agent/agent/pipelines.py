@@ -326,6 +326,8 @@ class Pipelines:
                 "start it again first",
                 code="pipeline.not_found",
             )
+        # Said in the answer, not only as a swap_failed event after the compile.
+        self.pool.catalog.check_name(model.name)
         old = entry.spec.model
         self._remember(entry, model)
         entry.handle.swap_model(model, on_error=self._on_swap_error(entry, old))

@@ -109,7 +109,10 @@ class AgentService:
                 detail="no trusted_keys configured: model releases are not verified",
             )
         self.store = ModelStore(self.layout)
-        self.catalog = Catalog(reference_dir("models"), self.layout.cache, self.store)
+        # Names only: a command naming a file on disk would load bytes nothing verified.
+        self.catalog = Catalog(
+            reference_dir("models"), self.layout.cache, self.store, allow_paths=False
+        )
         self.pool = TrackedPool(self.catalog)
         self.interval_s = self.records.record.telemetry_interval_s or config.telemetry_interval_s
         self.pipelines = Pipelines(

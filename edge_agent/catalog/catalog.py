@@ -41,10 +41,37 @@ class InstalledModels(Protocol):
 class Catalog:
     """Installed models first (the store), then reference manifests with fetched files."""
 
-    def __init__(self, models_dir: Path, cache: Path, store: InstalledModels | None = None) -> None:
+    def __init__(
+        self,
+        models_dir: Path,
+        cache: Path,
+        store: InstalledModels | None = None,
+        *,
+        allow_paths: bool = True,
+    ) -> None:
+        """`allow_paths` False refuses model files named by path (the agent: a command may
+        name only what its store verified or a pinned reference model, never bytes that
+        happen to be on the box's disk)."""
         self.models_dir = models_dir
         self.cache = cache
         self.store = store
+        self.allow_paths = allow_paths
+
+    def check_name(self, name_or_path: str) -> None:
+        """Refuse, before anything is compiled, a model named by path where paths are not
+        allowed (see `allow_paths`).
+
+        Raises:
+            EdgeAgentError: store.path.
+        """
+        if not self.allow_paths and looks_like_path(name_or_path):
+            raise EdgeAgentError(
+                f"model {name_or_path!r} is a path; the agent runs only models its store "
+                "verified and the reference models",
+                "deploy the model with `edge-fleet publish-model` and `deploy_model`, then "
+                "name it by its store name",
+                code="store.path",
+            )
 
     def names(self) -> list[str]:
         return sorted(p.stem for p in self.models_dir.glob("*.toml"))
@@ -53,10 +80,13 @@ class Catalog:
         path = self.models_dir / f"{name}.toml"
         if not path.is_file():
             known = ", ".join(self.names()) or "none"
+            elsewhere = (
+                "; or pass a path to a model file"
+                if self.allow_paths
+                else (", or a model deployed to this box's store (deploy_model)")
+            )
             raise EdgeAgentError(
-                f"unknown model {name!r}",
-                f"use one of: {known}; or pass a path to a model file",
-                code="model.not_found",
+                f"unknown model {name!r}", f"use one of: {known}{elsewhere}", code="model.not_found"
             )
         return load_manifest(path)
 
@@ -83,6 +113,7 @@ class Catalog:
                 return installed
             manifest = self.manifest(name_or_path)
             return ResolvedModel(manifest, fetch(manifest, self.cache))
+        self.check_name(name_or_path)
         if candidate.is_dir():
             raise EdgeAgentError(
                 f"model path {candidate} is a folder, not a model file",

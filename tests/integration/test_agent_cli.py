@@ -285,6 +285,41 @@ def test_bad_commands_each_get_their_answer(wire: Wire) -> None:
     assert wire.ok("ping")["pong"] is True
 
 
+def test_a_command_naming_a_model_file_by_path_is_refused(
+    wire: Wire, tmp_path: Path, cache_dir: Path
+) -> None:
+    # A real model with its manifest beside it, on the box's disk but in no store: the
+    # agent loads only what its store verified (or a pinned reference model), so a
+    # command cannot make it run bytes nobody signed.
+    source = next((cache_dir / "models" / "text-orientation").glob("*/*.onnx"))
+    model = tmp_path / "orient.onnx"
+    model.write_bytes(source.read_bytes())
+    manifest = (Path(__file__).parents[2] / "models" / "text-orientation.toml").read_text()
+    (tmp_path / "orient.toml").write_text(
+        manifest.split("[source]")[0] + "[input]" + manifest.split("[input]")[1]
+    )
+    spec = {
+        "id": "bypath",
+        "model": {"name": str(model)},
+        "source": {"type": "stream", "url": wire.stream},
+    }
+    refused = wire.final(wire.send("start_pipeline", {"spec": spec}), 60)
+    assert refused["status"] == "error"
+    assert refused["error"]["code"] == "store.path"
+    assert "deploy" in refused["error"]["message"]
+
+    spec = {
+        "id": "byname",
+        "model": {"name": "text-orientation"},
+        "source": {"type": "stream", "url": wire.stream},
+    }
+    assert wire.ok("start_pipeline", {"spec": spec}, timeout=60)["status"] == "running"
+    swap = wire.final(wire.send("swap_model", {"id": "byname", "model": {"name": str(model)}}), 60)
+    assert (swap["status"], swap["error"]["code"]) == ("error", "store.path")
+    assert wire.ok("stop_pipeline", {"id": "byname"})["status"] == "stopped"
+    assert wire.ok("ping")["pong"] is True
+
+
 def test_a_10mb_command_is_refused_by_size_and_the_agent_keeps_serving(wire: Wire) -> None:
     head = json.dumps({"id": "huge-1", "type": "ping", "sent_at": time.time(), "args": {"pad": ""}})
     payload = head[:-2].encode() + b"x" * BIG + b'"}}'
