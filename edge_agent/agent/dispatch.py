@@ -109,12 +109,25 @@ class Dispatcher:
             )
             return
         try:
-            raw = json.loads(payload)
-        except (ValueError, UnicodeDecodeError) as exc:
+            # NaN and Infinity are not JSON (Python's parser takes them): an expires_at of
+            # NaN never compares as past. A lone surrogate (\\udcff) parses, but no answer
+            # that quotes it can be written back as UTF-8, so it is refused here too.
+            raw = json.loads(payload, parse_constant=_not_json)
+            json.dumps(raw, ensure_ascii=False).encode("utf-8")
+        except (ValueError, UnicodeError, RecursionError) as exc:
+            if isinstance(exc, RecursionError):
+                why = "nested too deeply"
+            elif isinstance(exc, UnicodeEncodeError):
+                # Not str(exc): it quotes the surrogate, and this answer must be writable.
+                why = "it holds a lone UTF-16 surrogate escape, which is not text"
+            else:
+                why = str(exc)
             self._error(
-                "",
+                self._sniff_id(payload[:4096]),
                 EdgeAgentError(
-                    f"command is not JSON: {exc}", "send a JSON object", code="command.invalid"
+                    f"command is not JSON: {why}",
+                    "send a JSON object of UTF-8 text",
+                    code="command.invalid",
                 ),
             )
             return
@@ -175,7 +188,9 @@ class Dispatcher:
             )
             return
         try:
-            args = arg_model.model_validate(command.args)
+            # Strict: true is not version 1, nor "5" an interval of 5 s. A console that
+            # sends the wrong type has a bug the answer should show, not hide.
+            args = arg_model.model_validate(command.args, strict=True)
         except ValidationError as exc:
             where, message = first_error(exc, "args.")
             self._finish(
@@ -272,7 +287,23 @@ class Dispatcher:
             response = self._error_response(command_id, error, field)
         else:
             response = Response(id=command_id, status="ok", result=result or {}, **self._base())
-        self._commands.finish(command_id, response.model_dump_json().encode())
+        try:
+            stored = response.model_dump_json().encode()
+        except Exception:
+            # An answer that cannot be written (text no encoder takes) must still end the
+            # command: otherwise its id stays "accepted" for good, and a resend learns nothing.
+            log_crash(log, "answer_unwritable", command_id=command_id)
+            response = self._error_response(
+                command_id,
+                EdgeAgentError(
+                    "the answer to this command could not be written as JSON",
+                    "see the agent's log; the agent keeps serving",
+                    code="internal",
+                ),
+                None,
+            )
+            stored = response.model_dump_json().encode()
+        self._commands.finish(command_id, stored)
         self._send(response)
 
     def _error(self, command_id: str, error: EdgeAgentError, field: str | None = None) -> None:
@@ -322,3 +353,7 @@ class Dispatcher:
         self.jobs.cancel_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.jobs.join(timeout)
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON number")

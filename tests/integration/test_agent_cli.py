@@ -285,6 +285,34 @@ def test_bad_commands_each_get_their_answer(wire: Wire) -> None:
     assert wire.ok("ping")["pong"] is True
 
 
+def test_payloads_python_would_take_but_json_does_not_are_refused(wire: Wire) -> None:
+    # Each was run, or crashed the answer: NaN never compares as expired; a lone surrogate
+    # made the answer unwritable (the id stayed "accepted" for good); 100,000 levels of
+    # nesting raised RecursionError (answered "internal", id lost); true passed as 1.0 s.
+    def envelope(command_id: str, kind: str, rest: str) -> str:
+        return f'{{"id": "{command_id}", "type": "{kind}", "sent_at": {time.time()}, {rest}}}'
+
+    nan = wire.error(envelope("nan1", "ping", '"expires_at": NaN'), "nan1")
+    assert nan["code"] == "command.invalid"
+    assert "NaN" in nan["message"]
+    path = '"/tmp/\\udcff.avi"'  # the JSON escape of a lone surrogate
+    spec = f'{{"id": "s", "model": {{"name": "person-ssdlite"}}, "source": {{"path": {path}}}}}'
+    lone = envelope("sur1", "start_pipeline", f'"args": {{"spec": {spec}}}')
+    for _ in range(2):  # and again under the same id: refused again, never "accepted"
+        answer = wire.error(lone, "sur1")
+        assert answer["code"] == "command.invalid"
+        assert "surrogate" in answer["message"]
+    deep = envelope("deep1", "ping", '"args": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    answer = wire.error(deep, "deep1")  # answered under its own id
+    assert answer["code"] == "command.invalid"
+    assert "nested" in answer["message"]
+    for command_id, value in (("st1", "true"), ("st2", '"5"')):
+        body = envelope(command_id, "set_telemetry", f'"args": {{"interval_s": {value}}}')
+        answer = wire.error(body, command_id)
+        assert (answer["code"], answer["field"]) == ("command.invalid", "args.interval_s")
+    assert wire.ok("ping")["pong"] is True
+
+
 def test_a_command_naming_a_model_file_by_path_is_refused(
     wire: Wire, tmp_path: Path, cache_dir: Path
 ) -> None:
