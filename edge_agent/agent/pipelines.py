@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from edge_agent.agent.loaded import TrackedPool
 from edge_agent.agent.records import AgentRecords
 from edge_agent.agent.sink import AgentSink, EmitEvent, EmitResult, ResultsPolicy
+from edge_agent.catalog.manifest import ImageInput
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
@@ -35,6 +36,7 @@ from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.protocol.agent import AgentEvent, PipelineState
 from edge_agent.runtime.base import CompileReport
+from edge_agent.runtime.devices import parse_request
 from edge_agent.telemetry.stats import PipelineStats
 
 log = logging.getLogger(__name__)
@@ -326,8 +328,18 @@ class Pipelines:
                 "start it again first",
                 code="pipeline.not_found",
             )
-        # Said in the answer, not only as a swap_failed event after the compile.
+        # What can be known before the compile is said in the answer, not only as a
+        # swap_failed event after it: a path, a model no one has, an audio model for a
+        # video pipeline, a device name that does not exist.
         self.pool.catalog.check_name(model.name)
+        manifest = self.pool.catalog.manifest_of(model.name)
+        if not isinstance(manifest.input, ImageInput):
+            raise EdgeAgentError(
+                f"{model.name} takes audio; pipeline {pipeline_id} runs video",
+                "swap to an image model, or start an audio pipeline for it",
+                code="model.incompatible",
+            )
+        parse_request(model.device)
         old = entry.spec.model
         self._remember(entry, model)
         entry.handle.swap_model(model, on_error=self._on_swap_error(entry, old))

@@ -73,6 +73,16 @@ class Catalog:
                 code="store.path",
             )
 
+    def manifest_of(self, name: str) -> Manifest:
+        """The manifest `name` resolves to (the store's current version first, then the
+        reference set), without fetching a file.
+
+        Raises:
+            EdgeAgentError: model.not_found, or what the store says of a damaged entry.
+        """
+        installed = self.store.current(name) if self.store is not None else None
+        return installed.manifest if installed is not None else self.manifest(name)
+
     def names(self) -> list[str]:
         return sorted(p.stem for p in self.models_dir.glob("*.toml"))
 

@@ -344,6 +344,15 @@ def test_a_command_naming_a_model_file_by_path_is_refused(
     assert wire.ok("start_pipeline", {"spec": spec}, timeout=60)["status"] == "running"
     swap = wire.final(wire.send("swap_model", {"id": "byname", "model": {"name": str(model)}}), 60)
     assert (swap["status"], swap["error"]["code"]) == ("error", "store.path")
+    # What can be known before the compile is in the answer too (it was "ok", and the
+    # failure only a pipeline_failed event later).
+    for ref, code in [
+        ({"name": "no-such-model"}, "model.not_found"),
+        ({"name": "vad-silero"}, "model.incompatible"),
+        ({"name": "face-blazeface", "device": "TPU"}, "device.invalid"),
+    ]:
+        swap = wire.final(wire.send("swap_model", {"id": "byname", "model": ref}), 60)
+        assert (swap["status"], swap["error"]["code"]) == ("error", code)
     assert wire.ok("stop_pipeline", {"id": "byname"})["status"] == "stopped"
     assert wire.ok("ping")["pong"] is True
 
