@@ -141,6 +141,7 @@ class AgentService:
         )
         self.notifier = Notifier(env)
         self._seq = self.records.record.seq
+        self._contested = Throttle(_CONTESTED_S)
         self._cpu = CpuMeter()
         self._started = time.time()
         self._wake = threading.Event()
@@ -274,21 +275,39 @@ class AgentService:
             raise
 
     def _on_state(self, message: Message) -> None:
-        # A stale will (an older connection's, published by the broker after our birth)
-        # must not leave the box marked offline: answer it with a fresh birth.
+        # Ours are {online: true} at this connection's seq or an older one. A stale will
+        # (an older connection's, published by the broker after our birth) must not leave
+        # the box marked offline: answer it with a fresh birth.
         try:
             data = json.loads(message.payload)
         except ValueError:
+            data = None
+        seq = data.get("seq") if isinstance(data, dict) else None
+        seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+        online = data.get("online") if isinstance(data, dict) else None
+        if online is True and seq is not None and seq <= self._seq:
             return
-        if (
-            isinstance(data, dict)
-            and data.get("online") is False
-            and data.get("seq", 0) < self._seq
-        ):
-            log_event(
-                log, logging.INFO, "stale_will_answered", stale_seq=data.get("seq"), seq=self._seq
-            )
+        if online is False and seq is not None and seq < self._seq:
+            log_event(log, logging.INFO, "stale_will_answered", stale_seq=seq, seq=self._seq)
             self._publish_state()
+            return
+        # Anything else was not written by this agent: offline at a seq it never reached,
+        # a seq that is not a number, not JSON. A client with write access to the topic,
+        # or a second box given this device id. The retained state must say what this box
+        # is, so it is answered every time. That cannot ping-pong: an agent never answers
+        # {online: true} at or below its own seq, so of two boxes on one id the one with
+        # the lower seq answers each of the other's states once. The warning is throttled.
+        if self._contested.ready():
+            log_event(
+                log,
+                logging.WARNING,
+                "state_contested",
+                topic=self._state_topic,
+                seq=self._seq,
+                fix="check that no other box uses this device id, and that only the agent "
+                "may publish on its state topic (broker ACL)",
+            )
+        self._publish_state()
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
@@ -491,6 +510,8 @@ class _Sent:
 
 
 _FAILED_LOG_S = 60.0
+_CONTESTED_S = 60.0
+"""A state this agent did not write is logged at most this often (see _on_state)."""
 """A step that keeps failing is logged with its traceback at most this often."""
 
 

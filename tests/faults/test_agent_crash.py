@@ -155,6 +155,27 @@ def test_a_stale_will_never_leaves_a_live_agent_offline(
         state = retained_state(broker.port, DEVICE)
         assert state["online"] is True
         assert state["seq"] == new["seq"]
+
+        # Offline at a seq this agent never reached, and garbage: not its own writing,
+        # answered all the same (the first raised TypeError in the agent, the second was
+        # never corrected).
+        for payload in (
+            b'{"online": false, "seq": "x"}',
+            b'{"online": false, "seq": 99999999999, "ts": 0}',
+        ):
+            injected = time.time()
+            watcher.session.publish(f"edge/v1/{DEVICE}/state", payload, retain=True)
+            watcher.wait(
+                lambda m, after=injected: (
+                    m.leaf == "state" and m.json().get("online") is True and m.at > after
+                ),
+                timeout=15,
+                what="the box's own state, answering a foreign one",
+            )
+            state = retained_state(broker.port, DEVICE)
+            assert (state["online"], state["seq"]) == (True, new["seq"])
+        assert "Traceback" not in fresh.tail(500)
+        assert "state_contested" in fresh.tail(500)
         assert fresh.stop() == 0, fresh.tail()
     finally:
         frozen.close()
