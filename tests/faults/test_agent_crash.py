@@ -15,7 +15,9 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -166,9 +168,7 @@ def test_a_stale_will_never_leaves_a_live_agent_offline(
             injected = time.time()
             watcher.session.publish(f"edge/v1/{DEVICE}/state", payload, retain=True)
             watcher.wait(
-                lambda m, after=injected: (
-                    m.leaf == "state" and m.json().get("online") is True and m.at > after
-                ),
+                partial(_own_state_after, after=injected),
                 timeout=15,
                 what="the box's own state, answering a foreign one",
             )
@@ -181,3 +181,9 @@ def test_a_stale_will_never_leaves_a_live_agent_offline(
         frozen.close()
         fresh.close()
         watcher.close()
+
+
+def _own_state_after(message: Any, after: float) -> bool:
+    return bool(
+        message.leaf == "state" and message.json().get("online") is True and message.at > after
+    )
