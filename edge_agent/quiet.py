@@ -13,11 +13,13 @@ what went wrong once, in our words, through logging.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from typing import IO, Any, TextIO
 
 _mute_lock = threading.Lock()
 _muted = False
@@ -43,27 +45,194 @@ def mute_video_logs() -> None:
             cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 
 
+# fd 2 is one per process, but every pipeline's decode and every model compile holds it, from
+# their own threads. Swapping it per call without a lock let holds interleave (A saves the
+# real fd 2, B saves A's temporary file as its "original", A restores, B restores A's file),
+# leaving fd 2 on a deleted temporary file for good: every later log line was lost. So the
+# holds share one redirection: the first holder in points fd 2 at one temporary file, the
+# last one out points it back at the real fd 2, and all of it happens under `_hold_lock`.
+#
+# Each holder owns the bytes written to the file while it was inside (its window, by file
+# offset). Text is settled up to where the oldest holder still inside came in: what lies in
+# the window of a holder that raised is dropped (it may be that holder's chatter; when holds
+# overlap, whose it was cannot be told, so a failure wins), the rest goes to the real fd 2.
+_hold_lock = threading.Lock()
+_holders: dict[object, int] = {}
+"""Holders inside, each with the file offset it came in at."""
+_dropped: list[tuple[int, int]] = []
+"""Windows of holders that raised, not yet settled past."""
+_settled = 0
+"""The offset up to which the file has been written out or dropped."""
+_held: IO[bytes] | None = None
+"""The temporary file fd 2 points at while anyone holds it."""
+_real_fd: int | None = None
+"""A dup of the real fd 2, refreshed by each first holder; kept for the process, never closed."""
+_real_stream: TextIO | None = None
+"""Text stream on `_real_fd`; never closed, so a writer that raced the restore cannot fail."""
+_swapped: list[tuple[logging.StreamHandler[Any], TextIO]] = []
+"""Log handlers rerouted to `_real_stream`, with the stream each had."""
+_stderr_old: TextIO | None = None
+"""The sys.stderr that `_real_stream` stands in for during a hold."""
+
+
+def _writes_fd2(stream: object) -> bool:
+    try:
+        return stream is not None and stream.fileno() == 2  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _stream_handlers() -> list[logging.StreamHandler[Any]]:
+    loggers: list[logging.Logger] = [logging.getLogger()]
+    loggers += [
+        lg
+        for lg in list(logging.Logger.manager.loggerDict.values())
+        if isinstance(lg, logging.Logger)
+    ]
+    return [h for lg in loggers for h in lg.handlers if isinstance(h, logging.StreamHandler)]
+
+
+def _reroute_python(real: TextIO) -> None:
+    """Point Python's own writers on fd 2 at the real stderr for the hold.
+
+    Python-level text (logging's StreamHandler, which `setup_logging` binds to the sys.stderr
+    object, print to sys.stderr, tracebacks) is ours, not native chatter: it must neither wait
+    for the hold to end nor be dropped with a failed hold's window. The sys.stderr object
+    writes to fd 2 by number and its fd cannot be changed, so the handlers that write to fd 2
+    get `real` through setStream (under their own lock, so no line is split), and sys.stderr is
+    rebound to `real` when it is the one on fd 2. A writer that took the old object before this
+    (a line half-way through `print`) still lands in the held file: replayed, or dropped with
+    an overlapping failure. That is the remaining limit.
+    """
+    global _stderr_old
+    for handler in _stream_handlers():
+        if handler.stream is not real and _writes_fd2(handler.stream):
+            old = handler.setStream(real)
+            if old is not None:
+                _swapped.append((handler, old))
+    if sys.stderr is not real and _writes_fd2(sys.stderr):
+        sys.stderr.flush()
+        _stderr_old, sys.stderr = sys.stderr, real
+
+
+def _restore_python(real: TextIO) -> None:
+    """Undo `_reroute_python`, except where someone has set another stream meanwhile.
+
+    A handler made during the hold (`setup_logging` again) keeps `real`, a dup of the same fd
+    2, which is harmless.
+    """
+    global _stderr_old
+    for handler, old in _swapped:
+        if handler.stream is real:
+            handler.setStream(old)
+    _swapped.clear()
+    if _stderr_old is not None and sys.stderr is real:
+        sys.stderr = _stderr_old
+    _stderr_old = None
+    with contextlib.suppress(ValueError, OSError):
+        real.flush()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _settle(upto: int) -> None:
+    """Write out [_settled, upto) bar the dropped windows; forget windows settled past."""
+    global _settled
+    assert _held is not None
+    assert _real_fd is not None
+    start = _settled
+    for lo, hi in sorted(_dropped):
+        if hi <= start or lo >= upto:
+            continue
+        if lo > start:
+            _write_all(_real_fd, os.pread(_held.fileno(), lo - start, start))
+        start = max(start, hi)
+    if start < upto:
+        _write_all(_real_fd, os.pread(_held.fileno(), upto - start, start))
+    _settled = max(_settled, upto)
+    _dropped[:] = [(lo, hi) for lo, hi in _dropped if hi > _settled]
+
+
+def _enter(token: object) -> None:
+    global _held, _real_fd, _real_stream, _settled
+    with _hold_lock:
+        if not _holders:
+            with contextlib.suppress(ValueError, OSError):
+                sys.stderr.flush()
+            if _real_fd is None:
+                _real_fd = os.dup(2)
+            else:
+                os.dup2(
+                    2, _real_fd, inheritable=False
+                )  # fd 2 may have been pointed elsewhere since (tests do)
+            if _real_stream is None:
+                encoding = getattr(sys.__stderr__, "encoding", None) or "utf-8"
+                _real_stream = open(  # noqa: SIM115 - lives for the process
+                    _real_fd,
+                    "w",
+                    buffering=1,
+                    encoding=encoding,
+                    errors="backslashreplace",
+                    closefd=False,
+                )
+            held = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the last holder out
+            try:
+                _reroute_python(_real_stream)
+                os.dup2(held.fileno(), 2)
+            except BaseException:
+                held.close()
+                _restore_python(_real_stream)
+                raise
+            _held, _settled = held, 0
+            _dropped.clear()
+        assert _held is not None
+        _holders[token] = os.fstat(_held.fileno()).st_size
+
+
+def _leave(token: object, failed: bool) -> None:
+    global _held
+    with _hold_lock:
+        assert _held is not None
+        assert _real_fd is not None
+        assert _real_stream is not None
+        end = os.fstat(_held.fileno()).st_size
+        start = _holders.pop(token)
+        if failed:
+            _dropped.append((start, end))
+        try:
+            _settle(min(_holders.values()) if _holders else end)
+        finally:
+            if not _holders:
+                # The last one out: fd 2 is the real one again, whatever else went wrong.
+                os.dup2(_real_fd, 2)
+                _restore_python(_real_stream)
+                _held.close()
+                _held = None
+
+
 @contextlib.contextmanager
 def native_stderr_held() -> Iterator[None]:
-    """Hold fd 2 output for the duration; replay it on success, drop it on an exception."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        failed = False
-        try:
-            yield
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            if not failed:
-                held.seek(0)
-                data = held.read()
-                if data:
-                    os.write(2, data)
+    """Hold fd 2 output for the duration; replay it on success, drop it on an exception.
+
+    Safe from any number of threads at once (see the comment above `_hold_lock`): fd 2 is
+    redirected while anyone holds it and is the real one again when the last holder leaves.
+    Text written meanwhile by other threads' native code is held too, and replayed unless it
+    falls inside a failed hold; Python's logging goes straight to the real stderr.
+    """
+    token = object()
+    _enter(token)
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        _leave(token, failed)
 
 
 _stdout_lock = threading.Lock()
@@ -83,7 +252,9 @@ def stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()
         saved = os.dup(1)
         try:
-            os.dup2(2, 1)
+            with _hold_lock:
+                # Not onto a hold's temporary file, if another thread is holding fd 2.
+                os.dup2(_real_fd if _holders and _real_fd is not None else 2, 1)
             with contextlib.redirect_stdout(sys.stderr):
                 yield
         finally:
