@@ -72,7 +72,9 @@ def register(commands: Any) -> None:
     rollback = verbs.add_parser("rollback", help="make the previous version current again")
     rollback.add_argument("name")
     rollback.set_defaults(run=run_rollback)
-    remove = verbs.add_parser("remove", help="delete a version that is not current")
+    remove = verbs.add_parser(
+        "remove", help="delete a version that is neither current nor previous"
+    )
     remove.add_argument("name")
     remove.add_argument("version", type=positive_int)
     remove.set_defaults(run=run_remove)

@@ -168,16 +168,34 @@ class ModelStore:
         return self.release(name, version).release
 
     def current(self, name: str) -> ResolvedModel | None:
-        """The serving version of `name` as the catalog wants it, or None if there is none."""
+        """The serving version of `name` as the catalog wants it, or None if there is none.
+
+        What this returns is compiled and run, so every file of the version is re-hashed
+        against its signed release first: bytes that rotted or were altered since the
+        activation's check must never load.
+
+        Raises:
+            EdgeAgentError: store.corrupt if a file differs from the release (or a stray
+                file sits beside them); store.not_found if the version is gone.
+        """
         if not is_safe_name(name):
             return None
         state = self.state(name)
         if state.current is None:
             return None
-        release = self.release(name, state.current).release
-        return ResolvedModel(
-            release.manifest, self.version_dir(name, state.current) / release.model
+        version = state.current
+        release = self.release(name, version).release
+        # Hashed on every call, with no cache keyed by size, mtime or inode: rot on a
+        # failing card, or a write that restores the mtime, changes bytes and none of
+        # those, and a re-hash costs tens of ms on a pipeline start, never per frame.
+        self._check_files(
+            name,
+            version,
+            f"roll back to the previous version (`edge-agent models rollback {name}`, or "
+            "the rollback_model command), or publish and deploy a higher version; "
+            "`edge-agent models verify` lists every damaged file",
         )
+        return ResolvedModel(release.manifest, self.version_dir(name, version) / release.model)
 
     def entries(self) -> list[StoredVersion]:
         """Every installed version of every name, with which is current and previous.
@@ -374,7 +392,12 @@ class ModelStore:
                     "activate a version by number with `models activate`",
                     "store.not_found",
                 )
-            self._check_files(name, state.previous)
+            self._check_files(
+                name,
+                state.previous,
+                "activate an undamaged version by number with `models activate`, or publish "
+                "and deploy a higher version; `edge-agent models verify` lists the damage",
+            )
             self._write_state(
                 name,
                 state.model_copy(update={"current": state.previous, "previous": state.current}),
@@ -391,10 +414,11 @@ class ModelStore:
             return state.previous
 
     def remove(self, name: str, version: int) -> None:
-        """Delete an installed version that is not current.
+        """Delete an installed version that is neither current nor previous.
 
         Raises:
-            EdgeAgentError: store.not_found; input.invalid for the current version.
+            EdgeAgentError: store.not_found; input.invalid for the current or the previous
+                version.
         """
         with self._updating():
             if self.installed(name, version) is None:
@@ -403,10 +427,21 @@ class ModelStore:
                     "see `edge-agent models list`",
                     "store.not_found",
                 )
-            if self.state(name).current == version:
+            state = self.state(name)
+            if state.current == version:
                 raise EdgeAgentError(
                     f"{name} v{version} is current",
                     "activate or roll back to another version first",
+                    "input.invalid",
+                )
+            if state.previous == version:
+                # The previous version is what `rollback` returns to: removing it would leave
+                # the serving model with nothing to fall back on (docs/PROTOCOL.md,
+                # remove_model). Eviction spares it for the same reason.
+                raise EdgeAgentError(
+                    f"{name} v{version} is the previous version, kept for rollback",
+                    f"activate another version first; v{version} then stops being previous "
+                    "and can be removed",
                     "input.invalid",
                 )
             self._remove(name, version)
@@ -443,7 +478,13 @@ class ModelStore:
 
     def _activate(self, name: str, version: int, gate: Gate | None) -> Release:
         release = self.release(name, version).release
-        self._check_files(name, version)
+        self._check_files(
+            name,
+            version,
+            "activate another version, or publish and deploy a higher one (this version "
+            "cannot be installed again: the rollback guard refuses it); "
+            "`edge-agent models verify` lists the damage",
+        )
         fault("activate.verified")
         if gate is not None:
             gate(self.version_dir(name, version) / release.model, release)
@@ -463,13 +504,15 @@ class ModelStore:
         evict(self, set(), self._remove)
         return release
 
-    def _check_files(self, name: str, version: int) -> None:
+    def _check_files(self, name: str, version: int, fix: str) -> None:
+        """Raise store.corrupt unless every file of the version matches its release.
+
+        `fix` is the caller's: what the operator can do differs between a version about to
+        serve (activate, rollback) and the one serving now (`current`)."""
         problems = self._verify_version(name, version)
         if problems:
             raise EdgeAgentError(
-                f"{name} v{version} is damaged: {problems[0]}",
-                "remove it and install it again; run `edge-agent models verify`",
-                "store.corrupt",
+                f"{name} v{version} is damaged: {problems[0]}", fix, "store.corrupt"
             )
 
     def _verify_version(self, name: str, version: int) -> list[Problem]:

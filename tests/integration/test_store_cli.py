@@ -101,10 +101,12 @@ def test_models_commands_end_to_end(
     assert code == 2
     assert "[input.invalid]" in err  # v1 is current again
     assert _run(capsys, *base, "models", "activate", "orient", "2")[0] == 0
-    assert _run(capsys, *base, "models", "remove", "orient", "1")[0] == 0
+    code, _, err = _run(capsys, *base, "models", "remove", "orient", "1")
+    assert code == 2
+    assert "[input.invalid]" in err  # v1 is previous now: the rollback target stays
     code, out, _ = _run(capsys, *base, "models", "verify")
     assert code == 0
-    assert "ok: 1 version" in out
+    assert "ok: 2 version" in out
 
     weights = tmp_path / "state" / "store" / "models" / "orient" / "versions" / "2" / "model.bin"
     weights.chmod(0o644)
