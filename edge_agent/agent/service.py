@@ -275,9 +275,9 @@ class AgentService:
             raise
 
     def _on_state(self, message: Message) -> None:
-        # Ours are {online: true} at this connection's seq or an older one. A stale will
-        # (an older connection's, published by the broker after our birth) must not leave
-        # the box marked offline: answer it with a fresh birth.
+        # Ours are {online: true} at this connection's seq or an older one, and {online:
+        # false} at this seq. A stale will (an older connection's, published by the broker
+        # after our birth) must not leave the box marked offline: answer it with a birth.
         try:
             data = json.loads(message.payload)
         except ValueError:
@@ -285,13 +285,15 @@ class AgentService:
         seq = data.get("seq") if isinstance(data, dict) else None
         seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
         online = data.get("online") if isinstance(data, dict) else None
-        if online is True and seq is not None and seq <= self._seq:
-            return
+        if seq is not None and online is True and seq <= self._seq:
+            return  # a birth of this connection or an older one
+        if seq is not None and online is False and seq == self._seq:
+            return  # this connection's own clean-stop message (or its will)
         if online is False and seq is not None and seq < self._seq:
             log_event(log, logging.INFO, "stale_will_answered", stale_seq=seq, seq=self._seq)
             self._publish_state()
             return
-        # Anything else was not written by this agent: offline at a seq it never reached,
+        # Anything else was not written by this agent: offline past the seq it reached,
         # a seq that is not a number, not JSON. A client with write access to the topic,
         # or a second box given this device id. The retained state must say what this box
         # is, so it is answered every time. That cannot ping-pong: an agent never answers
