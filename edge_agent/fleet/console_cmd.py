@@ -156,15 +156,14 @@ def check_command(kind: str, arguments: dict[str, Any]) -> None:
     Raises:
         EdgeAgentError: command.unknown or command.invalid, as the device would answer.
     """
-    model = msg.COMMAND_ARGS.get(kind)
-    if model is None:
+    if kind not in msg.COMMAND_ARGS:
         raise EdgeAgentError(
             f"unknown command type {kind!r}",
             f"use one of: {', '.join(sorted(msg.COMMAND_ARGS))}",
             code="command.unknown",
         )
     try:
-        model.model_validate(arguments)
+        msg.validate_args(kind, arguments)
     except ValidationError as exc:
         where, message = first_error(exc, "args.")
         raise EdgeAgentError(

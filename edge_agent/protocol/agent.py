@@ -142,6 +142,20 @@ COMMAND_ARGS: dict[str, type[BaseModel]] = {
 }
 """Every command type and its arguments; a type not here is answered command.unknown."""
 
+
+def validate_args(kind: str, args: Any) -> BaseModel:
+    """A command's arguments as the agent takes them, for the agent and its console alike.
+
+    Strict: true is not version 1, nor "5" an interval of 5 s; a console that sends the
+    wrong type has a bug the answer should show, not hide.
+
+    Raises:
+        KeyError: `kind` is not a command type.
+        ValidationError: the arguments do not fit the type's model.
+    """
+    return COMMAND_ARGS[kind].model_validate(args, strict=True)
+
+
 LONG_COMMANDS = frozenset({"deploy_model", "calibrate", "activate_model"})
 """Commands answered accepted -> progress* -> ok|error, and cancellable."""
 

@@ -82,6 +82,8 @@ def test_cmd_prints_the_answer_and_exits_by_its_status(
     # anything is sent (values are JSON when they parse: 0 is a number, and out of range).
     for argv, code, needle in [
         (["set_telemetry", "--arg", "interval_s=often"], "command.invalid", "args.interval_s"),
+        # Strict, as the agent validates (protocol.agent.validate_args): a string is no number.
+        (["set_telemetry", "--arg", 'interval_s="5"'], "command.invalid", "args.interval_s"),
         (["remove_model", "--arg", "name=x", "--arg", "version=0"], "command.invalid", "version"),
         (["reboot"], "command.unknown", "'reboot'"),
     ]:
