@@ -34,6 +34,7 @@ from edge_agent.logs import log_crash, log_event
 from edge_agent.paths import Layout
 from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
+from edge_agent.pipelines.vision import VisionPipeline
 from edge_agent.protocol.agent import AgentEvent, PipelineState
 from edge_agent.runtime.base import CompileReport
 from edge_agent.runtime.devices import parse_request
@@ -328,6 +329,12 @@ class Pipelines:
                 "start it again first",
                 code="pipeline.not_found",
             )
+        if not isinstance(entry.handle.pipeline, VisionPipeline):
+            raise EdgeAgentError(
+                f"pipeline {pipeline_id} runs audio; hot swap is for video pipelines",
+                "stop the audio pipeline and start it with the new model",
+                code="model.incompatible",
+            )
         # What can be known before the compile is said in the answer, not only as a
         # swap_failed event after it: a path, a model no one has, an audio model for a
         # video pipeline, a device name that does not exist.
@@ -342,7 +349,11 @@ class Pipelines:
         parse_request(model.device)
         old = entry.spec.model
         self._remember(entry, model)
-        entry.handle.swap_model(model, on_error=self._on_swap_error(entry, old))
+        try:
+            entry.handle.swap_model(model, on_error=self._on_swap_error(entry, old))
+        except BaseException:
+            self._remember(entry, old)  # refused at once: the record keeps what runs
+            raise
         return self._state(entry)
 
     def _remember(self, entry: _Running, model: ModelRef) -> None:

@@ -68,15 +68,33 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_float(text: str) -> float:
-    """argparse type: a finite number above 0."""
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest wait or run a seconds flag takes: past it a clock overflows (1e300 s was a
+traceback in the health gate), and no wait of a week is meant."""
+MAX_DAYS = 3650.0
+"""The longest lifetime a days flag takes (ten years; 1e300 days overflowed timedelta)."""
+
+
+def _bounded(text: str, unit: str, most: float) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds above 0")
+    if not 0 < value <= most:  # also refuses NaN
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a number of {unit} above 0 and at most {most:,.0f}"
+        )
     return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: seconds, above 0 and at most MAX_SECONDS."""
+    return _bounded(text, "seconds", MAX_SECONDS)
+
+
+def positive_days(text: str) -> float:
+    """argparse type: days, above 0 and at most MAX_DAYS."""
+    return _bounded(text, "days", MAX_DAYS)
 
 
 def topic_prefix(text: str) -> str:

@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from edge_agent.cli.common import positive_float, positive_int, topic_prefix
+from edge_agent.cli.common import positive_days, positive_int, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.fleet.console_cmd import add_console_verbs
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     publish.add_argument(
         "--expires-days",
-        type=positive_float,
+        type=positive_days,
         default=30.0,
         help="release lifetime: devices refuse it after this (default: %(default)g)",
     )

@@ -69,6 +69,12 @@ def add_console_verbs(verbs: Any) -> None:
     cmd.add_argument(
         "--timeout", type=positive_float, help="seconds to wait (default 30; long: 600)"
     )
+    cmd.add_argument(
+        "--no-check",
+        action="store_true",
+        help="send the type and arguments as they are, for an agent newer than this "
+        "client (by default they are checked against this client's protocol first)",
+    )
     cmd.set_defaults(run=run_cmd)
 
     deploy = verb("deploy", "deploy a published model to a device or a group")
@@ -226,7 +232,8 @@ def _error_line(text: str, code: str) -> None:
 # --- cmd --------------------------------------------------------------------------------------
 def run_cmd(args: argparse.Namespace) -> int:
     arguments = command_args(args.arg, args.args_file)
-    check_command(args.type, arguments)
+    if not args.no_check:
+        check_command(args.type, arguments)
     long = args.type in msg.LONG_COMMANDS
     timeout = args.timeout or (LONG_TIMEOUT_S if long else SHORT_TIMEOUT_S)
     session, topics = _session(args)

@@ -41,7 +41,8 @@ class ModelRef(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(
-        description="Reference model name, or a model file with a manifest beside it."
+        description="Reference or store model name, or (local CLI only; the agent refuses "
+        "paths) a model file with a manifest beside it."
     )
     backend: str = Field(
         default="openvino", pattern="^(openvino|onnxruntime)$", description="Engine."

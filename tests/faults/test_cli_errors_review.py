@@ -178,6 +178,8 @@ def test_a_head_that_cannot_read_the_outputs_is_one_line(tmp_path: Path, verb: s
         (["models", "install", "m.onnx", "--version", "0"], "--version"),
         (["models", "activate", "text-orientation", "1", "--gate-timeout", "nan"], "--gate"),
         (["models", "activate", "text-orientation", "1", "--gate-timeout", "-5"], "--gate"),
+        # A clock overflowed in the health gate: a traceback, and the version left installed.
+        (["models", "install", "m.onnx", "--activate", "--gate-timeout", "1e300"], "at most"),
         (["models", "remove", "text-orientation", "0"], "version"),
         (["models", "pull", "foo", "--timeout", "-1"], "--timeout"),
         (["models", "pull", "foo", "--prefix", "a/#"], "wildcards"),
@@ -203,6 +205,15 @@ def test_edge_agent_flag_values_are_checked_before_anything_runs(
         (["serve", "--window", "0"], "--window"),
         (["status", "--prefix", "edge/+"], "wildcards"),
         (["publish-model", "m.onnx", "--version", "0", "--key", "k.pem"], "--version"),
+        # timedelta overflowed; and -1 was called "seconds" on a flag in days.
+        (
+            ["publish-model", "m.onnx", "--version", "1", "--key", "k", "--expires-days", "1e300"],
+            "days",
+        ),
+        (
+            ["publish-model", "m.onnx", "--version", "1", "--key", "k", "--expires-days", "-1"],
+            "days",
+        ),
     ],
 )
 def test_edge_fleet_flag_values_are_checked_before_anything_runs(

@@ -92,6 +92,10 @@ def test_cmd_prints_the_answer_and_exits_by_its_status(
         (line,) = done.stderr.strip().splitlines()
         assert needle in line
         assert line.endswith(f"[{code}]")
+    # --no-check sends it as it is (for an agent newer than this client): the device answers.
+    done = fleet_cli(broker, "cmd", DEVICE, "reboot", "--no-check")
+    assert done.returncode == 1, done.stderr
+    assert as_json(done)["error"]["code"] == "command.unknown"
 
     # A usage error never reaches the device.
     done = fleet_cli(broker, "cmd", DEVICE, "ping", "--arg", "no-equals-sign")
