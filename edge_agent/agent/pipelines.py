@@ -335,9 +335,10 @@ class Pipelines:
                 "stop the audio pipeline and start it with the new model",
                 code="model.incompatible",
             )
-        # What can be known before the compile is said in the answer, not only as a
-        # swap_failed event after it: a path, a model no one has, an audio model for a
-        # video pipeline, a device name that does not exist.
+        # What can be known before the compile (from the manifest: no model file is read
+        # here) is said in the answer, not only as a swap_failed event after it: a path,
+        # a model no one has, an audio model for a video pipeline, a device that does not
+        # exist.
         self.pool.catalog.check_name(model.name)
         manifest = self.pool.catalog.manifest_of(model.name)
         if not isinstance(manifest.input, ImageInput):

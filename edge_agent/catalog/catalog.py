@@ -34,7 +34,11 @@ class InstalledModels(Protocol):
     """
 
     def current(self, name: str) -> ResolvedModel | None:
-        """The serving version of `name`, or None when the store has none."""
+        """The serving version of `name`, verified for loading, or None when there is none."""
+        ...
+
+    def current_manifest(self, name: str) -> Manifest | None:
+        """The serving version's manifest, without reading its model files."""
         ...
 
 
@@ -80,8 +84,8 @@ class Catalog:
         Raises:
             EdgeAgentError: model.not_found, or what the store says of a damaged entry.
         """
-        installed = self.store.current(name) if self.store is not None else None
-        return installed.manifest if installed is not None else self.manifest(name)
+        installed = self.store.current_manifest(name) if self.store is not None else None
+        return installed if installed is not None else self.manifest(name)
 
     def names(self) -> list[str]:
         return sorted(p.stem for p in self.models_dir.glob("*.toml"))

@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.catalog.catalog import ResolvedModel
+from edge_agent.catalog.manifest import Manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
@@ -166,6 +167,16 @@ class ModelStore:
         if not is_safe_name(name) or not (self.version_dir(name, version) / RELEASE_FILE).is_file():
             return None
         return self.release(name, version).release
+
+    def current_manifest(self, name: str) -> Manifest | None:
+        """The serving version's manifest, or None: a lookup that loads nothing, so its
+        files are not hashed (`current` does that, for what is compiled)."""
+        if not is_safe_name(name):
+            return None
+        state = self.state(name)
+        if state.current is None:
+            return None
+        return self.release(name, state.current).release.manifest
 
     def current(self, name: str) -> ResolvedModel | None:
         """The serving version of `name` as the catalog wants it, or None if there is none.
