@@ -15,6 +15,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from edge_agent.errors import CODES
+
 STACKS_WAIT_S = 1.0
 """How long a stuck child gets to write its stacks before it is killed."""
 
@@ -54,3 +56,22 @@ def edge_agent_cli(
         timeout=timeout,
         env=os.environ if env is None else env,
     )
+
+
+def one_line_error(
+    proc: subprocess.CompletedProcess[str], *needles: str, prog: str = "edge-agent"
+) -> str:
+    """The CLI's promise for a bad input: exit 2 and one `PROG: error: problem; fix [code]`
+    line on stderr, holding each of `needles`, with no traceback. Returns the code."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    line = lines[0]
+    assert line.startswith(f"{prog}: error: "), line
+    for needle in needles:
+        assert needle in line, line
+    assert "; " in line, f"no fix in {line!r}"
+    code = line.rsplit(" [", 1)[1].rstrip("]")
+    assert code in CODES, line
+    return code

@@ -18,26 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent.errors import CODES
-from tests.cli_kit import edge_agent_cli
+from tests.cli_kit import edge_agent_cli, one_line_error
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
 # Long enough for a cold start; the old code hung on a 1 Hz file until killed.
 TIMEOUT_S = 120.0
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("edge-agent: error: "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    code = lines[0].rsplit(" [", 1)[1].rstrip("]")
-    assert code in CODES, lines[0]
-    return code
 
 
 def speechlike_wav(path: Path, rate: int = 16000, frames: int = 16000) -> bytes:

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from edge_agent.catalog.catalog import ResolvedModel
-from edge_agent.errors import CODES
-from tests.cli_kit import edge_agent_cli
+from tests.cli_kit import edge_agent_cli, one_line_error
 from tests.conftest import CompileFn, bgr, sample
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
@@ -25,22 +24,6 @@ def edge_agent(
     if home is not None:
         env["HOME"] = str(home)
     return edge_agent_cli(*args, env=env)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """One `edge-agent: error: problem; fix [code]` line on stderr, exit 2; returns the code."""
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    line = lines[0]
-    assert line.startswith("edge-agent: error: ")
-    for needle in needles:
-        assert needle in line, line
-    assert "; " in line, f"no fix in {line!r}"
-    code = line.rsplit(" [", 1)[1].rstrip("]")
-    assert code in CODES, line
-    return code
 
 
 @pytest.fixture(scope="module")
@@ -61,26 +44,26 @@ def test_missing_input_file(photo: Path) -> None:
     proc = edge_agent(
         "infer", "--model", "face-blazeface", "--input", str(photo.parent / "nope.jpg")
     )
-    assert_one_line_error(proc, "does not exist", "nope.jpg")
+    one_line_error(proc, "does not exist", "nope.jpg")
 
 
 def test_unreadable_image(tmp_path: Path) -> None:
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"\xff\xd8\xff\xe0 this is not really a jpeg")
     proc = edge_agent("infer", "--model", "face-blazeface", "--input", str(bad))
-    assert_one_line_error(proc, "cannot decode image")
+    one_line_error(proc, "cannot decode image")
 
 
 def test_unknown_model_name(photo: Path) -> None:
     proc = edge_agent("infer", "--model", "yolov99", "--input", str(photo))
-    assert_one_line_error(proc, "unknown model 'yolov99'", "person-ssdlite")
+    one_line_error(proc, "unknown model 'yolov99'", "person-ssdlite")
 
 
 def test_unknown_device(photo: Path) -> None:
     proc = edge_agent(
         "infer", "--model", "face-blazeface", "--input", str(photo), "--device", "TPU"
     )
-    assert_one_line_error(proc, "unknown device 'TPU'", "AUTO")
+    one_line_error(proc, "unknown device 'TPU'", "AUTO")
 
 
 @pytest.mark.parametrize("cut", [0.5, 0.0])
@@ -95,40 +78,40 @@ def test_corrupt_or_truncated_model(
     body = manifest.split("[source]")[0] + "[input]" + manifest.split("[input]")[1]
     model.with_suffix(".toml").write_text(body)
     proc = edge_agent("infer", "--model", str(model), "--input", str(photo), "--no-cache")
-    assert_one_line_error(proc, "cannot read model", "corrupt")
+    one_line_error(proc, "cannot read model", "corrupt")
 
 
 def test_model_without_manifest(face: ResolvedModel, photo: Path, tmp_path: Path) -> None:
     model = tmp_path / "face.tflite"
     shutil.copy(face.path, model)
     proc = edge_agent("infer", "--model", str(model), "--input", str(photo))
-    assert_one_line_error(proc, "no manifest")
+    one_line_error(proc, "no manifest")
 
 
 def test_wrong_input_shape() -> None:
     proc = edge_agent("bench", "--model", "text-det-ppocr", "--shape", "1,3,640", "--time", "0.2")
-    assert_one_line_error(proc, "does not fit")
+    one_line_error(proc, "does not fit")
     proc = edge_agent("bench", "--model", "text-det-ppocr", "--shape", "1,x,640,640")
-    assert_one_line_error(proc, "bad shape")
+    one_line_error(proc, "bad shape")
 
 
 def test_audio_model_given_an_image(photo: Path) -> None:
     proc = edge_agent("infer", "--model", "vad-silero", "--input", str(photo))
-    assert_one_line_error(proc, "takes audio")
+    one_line_error(proc, "takes audio")
 
 
 def test_onnxruntime_cannot_read_tf(photo: Path) -> None:
     proc = edge_agent(
         "infer", "--model", "person-ssdlite", "--backend", "onnxruntime", "--input", str(photo)
     )
-    assert_one_line_error(proc, "ONNX Runtime cannot read", "--backend openvino")
+    one_line_error(proc, "ONNX Runtime cannot read", "--backend openvino")
 
 
 def test_broken_wav(tmp_path: Path) -> None:
     bad = tmp_path / "broken.wav"
     bad.write_bytes(b"RIFF\x10\x00\x00\x00WAVEfmt ")
     proc = edge_agent("infer", "--model", "vad-silero", "--input", str(bad))
-    assert_one_line_error(proc, "cannot read")
+    one_line_error(proc, "cannot read")
 
 
 def test_infer_prints_json_lines_and_reports_device(photo: Path, tmp_path: Path) -> None:
@@ -214,13 +197,13 @@ def test_models_info_takes_a_model_file_with_its_manifest(tmp_path: Path) -> Non
     assert info["manifest"]["head"]["type"] == "vad"
     assert info["fetched"] is True
     missing = edge_agent("models", "info", str(tmp_path / "other.onnx"))
-    assert assert_one_line_error(missing, "does not exist") == "model.not_found"
+    assert one_line_error(missing, "does not exist") == "model.not_found"
 
 
 @pytest.mark.parametrize("seconds", ["0", "-1", "nan", "soon"])
 def test_bench_time_must_be_positive(seconds: str) -> None:
     proc = edge_agent("bench", "--model", "text-orientation", "--time", seconds)
-    assert assert_one_line_error(proc, "--time") == "input.invalid"
+    assert one_line_error(proc, "--time") == "input.invalid"
 
 
 def spec_file(folder: Path, body: str = "", source: Path | None = None) -> Path:
@@ -238,14 +221,14 @@ def test_max_frames_must_be_positive(photo: Path, tmp_path: Path, count: str) ->
         "run-pipeline", "--model", "text-orientation", "--source", str(photo.parent),
         "--max-frames", count,
     )  # fmt: skip
-    assert_one_line_error(by_flags, "--max-frames")
+    one_line_error(by_flags, "--max-frames")
     # With a spec the same value used to run 0 frames and exit 0.
     with_spec = edge_agent(
         "run-pipeline", str(spec_file(tmp_path, source=photo.parent)), "--max-frames", count
     )
-    assert_one_line_error(with_spec, "--max-frames")
+    one_line_error(with_spec, "--max-frames")
     in_spec = edge_agent("run-pipeline", str(spec_file(tmp_path, f"max_frames = {count}")))
-    assert assert_one_line_error(in_spec, "max_frames") == "config.invalid"
+    assert one_line_error(in_spec, "max_frames") == "config.invalid"
 
 
 def test_unwritable_cache_is_one_line_and_doctor_fails(photo: Path, tmp_path: Path) -> None:
@@ -254,14 +237,14 @@ def test_unwritable_cache_is_one_line_and_doctor_fails(photo: Path, tmp_path: Pa
     blocker.write_text("")
     env = {"EDGE_AGENT_CACHE": str(blocker / "cache")}
     proc = edge_agent("infer", "--model", "text-orientation", "--input", str(photo), env=env)
-    assert assert_one_line_error(proc, "not writable", str(blocker)) == "path.unwritable"
+    assert one_line_error(proc, "not writable", str(blocker)) == "path.unwritable"
     doctor = edge_agent("doctor", "--json", env=env)
     report = json.loads(doctor.stdout)
     assert report["cache_writable"] is False
     assert report["state_writable"] is True
-    assert assert_one_line_error(doctor, "cache folder", "not writable") == "path.unwritable"
+    assert one_line_error(doctor, "cache folder", "not writable") == "path.unwritable"
     state = edge_agent("--state-dir", str(blocker / "state"), "doctor")
-    assert_one_line_error(state, "state folder", "not writable")
+    one_line_error(state, "state folder", "not writable")
 
 
 def test_output_paths_are_checked_before_any_work(tmp_path: Path) -> None:
@@ -276,15 +259,15 @@ def test_output_paths_are_checked_before_any_work(tmp_path: Path) -> None:
         spec = spec_file(tmp_path, sink).read_text().replace("text-orientation", "no-such-model")
         (tmp_path / "spec.toml").write_text(spec)
         proc = edge_agent("run-pipeline", str(tmp_path / "spec.toml"))
-        assert assert_one_line_error(proc, "not writable", str(blocker)) == "path.unwritable"
+        assert one_line_error(proc, "not writable", str(blocker)) == "path.unwritable"
 
 
 def test_infer_on_a_folder_says_it_is_a_folder(photo: Path) -> None:
     proc = edge_agent("infer", "--model", "text-orientation", "--input", str(photo.parent))
-    assert_one_line_error(proc, "is a folder", "run-pipeline")
+    one_line_error(proc, "is a folder", "run-pipeline")
 
 
 def test_usage_errors_are_one_line_too() -> None:
-    assert_one_line_error(edge_agent("bench"), "--model")
-    assert_one_line_error(edge_agent("run-pipeline", "--hint", "fast"), "--hint")
-    assert_one_line_error(edge_agent("run-pipeline"), "nothing to run", "--source")
+    one_line_error(edge_agent("bench"), "--model")
+    one_line_error(edge_agent("run-pipeline", "--hint", "fast"), "--hint")
+    one_line_error(edge_agent("run-pipeline"), "nothing to run", "--source")

@@ -20,27 +20,14 @@ import pytest
 from edge_agent.comms.local_broker import free_port
 from edge_agent.comms.session import connect
 from edge_agent.comms.settings import BrokerSettings
-from edge_agent.errors import CODES, EdgeAgentError
-from tests.cli_kit import edge_agent_cli, run_bounded
+from edge_agent.errors import EdgeAgentError
+from tests.cli_kit import edge_agent_cli, one_line_error, run_bounded
 from tests.conftest import bgr, sample
 
 FLEET = [sys.executable, "-m", "edge_agent.fleet.cli"]
 MODELS = Path(__file__).parents[2] / "models"
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str], prog: str, *needles: str) -> str:
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"{prog}: error: "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    code = lines[0].rsplit(" [", 1)[1].rstrip("]")
-    assert code in CODES, lines[0]
-    return code
 
 
 def fleet(*args: str) -> subprocess.CompletedProcess[str]:
@@ -68,19 +55,19 @@ def closed_port() -> int:
 def test_bad_broker_flags_are_refused_before_connecting(flags: list[str], needle: str) -> None:
     # The needle is the flag's own error: a connect attempt would say broker.unreachable.
     proc = fleet("cmd", "dock-7", "ping", *flags)
-    assert one_line_error(proc, "edge-fleet", needle) == "input.invalid"
+    assert one_line_error(proc, needle, prog="edge-fleet") == "input.invalid"
 
 
 def test_a_ca_file_that_is_not_pem_is_one_line(tmp_path: Path) -> None:
     junk = tmp_path / "ca.pem"
     junk.write_text("not a certificate\n")
     proc = fleet("cmd", "dock-7", "ping", "--cafile", str(junk))
-    assert one_line_error(proc, "edge-fleet", "cannot set up TLS") == "config.invalid"
+    assert one_line_error(proc, "cannot set up TLS", prog="edge-fleet") == "config.invalid"
 
 
 def test_a_refused_connection_fails_at_once_with_its_cause() -> None:
     proc = fleet("cmd", "dock-7", "ping", "-p", str(closed_port()))
-    assert one_line_error(proc, "edge-fleet", "Connection refused") == "broker.unreachable"
+    assert one_line_error(proc, "Connection refused", prog="edge-fleet") == "broker.unreachable"
     # In process, with a timeout no refusal comes near: the answer, not the wait, ends it.
     settings = BrokerSettings(port=closed_port(), reconnect_min_s=0.05)
     started = time.monotonic()
@@ -100,12 +87,12 @@ def test_keygen_into_a_path_that_cannot_exist(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     proc = fleet("keygen", str(blocker / "fleet.key"))
-    assert one_line_error(proc, "edge-fleet") == "path.unwritable"
+    assert one_line_error(proc, prog="edge-fleet") == "path.unwritable"
 
 
 def test_models_dir_that_is_not_a_folder() -> None:
     proc = edge_agent_cli("--models-dir", "/nonexistent/models", "models", "list")
-    assert one_line_error(proc, "edge-agent", "is not a folder") == "input.not_found"
+    assert one_line_error(proc, "is not a folder") == "input.not_found"
 
 
 def text_orientation_copy(folder: Path, manifest_edit: tuple[str, str]) -> Path:
@@ -127,14 +114,14 @@ def test_a_manifest_layout_that_does_not_fit_the_model(tmp_path: Path) -> None:
     photo = tmp_path / "astronaut.jpg"
     cv2.imwrite(str(photo), bgr(sample("astronaut")))
     proc = edge_agent_cli("infer", "--model", str(model), "--input", str(photo), "--no-cache")
-    assert one_line_error(proc, "edge-agent", "does not fit the model") == "model.shape"
+    assert one_line_error(proc, "does not fit the model") == "model.shape"
 
 
 def test_a_manifest_scale_of_zero_is_refused(tmp_path: Path) -> None:
     # It used to print scores of NaN, which is not JSON, and exit 0.
     model = text_orientation_copy(tmp_path, ("scale = [", "scale = [0.0, 0.0, 0.0] # ["))
     proc = edge_agent_cli("models", "info", str(model))
-    assert one_line_error(proc, "edge-agent", "scale") == "config.invalid"
+    assert one_line_error(proc, "scale") == "config.invalid"
 
 
 @pytest.mark.parametrize("verb", ["infer", "run-pipeline"])
@@ -147,7 +134,7 @@ def test_a_head_naming_an_output_the_model_lacks_is_one_line(tmp_path: Path, ver
     flag = "--input" if verb == "infer" else "--source"
     extra = ["--no-cache"] if verb == "infer" else []
     proc = edge_agent_cli(verb, "--model", str(model), flag, str(photo), *extra)
-    code = one_line_error(proc, "edge-agent", "no output 'logits'", "fetch_name_0")
+    code = one_line_error(proc, "no output 'logits'", "fetch_name_0")
     assert code == "model.incompatible"
     assert proc.stdout == ""
 
@@ -167,61 +154,55 @@ def test_a_head_that_cannot_read_the_outputs_is_one_line(tmp_path: Path, verb: s
     flag = "--input" if verb == "infer" else "--source"
     extra = ["--no-cache"] if verb == "infer" else []
     proc = edge_agent_cli(verb, "--model", str(model), flag, str(photo), *extra)
-    code = one_line_error(proc, "edge-agent", "cannot read this model's outputs", "(1, 4)")
+    code = one_line_error(proc, "cannot read this model's outputs", "(1, 4)")
     assert code == "model.incompatible"
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["models", "install", "m.onnx", "--version", "-3"], "--version"),
-        (["models", "install", "m.onnx", "--version", "0"], "--version"),
-        (["models", "activate", "text-orientation", "1", "--gate-timeout", "nan"], "--gate"),
-        (["models", "activate", "text-orientation", "1", "--gate-timeout", "-5"], "--gate"),
-        # A clock overflowed in the health gate: a traceback, and the version left installed.
-        (["models", "install", "m.onnx", "--activate", "--gate-timeout", "1e300"], "at most"),
-        (["models", "remove", "text-orientation", "0"], "version"),
-        (["models", "pull", "foo", "--timeout", "-1"], "--timeout"),
-        (["models", "pull", "foo", "--prefix", "a/#"], "wildcards"),
-        # 30 GB a request: the engine's bad_alloc was blamed on the manifest.
-        (["bench", "--model", "person-ssdlite", "--shape", "1,99999,99999,3"], "elements"),
-    ],
-)
-def test_edge_agent_flag_values_are_checked_before_anything_runs(
-    args: list[str], needle: str
-) -> None:
-    # Each of these was a pydantic or paho traceback, or (--version 0) a silent v1.
-    proc = edge_agent_cli(*args)
-    assert one_line_error(proc, "edge-agent", needle) == "input.invalid"
+# Each was a pydantic, paho or overflow traceback, a silent v1 (--version 0), a wait of -1 s
+# reported as no answer (cmd --timeout -1), or exit 0 with nothing done (watch --once -1).
+AGENT_FLAGS: list[tuple[list[str], str]] = [
+    (["models", "install", "m.onnx", "--version", "-3"], "--version"),
+    (["models", "install", "m.onnx", "--version", "0"], "--version"),
+    (["models", "activate", "text-orientation", "1", "--gate-timeout", "nan"], "--gate"),
+    (["models", "activate", "text-orientation", "1", "--gate-timeout", "-5"], "--gate"),
+    # A clock overflowed in the health gate: a traceback, and the version left installed.
+    (["models", "install", "m.onnx", "--activate", "--gate-timeout", "1e300"], "at most"),
+    (["models", "remove", "text-orientation", "0"], "version"),
+    (["models", "pull", "foo", "--timeout", "-1"], "--timeout"),
+    (["models", "pull", "foo", "--prefix", "a/#"], "wildcards"),
+    # 30 GB a request: the engine's bad_alloc was blamed on the manifest.
+    (["bench", "--model", "person-ssdlite", "--shape", "1,99999,99999,3"], "elements"),
+]
+FLEET_FLAGS: list[tuple[list[str], str]] = [
+    (["cmd", "dev-1", "ping", "--timeout", "-1"], "--timeout"),
+    (["watch", "--once", "-1"], "--once"),
+    (["status", "--wait", "inf"], "--wait"),
+    (["deploy", "m", "1", "--to", "d", "--timeout", "0"], "--timeout"),
+    (["serve", "--window", "0"], "--window"),
+    (["status", "--prefix", "edge/+"], "wildcards"),
+    (["publish-model", "m.onnx", "--version", "0", "--key", "k.pem"], "--version"),
+    # timedelta overflowed; and -1 was called "seconds" on a flag in days.
+    (
+        ["publish-model", "m.onnx", "--version", "1", "--key", "k", "--expires-days", "1e300"],
+        "days",
+    ),
+    (
+        ["publish-model", "m.onnx", "--version", "1", "--key", "k", "--expires-days", "-1"],
+        "days",
+    ),
+]
 
 
 @pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["cmd", "dev-1", "ping", "--timeout", "-1"], "--timeout"),
-        (["watch", "--once", "-1"], "--once"),
-        (["status", "--wait", "inf"], "--wait"),
-        (["deploy", "m", "1", "--to", "d", "--timeout", "0"], "--timeout"),
-        (["serve", "--window", "0"], "--window"),
-        (["status", "--prefix", "edge/+"], "wildcards"),
-        (["publish-model", "m.onnx", "--version", "0", "--key", "k.pem"], "--version"),
-        # timedelta overflowed; and -1 was called "seconds" on a flag in days.
-        (
-            ["publish-model", "m.onnx", "--version", "1", "--key", "k", "--expires-days", "1e300"],
-            "days",
-        ),
-        (
-            ["publish-model", "m.onnx", "--version", "1", "--key", "k", "--expires-days", "-1"],
-            "days",
-        ),
-    ],
+    ("prog", "args", "needle"),
+    [("edge-agent", *case) for case in AGENT_FLAGS]
+    + [("edge-fleet", *case) for case in FLEET_FLAGS],
 )
-def test_edge_fleet_flag_values_are_checked_before_anything_runs(
-    args: list[str], needle: str
+def test_flag_values_are_checked_before_anything_runs(
+    prog: str, args: list[str], needle: str
 ) -> None:
-    # `cmd --timeout -1` waited -1 s and reported no answer; `watch --once -1` exited 0.
-    proc = fleet(*args)
-    assert one_line_error(proc, "edge-fleet", needle) == "input.invalid"
+    proc = edge_agent_cli(*args) if prog == "edge-agent" else fleet(*args)
+    assert one_line_error(proc, needle, prog=prog) == "input.invalid"
 
 
 def test_edge_fleet_help_explains_every_option_and_shows_defaults() -> None:

@@ -20,28 +20,14 @@ import cv2
 import numpy as np
 import pytest
 
-from edge_agent.errors import CODES
 from edge_agent.pipelines.file_sources import FolderSource
 from edge_agent.quantize.data import load_frames
-from tests.cli_kit import edge_agent_cli
+from tests.cli_kit import edge_agent_cli, one_line_error
 from tests.conftest import bgr, sample
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
 MODEL = "text-orientation"  # a small image model: these are about the input, not the model
-
-
-def one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("edge-agent: error: "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    code = lines[0].rsplit(" [", 1)[1].rstrip("]")
-    assert code in CODES, lines[0]
-    return code
 
 
 def oversized_png(path: Path) -> Path:
