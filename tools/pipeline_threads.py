@@ -140,6 +140,16 @@ def decode_cost(video: Path, seconds: float = 1.5) -> float:
     reduction applies (a 640x480 frame for a 300x300 model), one thread, so this times
     exactly that: every packet in turn, by this thread's CPU clock, for about `seconds`.
 
+    Timed in this process, after the clip was written and the pipeline ran, as the reader
+    decodes in a process that compiled a model first. That history matters: glibc serves
+    a 900 KB frame with an mmap of its own until it has seen a block that large freed, so a
+    fresh process that only decodes faults every frame's pages in anew (1.42 against 0.93
+    ms a frame, 418 against 2 page faults, 2-core KVM Xeon, OpenCV 5.0). The pipeline's
+    process has seen such frees (the compile makes them): `edge-agent run-pipeline` over
+    2,400 frames took 14-25 faults a frame, and pinning glibc's thresholds with mallopt
+    changed neither its CPU per frame nor 16 streams' (8.0-8.4 ms either way), so the
+    product leaves the allocator alone.
+
     Raises:
         MeasureError: the video has no JPEG packets to decode.
     """
