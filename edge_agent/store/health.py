@@ -93,15 +93,9 @@ class HealthGate:
         report = _run_child(request, self.timeout_s)
         what = f"{release.name} v{release.version}"
         if not report.ok:
-            log_event(
-                log,
-                logging.WARNING,
-                "model_health_failed",
-                model=release.name,
-                version=release.version,
-                reason=report.reason,
-                code="health.failed",
-            )
+            # Said once, by whoever asked: the agent answers the command (and logs
+            # command_failed) and publishes model_health_failed; the CLI prints its one
+            # error line. A warning here too was a second line before the CLI's.
             raise EdgeAgentError(
                 f"{what} failed the health gate: {report.reason}",
                 "the previous version keeps serving; publish a fixed version",

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import cv2
+import numpy as np
 import pytest
 
 from edge_agent.comms.local_broker import free_port
@@ -226,3 +227,24 @@ def test_edge_fleet_help_explains_every_option_and_shows_defaults() -> None:
         # Every option is followed by words of help before the next option.
         for option in options.split(" --")[1:]:
             assert len(option.split()) >= 3, (verb, option)
+
+
+def test_a_model_failing_the_health_gate_is_one_line_and_nothing_serves(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    # The gate also logged model_health_failed, a second line before the CLI's own.
+    # Signed and trusted, so no release_unverified warning stands beside it either.
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(np.random.default_rng(3).bytes(300_000))
+    shutil.copy(MODELS / "text-orientation.toml", folder / "model.toml")
+    assert fleet("keygen", str(tmp_path / "fleet.key")).returncode == 0
+    places = ["--cache-dir", str(cache_dir), "--state-dir", str(tmp_path / "state")]
+    keys = ["--key", str(tmp_path / "fleet.key"), "--trusted-key", str(tmp_path / "fleet.key.pub")]
+    model = str(folder / "model.onnx")
+    proc = edge_agent_cli(*places, "models", "install", model, "--activate", *keys)
+    assert one_line_error(proc, "failed the health gate", "does not compile") == "health.failed"
+    listed = edge_agent_cli(*places, "models", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    serving = [m for m in json.loads(listed.stdout) if m["name"] == "text-orientation"]
+    assert [(m["source"], m["active"]) for m in serving] == [("reference", True)]
