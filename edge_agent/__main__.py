@@ -1,5 +1,5 @@
 """`python -m edge_agent`: the same as the `edge-agent` command."""
 
-from edge_agent.cli.main import entry
+from edge_agent.cli.launch import entry
 
 entry()

@@ -158,6 +158,11 @@ def _settle(upto: int) -> None:
 
 
 def _enter(token: object) -> None:
+    # The holder is registered before fd 2 is pointed at the file, and the file is known
+    # (`_held`) before either: a Ctrl-C raised between any two of these steps leaves state
+    # that `_leave`, which native_stderr_held calls whatever happened, undoes. Registered
+    # after the redirect, a KeyboardInterrupt just after the dup2 left fd 2 on the deleted
+    # file for the rest of the process: the CLI's "interrupted" line went into it.
     global _held, _real_fd, _real_stream, _settled
     with _hold_lock:
         if not _holders:
@@ -179,16 +184,13 @@ def _enter(token: object) -> None:
                     errors="backslashreplace",
                     closefd=False,
                 )
-            held = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the last holder out
-            try:
-                _reroute_python(_real_stream)
-                os.dup2(held.fileno(), 2)
-            except BaseException:
-                held.close()
-                _restore_python(_real_stream)
-                raise
-            _held, _settled = held, 0
+            _held = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the last holder out
+            _settled = 0
             _dropped.clear()
+            _holders[token] = 0
+            _reroute_python(_real_stream)
+            os.dup2(_held.fileno(), 2)
+            return
         assert _held is not None
         _holders[token] = os.fstat(_held.fileno()).st_size
 
@@ -196,18 +198,23 @@ def _enter(token: object) -> None:
 def _leave(token: object, failed: bool) -> None:
     global _held
     with _hold_lock:
-        assert _held is not None
-        assert _real_fd is not None
-        assert _real_stream is not None
-        end = os.fstat(_held.fileno()).st_size
-        start = _holders.pop(token)
-        if failed:
-            _dropped.append((start, end))
         try:
-            _settle(min(_holders.values()) if _holders else end)
+            start = _holders.pop(token, None)
+            if _held is None or (start is None and _holders):
+                return  # never got in (interrupted first), and the hold is not ours to end
+            if start is not None and failed:
+                _dropped.append((start, os.fstat(_held.fileno()).st_size))
+            if _holders:
+                _settle(min(_holders.values()))
+            elif start is not None:
+                _settle(os.fstat(_held.fileno()).st_size)
         finally:
-            if not _holders:
+            if not _holders and _held is not None:
                 # The last one out: fd 2 is the real one again, whatever else went wrong.
+                # (Also a hold interrupted half-way through `_enter`: its file may not
+                # have become fd 2 yet, and pointing fd 2 at the real one again is harmless.)
+                assert _real_fd is not None
+                assert _real_stream is not None
                 os.dup2(_real_fd, 2)
                 _restore_python(_real_stream)
                 _held.close()
@@ -224,9 +231,9 @@ def native_stderr_held() -> Iterator[None]:
     falls inside a failed hold; Python's logging goes straight to the real stderr.
     """
     token = object()
-    _enter(token)
     failed = False
     try:
+        _enter(token)  # inside the try: a Ctrl-C half-way through is undone by `_leave`
         yield
     except BaseException:
         failed = True

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from edge_agent import __version__
+from edge_agent.cli import launch
 from edge_agent.cli.common import CliParser
 from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.paths import Layout
@@ -29,6 +30,9 @@ from edge_agent.paths import Layout
 EXIT_USER_ERROR = 2
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE, what a shell reports for a writer whose reader left."""
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT."""
+INTERRUPTED = "edge-agent: interrupted"
 
 COMMANDS = (
     "infer_cmd",
@@ -114,16 +118,43 @@ def run_command(args: argparse.Namespace) -> int:
         print(error_line(from_os_error(exc)), file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("edge-agent: interrupted", file=sys.stderr)
-        return 130
-    except ImportError as exc:
-        # A signal's SystemExit (cli.stopping) raised inside a C extension's import comes
-        # out as ImportError; the exit it was is the answer. Any other ImportError is real.
-        cause = exc.__cause__ or exc.__context__
-        if isinstance(cause, SystemExit) and isinstance(cause.code, int):
-            return cause.code
-        raise
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BaseException as exc:
+        signalled = interrupted_code(exc)
+        if signalled is None:
+            raise
+        return signalled
     return code
+
+
+def interrupted_code(exc: BaseException) -> int | None:
+    """The exit code when `exc` is a signal in disguise; None when it is a real failure.
+
+    A signal handled while a native extension initialises comes out as that extension's
+    own error: pybind11 (openvino) raises ImportError from a KeyboardInterrupt or from
+    cli.stopping's SystemExit, and pyo3 (pydantic_core) a PanicException (a BaseException)
+    that does not even chain it, which cli.launch's SIGINT handler records. The exit it was
+    is the answer: the SystemExit's code (cli.stopping has said its line), or 130 and the
+    interrupted line.
+    SystemExit itself is never taken here: it is how a command or argparse leaves.
+    """
+    if isinstance(exc, SystemExit | GeneratorExit):
+        return None
+    if launch.signalled():  # a SIGINT whose KeyboardInterrupt an extension swallowed
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
+    seen: set[int] = set()
+    link: BaseException | None = exc.__cause__ or exc.__context__
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, SystemExit) and isinstance(link.code, int):
+            return link.code
+        if isinstance(link, KeyboardInterrupt):
+            print(INTERRUPTED, file=sys.stderr)
+            return EXIT_INTERRUPTED
+        link = link.__cause__ or link.__context__
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,8 +178,13 @@ def entry() -> NoReturn:
     try:
         code = main()
     except KeyboardInterrupt:  # Ctrl-C while the command's modules were still importing
-        print("edge-agent: interrupted", file=sys.stderr)
-        code = 130
+        print(INTERRUPTED, file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    except BaseException as exc:  # ... or inside a native extension's initialisation
+        found = interrupted_code(exc)
+        if found is None:
+            raise
+        code = found
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe has nothing to flush to
