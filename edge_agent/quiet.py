@@ -239,7 +239,14 @@ def native_stderr_held() -> Iterator[None]:
         failed = True
         raise
     finally:
-        _leave(token, failed)
+        try:
+            _leave(token, failed)
+        except BaseException:
+            # Interrupted before it took its token out (at its first line, or waiting for
+            # the lock): once more, or fd 2 stays on the file. `_leave` is a no-op for a
+            # token already out.
+            _leave(token, True)
+            raise
 
 
 _stdout_lock = threading.Lock()

@@ -41,6 +41,10 @@ def entry() -> NoReturn:
         signal.signal(signal.SIGINT, _on_sigint)  # not where the caller ignores SIGINT
     try:
         from edge_agent.cli.main import entry as run
+
+        run()  # leaves the process itself; what comes back here never reached its try
+    except SystemExit:
+        raise  # argparse's exit, or a stop that has said its line
     except BaseException:
         if not _signalled:
             raise
@@ -49,4 +53,3 @@ def entry() -> NoReturn:
             sys.stderr.flush()
         finally:
             os._exit(130)
-    run()

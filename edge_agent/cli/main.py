@@ -108,6 +108,11 @@ def run_command(args: argparse.Namespace) -> int:
     args.layout = Layout.from_env(os.environ, cache=args.cache_dir, state=args.state_dir)
     try:
         code: int = args.run(args)
+        if launch.signalled():
+            # A Ctrl-C that an extension's import swallowed into an error the command then
+            # took in its stride (doctor reports openvino "unusable"): still a Ctrl-C.
+            print(INTERRUPTED, file=sys.stderr)
+            return EXIT_INTERRUPTED
     except EdgeAgentError as exc:
         print(error_line(exc), file=sys.stderr)
         return EXIT_USER_ERROR
@@ -136,24 +141,27 @@ def interrupted_code(exc: BaseException) -> int | None:
     cli.stopping's SystemExit, and pyo3 (pydantic_core) a PanicException (a BaseException)
     that does not even chain it, which cli.launch's SIGINT handler records. The exit it was
     is the answer: the SystemExit's code (cli.stopping has said its line), or 130 and the
-    interrupted line.
-    SystemExit itself is never taken here: it is how a command or argparse leaves.
+    interrupted line. SystemExit itself is never taken here: it is how a command or
+    argparse leaves.
     """
     if isinstance(exc, SystemExit | GeneratorExit):
         return None
-    if launch.signalled():  # a SIGINT whose KeyboardInterrupt an extension swallowed
-        print(INTERRUPTED, file=sys.stderr)
-        return EXIT_INTERRUPTED
     seen: set[int] = set()
     link: BaseException | None = exc.__cause__ or exc.__context__
     while link is not None and id(link) not in seen:
         seen.add(id(link))
-        if isinstance(link, SystemExit) and isinstance(link.code, int):
-            return link.code
+        # Only an import turns a stop into an error; any other error raised while a
+        # SystemExit was on its way out is a failure of its own, and keeps its traceback.
+        code = link.code if isinstance(link, SystemExit) else None
+        if isinstance(code, int) and isinstance(exc, ImportError):
+            return code
         if isinstance(link, KeyboardInterrupt):
             print(INTERRUPTED, file=sys.stderr)
             return EXIT_INTERRUPTED
         link = link.__cause__ or link.__context__
+    if launch.signalled():  # a SIGINT whose KeyboardInterrupt an extension swallowed
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     return None
 
 
@@ -174,8 +182,8 @@ def entry() -> NoReturn:
     without an active exception", exit 134). --help and usage errors exit in
     parse_args, normally, before any engine is loaded.
     """
-    _stacks_on_sigusr1()
     try:
+        _stacks_on_sigusr1()
         code = main()
     except KeyboardInterrupt:  # Ctrl-C while the command's modules were still importing
         print(INTERRUPTED, file=sys.stderr)
