@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import wave
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +24,11 @@ from edge_agent.catalog.catalog import Catalog, ResolvedModel, default_models_di
 # Re-exported (mypy strict wants it said): many tests import their photos from here.
 from edge_agent.clips import bgr as bgr
 from edge_agent.clips import sample as sample
+from edge_agent.comms.local_broker import free_port
 from edge_agent.privacy import disable_usage_telemetry
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import CompiledModel, RuntimeOptions
+from tests.integration.mjpeg_server import MjpegServer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -137,3 +139,12 @@ def write_wav(path: Path, samples: npt.NDArray[np.float32], rate: int) -> None:
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+
+
+@pytest.fixture
+def camera() -> Iterator[str]:
+    """The URL of an MJPEG camera sending the astronaut at 10 fps, stopped after the test."""
+    server = MjpegServer(bgr(sample("astronaut")), free_port(), fps=10)
+    server.start()
+    yield server.url
+    server.stop()

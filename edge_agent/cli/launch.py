@@ -21,6 +21,11 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
+INTERRUPTED = "edge-agent: interrupted"
+"""The one line a Ctrl-C before or outside a run ends with (cli.stopping says its own)."""
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT."""
+
 _signalled = False
 
 
@@ -49,7 +54,7 @@ def entry() -> NoReturn:
         if not _signalled:
             raise
         try:
-            sys.stderr.write("edge-agent: interrupted\n")
+            sys.stderr.write(INTERRUPTED + "\n")
             sys.stderr.flush()
         finally:
-            os._exit(130)
+            os._exit(EXIT_INTERRUPTED)

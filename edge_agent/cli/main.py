@@ -24,15 +24,13 @@ from typing import NoReturn
 from edge_agent import __version__
 from edge_agent.cli import launch
 from edge_agent.cli.common import CliParser
+from edge_agent.cli.launch import EXIT_INTERRUPTED, INTERRUPTED
 from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.paths import Layout
 
 EXIT_USER_ERROR = 2
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE, what a shell reports for a writer whose reader left."""
-EXIT_INTERRUPTED = 130
-"""128 + SIGINT."""
-INTERRUPTED = "edge-agent: interrupted"
 
 COMMANDS = (
     "infer_cmd",

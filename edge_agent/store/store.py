@@ -168,15 +168,20 @@ class ModelStore:
             return None
         return self.release(name, version).release
 
+    def _serving(self, name: str) -> tuple[int, Release] | None:
+        """The current version of `name` and its release, or None when there is none."""
+        if not is_safe_name(name):
+            return None
+        version = self.state(name).current
+        if version is None:
+            return None
+        return version, self.release(name, version).release
+
     def current_manifest(self, name: str) -> Manifest | None:
         """The serving version's manifest, or None: a lookup that loads nothing, so its
         files are not hashed (`current` does that, for what is compiled)."""
-        if not is_safe_name(name):
-            return None
-        state = self.state(name)
-        if state.current is None:
-            return None
-        return self.release(name, state.current).release.manifest
+        serving = self._serving(name)
+        return None if serving is None else serving[1].manifest
 
     def current(self, name: str) -> ResolvedModel | None:
         """The serving version of `name` as the catalog wants it, or None if there is none.
@@ -189,13 +194,10 @@ class ModelStore:
             EdgeAgentError: store.corrupt if a file differs from the release (or a stray
                 file sits beside them); store.not_found if the version is gone.
         """
-        if not is_safe_name(name):
+        serving = self._serving(name)
+        if serving is None:
             return None
-        state = self.state(name)
-        if state.current is None:
-            return None
-        version = state.current
-        release = self.release(name, version).release
+        version, release = serving
         # Hashed on every call, with no cache keyed by size, mtime or inode: rot on a
         # failing card, or a write that restores the mtime, changes bytes and none of
         # those, and a re-hash costs tens of ms on a pipeline start, never per frame.

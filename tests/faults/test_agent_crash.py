@@ -14,17 +14,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from edge_agent.clips import bgr, sample
-from edge_agent.comms.local_broker import LocalBroker, free_port
+from edge_agent.comms.local_broker import LocalBroker
 from tests.agent_kit import AgentProcess, Watcher, fleet, retained_state, write_config
-from tests.integration.mjpeg_server import MjpegServer
 
 DEVICE = "crash-dev"
 KEEPALIVE = 5
@@ -33,14 +28,6 @@ HUNG_LIMIT_S = 3.0 * KEEPALIVE
 is declared gone after 10.4 s here (-k 10: 16.7 s), and the agent after 10-13 s, not
 the 7.5 s MQTT asks for. The agent's part is to ask for the keepalive it was configured
 with; the broker's lateness is allowed for."""
-
-
-@pytest.fixture
-def camera() -> Iterator[str]:
-    server = MjpegServer(bgr(sample("astronaut")), free_port(), fps=10)
-    server.start()
-    yield server.url
-    server.stop()
 
 
 def test_kill_9_shows_offline_and_a_restart_restores_everything(

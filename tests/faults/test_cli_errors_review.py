@@ -110,11 +110,18 @@ def text_orientation_copy(folder: Path, manifest_edit: tuple[str, str]) -> Path:
     return model
 
 
-def test_a_manifest_layout_that_does_not_fit_the_model(tmp_path: Path) -> None:
-    model = text_orientation_copy(tmp_path, ('layout = "NCHW"', 'layout = "NHWC"'))
+def on_the_photo(verb: str, model: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`infer` (uncached) or `run-pipeline` of `model` on the astronaut photo."""
     photo = tmp_path / "astronaut.jpg"
     cv2.imwrite(str(photo), bgr(sample("astronaut")))
-    proc = edge_agent_cli("infer", "--model", str(model), "--input", str(photo), "--no-cache")
+    flag = "--input" if verb == "infer" else "--source"
+    extra = ["--no-cache"] if verb == "infer" else []
+    return edge_agent_cli(verb, "--model", str(model), flag, str(photo), *extra)
+
+
+def test_a_manifest_layout_that_does_not_fit_the_model(tmp_path: Path) -> None:
+    model = text_orientation_copy(tmp_path, ('layout = "NCHW"', 'layout = "NHWC"'))
+    proc = on_the_photo("infer", model, tmp_path)
     assert one_line_error(proc, "does not fit the model") == "model.shape"
 
 
@@ -130,11 +137,7 @@ def test_a_head_naming_an_output_the_model_lacks_is_one_line(tmp_path: Path, ver
     # infer printed its compile line before the error; run-pipeline warned on every frame
     # and exited 0. Both now decode one run before anything else is said.
     model = text_orientation_copy(tmp_path, ('output = "fetch_name_0"', 'output = "logits"'))
-    photo = tmp_path / "astronaut.jpg"
-    cv2.imwrite(str(photo), bgr(sample("astronaut")))
-    flag = "--input" if verb == "infer" else "--source"
-    extra = ["--no-cache"] if verb == "infer" else []
-    proc = edge_agent_cli(verb, "--model", str(model), flag, str(photo), *extra)
+    proc = on_the_photo(verb, model, tmp_path)
     code = one_line_error(proc, "no output 'logits'", "fetch_name_0")
     assert code == "model.incompatible"
     assert proc.stdout == ""
@@ -150,11 +153,7 @@ def test_a_head_that_cannot_read_the_outputs_is_one_line(tmp_path: Path, verb: s
     head = text.index("[head]")
     labels = 'labels = ["a", "b"]'
     manifest.write_text(text[:head] + f'[head]\ntype = "yolo"\noutput = "fetch_name_0"\n{labels}\n')
-    photo = tmp_path / "astronaut.jpg"
-    cv2.imwrite(str(photo), bgr(sample("astronaut")))
-    flag = "--input" if verb == "infer" else "--source"
-    extra = ["--no-cache"] if verb == "infer" else []
-    proc = edge_agent_cli(verb, "--model", str(model), flag, str(photo), *extra)
+    proc = on_the_photo(verb, model, tmp_path)
     code = one_line_error(proc, "cannot read this model's outputs", "(1, 4)")
     assert code == "model.incompatible"
 

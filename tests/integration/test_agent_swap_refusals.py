@@ -20,12 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_agent.clips import bgr, sample
-from edge_agent.comms.local_broker import LocalBroker, free_port
+from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.infer import read_audio
 from tests.agent_kit import InProcessAgent, Watcher, write_config
 from tests.conftest import espeak, write_wav
-from tests.integration.mjpeg_server import MjpegServer
 
 DEVICE = "swap-dev"
 RATE = 16000
@@ -44,14 +42,6 @@ def speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp / "long.wav"
     write_wav(path, np.concatenate([said, rest]), RATE)
     return path
-
-
-@pytest.fixture
-def camera() -> Iterator[str]:
-    server = MjpegServer(bgr(sample("astronaut")), free_port(), fps=10)
-    server.start()
-    yield server.url
-    server.stop()
 
 
 @pytest.fixture
