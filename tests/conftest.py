@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import wave
 from collections.abc import Callable, Iterator
@@ -35,6 +36,14 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.broker"]
 
 disable_usage_telemetry()
+
+# A runner that starts the suite with SIGINT ignored (nohup, `cmd &` in a script) passes that
+# on to every process the tests start, since an ignored signal stays ignored across exec, and
+# the edge-agent processes the Ctrl-C tests interrupt would shrug the signal off (the CLI
+# leaves an ignored SIGINT ignored, as a daemon's caller meant). A handled signal goes back
+# to its default across exec, so handling it here gives every child the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Hypothesis profiles. "ci": the same examples on every run and no example database, so a red
 # CI is a real defect that reproduces, not a flake; print_blob gives the exact failing example
