@@ -60,6 +60,7 @@ from benchlib import (
     finish,
     flags_text,
     load_1m,
+    one_line,
     print_machine,
     quiet_home,
 )
@@ -78,6 +79,8 @@ FPS = 15.0
 P95_LIMIT_MS = 100.0
 DRIFT_NOTED = 0.05
 """benchmark_app before and after the search differing by more than this is printed."""
+START_WAIT_S = 120.0
+"""How long a separate process may take from its start to its first result (the compile)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +185,8 @@ def in_process(
 
 
 def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
-    """`streams` separate run-pipeline processes, started together, stopped by SIGINT."""
+    """`streams` separate run-pipeline processes, started together, each stopped by SIGINT once
+    it has played `seconds`."""
     procs = []
     outputs = []
     for i in range(streams):
@@ -199,11 +203,7 @@ def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
             )
         )
     try:
-        # Each starts playing at its first frame, so compile time does not count as drops.
-        time.sleep(seconds + 5.0)
-        load = load_1m()
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)
+        load = _play_for(procs, outputs, seconds)
         for proc in procs:
             proc.wait(timeout=30)
     finally:
@@ -214,14 +214,46 @@ def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
     rows = []
     for out in outputs:
         out.seek(0)
-        lines = [json.loads(line) for line in out if '"summary"' in line]
+        text = out.read()
         out.close()
-        if not lines:
-            raise MeasureError("a run-pipeline process printed no summary")
-        summary, source = lines[-1]["summary"], lines[-1]["source"]
-        e2e = summary["stages"]["end_to_end"]["p95_ms"]
-        rows.append((summary["fps"], summary["dropped"], source.get("played", 0), e2e))
+        try:
+            lines = [json.loads(line) for line in text.splitlines() if '"summary"' in line]
+            summary, source = lines[-1]["summary"], lines[-1]["source"]
+            e2e = summary["stages"]["end_to_end"]["p95_ms"]
+            rows.append((summary["fps"], summary["dropped"], source.get("played", 0), e2e))
+        except (IndexError, KeyError, TypeError, ValueError):
+            raise MeasureError(
+                f"a run-pipeline process printed no summary: {one_line(text[-300:])}"
+            ) from None
     return judge("separate processes", rows, load)
+
+
+def _play_for(procs: list[subprocess.Popen[bytes]], outputs: list[Any], seconds: float) -> float:
+    """Stop each process with SIGINT `seconds` after its first result, so that each plays as
+    long as a trial in one process does (compile time, which differs, is not played); the
+    load average when the last was stopped."""
+    started: dict[int, float] = {}
+    deadline = time.monotonic() + START_WAIT_S
+    stopped: set[int] = set()
+    while len(stopped) < len(procs):
+        now = time.monotonic()
+        for i, (proc, out) in enumerate(zip(procs, outputs, strict=True)):
+            if i in stopped:
+                continue
+            if proc.poll() is not None:
+                raise MeasureError(f"run-pipeline process {i} ended by itself ({proc.returncode})")
+            if i not in started:
+                if os.fstat(out.fileno()).st_size > 0:  # its first result line
+                    started[i] = now
+                elif now > deadline:
+                    raise MeasureError(
+                        f"run-pipeline process {i} gave no result in {START_WAIT_S:g} s"
+                    )
+            elif now >= started[i] + seconds:
+                proc.send_signal(signal.SIGINT)
+                stopped.add(i)
+        time.sleep(0.05)
+    return load_1m()
 
 
 def largest_fit(
