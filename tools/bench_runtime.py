@@ -108,6 +108,29 @@ COMPARE = {
 }
 
 
+def _noise(rng: np.random.Generator, shape: Sequence[int], dtype: Any) -> Any:
+    """Deterministic input of `dtype`: any byte for integer inputs, [0, 1) for float ones."""
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 256, shape).astype(dtype)
+    return rng.random(shape).astype(dtype)
+
+
+def _timed(step: Callable[[], object], seconds: int, precision: str) -> Run:
+    """Call `step` until `seconds` are up, one call at a time; its rate and median latency."""
+    latencies: list[float] = []
+    begin = time.perf_counter()
+    deadline = begin + seconds
+    while (started := time.perf_counter()) < deadline:
+        step()
+        latencies.append(time.perf_counter() - started)
+    return Run(
+        fps=len(latencies) / (time.perf_counter() - begin),
+        p50_ms=float(np.percentile(latencies, 50)) * 1e3,
+        precision=precision,
+        requests=1,
+    )
+
+
 class NaiveLoop:
     """The loop a user writes first: default compile, synchronous calls, one input."""
 
@@ -123,30 +146,20 @@ class NaiveLoop:
                 f"OpenVINO cannot compile {model.name}: {one_line(str(exc))}"
             ) from None
         rng = np.random.default_rng(0)
-        self._feeds: dict[str, Any] = {}
-        for port in self._compiled.inputs:
-            dtype = port.get_element_type().to_dtype()
-            dims = [d.get_length() for d in port.get_partial_shape()]
-            if np.issubdtype(dtype, np.integer):
-                self._feeds[port.get_any_name()] = rng.integers(0, 256, dims).astype(dtype)
-            else:
-                self._feeds[port.get_any_name()] = rng.random(dims).astype(dtype)
+        self._feeds: dict[str, Any] = {
+            port.get_any_name(): _noise(
+                rng,
+                [d.get_length() for d in port.get_partial_shape()],
+                port.get_element_type().to_dtype(),
+            )
+            for port in self._compiled.inputs
+        }
         self._precision = self._compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self._compiled(self._feeds)  # The first call allocates; keep it out of the timing.
 
     def run(self, seconds: int) -> Run:
-        latencies: list[float] = []
-        begin = time.perf_counter()
-        deadline = begin + seconds
-        while (started := time.perf_counter()) < deadline:
-            self._compiled(self._feeds)
-            latencies.append(time.perf_counter() - started)
-        return Run(
-            fps=len(latencies) / (time.perf_counter() - begin),
-            p50_ms=float(np.percentile(latencies, 50)) * 1e3,
-            precision=self._precision,
-            requests=1,
-        )
+        compiled, feeds = self._compiled, self._feeds
+        return _timed(lambda: compiled(feeds), seconds, self._precision)
 
 
 class EngineLoop:
@@ -173,32 +186,21 @@ class EngineLoop:
         self._writes: list[tuple[Any, Any]] = []
         for port in compiled.inputs:
             tensor = self._request.get_tensor(port).data
-            if np.issubdtype(tensor.dtype, np.integer):
-                tensor[...] = rng.integers(0, 256, tensor.shape).astype(tensor.dtype)
-            else:
-                tensor[...] = rng.random(tensor.shape).astype(tensor.dtype)
-            self._writes.append((tensor, tensor.copy()))
-        if not fresh:
-            self._writes = []
+            tensor[...] = _noise(rng, tensor.shape, tensor.dtype)
+            if fresh:
+                self._writes.append((tensor, tensor.copy()))
         self._precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self._request.infer()  # The first run allocates; keep it out of the timing.
 
     def run(self, seconds: int) -> Run:
-        latencies: list[float] = []
         infer, writes, copyto = self._request.infer, self._writes, np.copyto
-        begin = time.perf_counter()
-        deadline = begin + seconds
-        while (started := time.perf_counter()) < deadline:
+
+        def step() -> None:
             for tensor, frame in writes:
                 copyto(tensor, frame)
             infer()
-            latencies.append(time.perf_counter() - started)
-        return Run(
-            fps=len(latencies) / (time.perf_counter() - begin),
-            p50_ms=float(np.percentile(latencies, 50)) * 1e3,
-            precision=self._precision,
-            requests=1,
-        )
+
+        return _timed(step, seconds, self._precision)
 
 
 def measure_model(
