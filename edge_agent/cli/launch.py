@@ -34,6 +34,13 @@ def signalled() -> bool:
     return _signalled
 
 
+def say_interrupted() -> int:
+    """Print the interrupted line; the exit code to leave with."""
+    sys.stderr.write(INTERRUPTED + "\n")
+    sys.stderr.flush()
+    return EXIT_INTERRUPTED
+
+
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
     global _signalled
     _signalled = True
@@ -53,8 +60,8 @@ def entry() -> NoReturn:
     except BaseException:
         if not _signalled:
             raise
+        code = EXIT_INTERRUPTED
         try:
-            sys.stderr.write(INTERRUPTED + "\n")
-            sys.stderr.flush()
+            code = say_interrupted()
         finally:
-            os._exit(EXIT_INTERRUPTED)
+            os._exit(code)

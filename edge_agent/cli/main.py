@@ -24,7 +24,6 @@ from typing import NoReturn
 from edge_agent import __version__
 from edge_agent.cli import launch
 from edge_agent.cli.common import CliParser
-from edge_agent.cli.launch import EXIT_INTERRUPTED, INTERRUPTED
 from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.paths import Layout
 
@@ -109,8 +108,7 @@ def run_command(args: argparse.Namespace) -> int:
         if launch.signalled():
             # A Ctrl-C that an extension's import swallowed into an error the command then
             # took in its stride (doctor reports openvino "unusable"): still a Ctrl-C.
-            print(INTERRUPTED, file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return launch.say_interrupted()
     except EdgeAgentError as exc:
         print(error_line(exc), file=sys.stderr)
         return EXIT_USER_ERROR
@@ -120,10 +118,7 @@ def run_command(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(error_line(from_os_error(exc)), file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print(INTERRUPTED, file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except BaseException as exc:
+    except BaseException as exc:  # a Ctrl-C, plain or in disguise, or a real failure
         signalled = interrupted_code(exc)
         if signalled is None:
             raise
@@ -132,7 +127,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def interrupted_code(exc: BaseException) -> int | None:
-    """The exit code when `exc` is a signal in disguise; None when it is a real failure.
+    """The exit code when `exc` is a signal, plain or in disguise (saying the interrupted
+    line for a SIGINT); None when it is a real failure.
 
     A signal handled while a native extension initialises comes out as that extension's
     own error: pybind11 (openvino) raises ImportError from a KeyboardInterrupt or from
@@ -145,7 +141,7 @@ def interrupted_code(exc: BaseException) -> int | None:
     if isinstance(exc, SystemExit | GeneratorExit):
         return None
     seen: set[int] = set()
-    link: BaseException | None = exc.__cause__ or exc.__context__
+    link: BaseException | None = exc
     while link is not None and id(link) not in seen:
         seen.add(id(link))
         # Only an import turns a stop into an error; any other error raised while a
@@ -154,12 +150,10 @@ def interrupted_code(exc: BaseException) -> int | None:
         if isinstance(code, int) and isinstance(exc, ImportError):
             return code
         if isinstance(link, KeyboardInterrupt):
-            print(INTERRUPTED, file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return launch.say_interrupted()
         link = link.__cause__ or link.__context__
     if launch.signalled():  # a SIGINT whose KeyboardInterrupt an extension swallowed
-        print(INTERRUPTED, file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return launch.say_interrupted()
     return None
 
 
@@ -183,10 +177,7 @@ def entry() -> NoReturn:
     try:
         _stacks_on_sigusr1()
         code = main()
-    except KeyboardInterrupt:  # Ctrl-C while the command's modules were still importing
-        print(INTERRUPTED, file=sys.stderr)
-        code = EXIT_INTERRUPTED
-    except BaseException as exc:  # ... or inside a native extension's initialisation
+    except BaseException as exc:  # Ctrl-C as the command's modules import, or in disguise
         found = interrupted_code(exc)
         if found is None:
             raise
