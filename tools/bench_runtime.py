@@ -58,7 +58,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import openvino as ov
@@ -84,6 +84,9 @@ from benchlib import (
     ratio_table,
 )
 from ort_session import OrtConfig, run_apart, tune_apart
+
+if TYPE_CHECKING:
+    from edge_agent.catalog.manifest import Manifest
 
 DEFAULT_MODELS = ("text-det-ppocr", "person-ssdlite", "text-orientation")
 # Targets; models missing from a target's table are reported without a verdict.
@@ -164,14 +167,12 @@ class NaiveLoop:
 
 class EngineLoop:
     """benchmark_app's latency loop in Python, on edge-agent's own graph: one infer request,
-    run synchronously until the time is up. With `fresh`, each run first writes the input
+    run synchronously until the time is up. Run `fresh`, each run first writes the input
     into the request's tensors again (the same bytes, so the engine computes exactly what it
-    does without), as a real caller writes its next frame; without it the input is written
-    once, as benchmark_app's is."""
+    does without), as a real caller writes its next frame; otherwise the input stays as it
+    was written once, as benchmark_app's does."""
 
-    def __init__(
-        self, model: ModelUnderTest, graph: ov.Model, precision: str | None, fresh: bool
-    ) -> None:
+    def __init__(self, model: ModelUnderTest, graph: ov.Model, precision: str | None) -> None:
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
         if precision is not None:
             config["INFERENCE_PRECISION_HINT"] = precision
@@ -187,13 +188,13 @@ class EngineLoop:
         for port in compiled.inputs:
             tensor = self._request.get_tensor(port).data
             tensor[...] = _noise(rng, tensor.shape, tensor.dtype)
-            if fresh:
-                self._writes.append((tensor, tensor.copy()))
+            self._writes.append((tensor, tensor.copy()))
         self._precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self._request.infer()  # The first run allocates; keep it out of the timing.
 
-    def run(self, seconds: int) -> Run:
-        infer, writes, copyto = self._request.infer, self._writes, np.copyto
+    def run(self, seconds: int, fresh: bool) -> Run:
+        infer, copyto = self._request.infer, np.copyto
+        writes = self._writes if fresh else []
 
         def step() -> None:
             for tensor, frame in writes:
@@ -233,7 +234,14 @@ def measure_model(
     naive: NaiveLoop | None = None
     tuned: OrtConfig | None = None
     folded: ModelUnderTest | None = None
-    loops: dict[bool, EngineLoop] = {}
+    loop: EngineLoop | None = None
+    built: tuple[ov.Model, Manifest] | None = None
+
+    def graph() -> tuple[ov.Model, Manifest]:
+        nonlocal built
+        if built is None:
+            built = edge_agent_graph(model, Path(home))
+        return built
 
     def naive_run() -> Run:
         nonlocal naive
@@ -254,14 +262,14 @@ def measure_model(
     def folded_run() -> Run:
         nonlocal folded
         if folded is None:
-            folded = folded_graph(model, Path(home))
+            folded = folded_graph(model, *graph(), Path(home))
         return benchmark_app(folded, seconds, precision, home, hint)
 
     def engine_loop(fresh: bool) -> Run:
-        if fresh not in loops:
-            graph, _ = edge_agent_graph(model, Path(home))
-            loops[fresh] = EngineLoop(model, graph, precision, fresh)
-        return loops[fresh].run(seconds)
+        nonlocal loop
+        if loop is None:
+            loop = EngineLoop(model, graph()[0], precision)
+        return loop.run(seconds, fresh)
 
     steps: dict[str, Callable[[], Run]] = {
         EDGE_OV: lambda: edge_agent_bench(model, "openvino", seconds, precision, hint),
@@ -277,7 +285,7 @@ def measure_model(
     return measurements, notes
 
 
-def edge_agent_graph(model: ModelUnderTest, folder: Path) -> tuple[ov.Model, Any]:
+def edge_agent_graph(model: ModelUnderTest, folder: Path) -> tuple[ov.Model, Manifest]:
     """The graph edge-agent compiles for `model` (an image model's preprocessing folded in),
     and the model's manifest."""
     from edge_agent.catalog.catalog import Catalog, default_models_dir, looks_like_path
@@ -301,11 +309,13 @@ def edge_agent_graph(model: ModelUnderTest, folder: Path) -> tuple[ov.Model, Any
     return graph, manifest
 
 
-def folded_graph(model: ModelUnderTest, folder: Path) -> ModelUnderTest:
-    """edge-agent's own graph of `model`, preprocessing folded in, as an IR benchmark_app reads."""
+def folded_graph(
+    model: ModelUnderTest, graph: ov.Model, manifest: Manifest, folder: Path
+) -> ModelUnderTest:
+    """edge-agent's own `graph` of `model` (edge_agent_graph: preprocessing folded in), saved
+    as an IR benchmark_app reads."""
     from edge_agent.catalog.manifest import ImageInput
 
-    graph, manifest = edge_agent_graph(model, folder)
     spec = manifest.input
     if not isinstance(spec, ImageInput):
         raise MeasureError(f"{model.name} is not an image model")
