@@ -47,7 +47,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import cv2
 from benchlib import (
@@ -187,8 +187,8 @@ def in_process(
 def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
     """`streams` separate run-pipeline processes, started together, each stopped by SIGINT once
     it has played `seconds`."""
-    procs = []
-    outputs = []
+    procs: list[subprocess.Popen[bytes]] = []
+    outputs: list[IO[str]] = []
     for i in range(streams):
         spec = folder / f"cam{i}.json"
         spec.write_text(stream_spec(i, clip).model_dump_json())
@@ -212,10 +212,10 @@ def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
                 proc.kill()
                 proc.wait()
     rows = []
-    for out in outputs:
-        out.seek(0)
-        text = out.read()
-        out.close()
+    for output in outputs:
+        output.seek(0)
+        text = output.read()
+        output.close()
         try:
             lines = [json.loads(line) for line in text.splitlines() if '"summary"' in line]
             summary, source = lines[-1]["summary"], lines[-1]["source"]
@@ -228,7 +228,9 @@ def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
     return judge("separate processes", rows, load)
 
 
-def _play_for(procs: list[subprocess.Popen[bytes]], outputs: list[Any], seconds: float) -> float:
+def _play_for(
+    procs: list[subprocess.Popen[bytes]], outputs: list[IO[str]], seconds: float
+) -> float:
     """Stop each process with SIGINT `seconds` after its first result, so that each plays as
     long as a trial in one process does (compile time, which differs, is not played); the
     load average when the last was stopped."""
