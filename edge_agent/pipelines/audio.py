@@ -40,7 +40,14 @@ from edge_agent.pipelines.base import (
     SourceError,
 )
 from edge_agent.pipelines.events import EventTracker
-from edge_agent.pipelines.stopping import ENGINE_STALL_S, GRACE_S, POLL_S, StopFlag, stuck_engine
+from edge_agent.pipelines.stopping import (
+    ENGINE_STALL_S,
+    GRACE_S,
+    IDLE_POLL_S,
+    POLL_S,
+    StopFlag,
+    stuck_engine,
+)
 from edge_agent.runtime.base import CompiledModel
 from edge_agent.runtime.stateful import StatefulVad
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
@@ -169,7 +176,8 @@ class AudioPipeline:
         worker = threading.Thread(target=self._work, name=f"vad-{self.name}", daemon=True)
         worker.start()
         while True:
-            worker.join(POLL_S)
+            # Seldom until a stop is asked (the join returns the moment the worker ends).
+            worker.join(POLL_S if self._stop.is_set() else IDLE_POLL_S)
             if not worker.is_alive():
                 break
             busy = self._busy_since

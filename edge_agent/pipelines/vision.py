@@ -37,7 +37,7 @@ from edge_agent.pipelines.guard import guard_sinks
 from edge_agent.pipelines.stopping import (
     ENGINE_STALL_S,
     GRACE_S,
-    POLL_S,
+    IDLE_POLL_S,
     StopFlag,
     acquire_unless,
     stuck_engine,
@@ -284,7 +284,9 @@ class VisionPipeline:
         progress = time.monotonic()
         while not self._left:
             try:
-                item = self._done.get(timeout=POLL_S)
+                # Frames, the reader's end mark and retirements all come through the queue;
+                # the timeout only serves the stall checks and a run() that left.
+                item = self._done.get(timeout=IDLE_POLL_S)
             except queue.Empty:
                 owed = waiting or (end is not None and expected < end.submitted)
                 idle = time.monotonic() - progress
