@@ -139,6 +139,48 @@ def test_streams_over_capacity_drop_a_similar_share_each(tmp_path: Path, pool: M
     assert all(abs(s - mean) <= 0.2 * mean for s in shares), f"unfair drop shares {shares}"
 
 
+def _wakes(thread: threading.Thread) -> int:
+    """How often `thread` has gone to sleep and been woken: its voluntary context switches."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_a_waiting_pipeline_wakes_for_its_frames_not_to_poll(
+    tmp_path: Path, pool: ModelPool
+) -> None:
+    # Each wake of a pipeline thread takes a core from an engine thread in the middle of an
+    # inference; at 16 streams, waits that polled 20 times a second were 3 of a frame's 10
+    # context switches. A stream at 2 FPS must not wake its emitter or its caller more
+    # often than its frames (and a slow look at the stop flag) need.
+    video = write_walk(tmp_path / "walk.avi", empty=3, crossing=8)
+    slow = FileSourceSpec(path=video.path, realtime=True, loop=True, fps_cap=2)
+    frames: list[FrameResult] = []
+    group = PipelineGroup([spec("slow", slow)], pool, lambda _: [CallbackSink(frames.append)])
+    runner = threading.Thread(target=group.run, name="pipeline-caller")
+    try:
+        runner.start()
+        deadline = time.monotonic() + 60
+        while not frames and time.monotonic() < deadline:  # compiled, and running
+            time.sleep(0.05)
+        assert frames, "the pipeline produced no frame in 60 s"
+        emitter = next(t for t in threading.enumerate() if t.name == "emit-slow")
+        caller = next(t for t in threading.enumerate() if t.name == "pipeline-slow")
+        before = {t.name: _wakes(t) for t in (emitter, caller)}
+        seen = len(frames)
+        time.sleep(3.0)
+        woke = {t.name: (_wakes(t) - before[t.name]) / 3.0 for t in (emitter, caller)}
+        emitted = (len(frames) - seen) / 3.0
+    finally:
+        group.stop()
+        runner.join(10)
+        group.close()
+    assert not runner.is_alive()
+    assert 1.0 <= emitted <= 3.0, f"a 2 FPS stream emitted {emitted:.1f} frames a second"
+    # At 20 Hz polling these read 20-25 a second; frames plus a look every 0.5 s is under 5.
+    assert woke["emit-slow"] < 10, woke
+    assert woke["pipeline-slow"] < 10, woke
+
+
 @pytest.fixture(scope="module")
 def big_astronaut(astronaut: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
     # 2048 px: 1/4 is 512 px, the largest reduction that still covers a 300 px input.
