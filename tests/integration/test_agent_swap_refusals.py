@@ -27,10 +27,12 @@ from tests.conftest import espeak, write_wav
 
 DEVICE = "swap-dev"
 RATE = 16000
-AUDIO_S = 600
+AUDIO_S = 1800
 """The WAV's length. A WAV source is read as fast as the model goes (about 140 s of audio
-a second here), so the clip must outlast the test's commands by far: swap_model is only
-taken by a pipeline that still runs."""
+a second on a 2-core AMX host), so the clip must outlast the test's commands by far:
+swap_model is only taken by a pipeline that still runs. 1800 s lasts about 13 s there,
+so a host three times faster still leaves the few commands seconds to spare (600 s left
+about 4); the file is 58 MB."""
 
 
 @pytest.fixture(scope="module")
