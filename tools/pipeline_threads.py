@@ -7,8 +7,16 @@ of edge_agent/clips.py (640x480 MJPG), lets it warm up, and then reads every thr
 CPU time from /proc/self/task over `--seconds`. Python threads are named by the pipeline
 (`read-*`: decode, fit and submit; `emit-*`: heads, events, sinks; `infer-*`/`infer_*`:
 the model's workers); threads Python does not know are the engine's own (OpenVINO's
-stream threads) or a library's. It prints each one's share of a core and its CPU
-milliseconds per frame, beside the pipeline's FPS, the CPU flags and the load average.
+stream threads) or a library's. It prints each one's share of a core, its CPU
+milliseconds per frame and how often it slept and was woken (voluntary context switches)
+or was preempted (involuntary ones) per frame, beside the pipeline's FPS, the CPU flags
+and the load average. A Python thread's wake takes a core from an engine thread in the
+middle of an inference; the engine's own involuntary switches count what that cost it.
+
+`--streams N` runs N cameras instead, as tools/bench_capacity.py does: N pipelines in one
+process on one shared model, each playing the 640x480 15 FPS clip in realtime, out of step
+(`play-*` threads are their players, `pipeline-*` their callers). The figures are then
+per frame of all streams together.
 
 Then the budget. `benchmark_app` runs the same model fed the clip's frames twice, a short
 run and a long one, each timed by its CPU time (this process's children's rusage): the
@@ -24,6 +32,7 @@ host took the cores.
 About 40 seconds; `--no-benchmark-app` skips the budget:
 
     EDGE_AGENT_CACHE=.cache/edge-agent python tools/pipeline_threads.py --seconds 6
+    EDGE_AGENT_CACHE=.cache/edge-agent python tools/pipeline_threads.py --streams 16 --seconds 20
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +52,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 import openvino as ov
+from bench_capacity import FPS, stream_spec, write_clip
 from benchlib import (
     MeasureError,
     benchmark_app,
@@ -57,10 +68,11 @@ from rich.table import Table
 from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.clips import write_walk
 from edge_agent.paths import Layout
+from edge_agent.pipelines.multi import PipelineGroup
 from edge_agent.pipelines.runner import PipelineHandle
-from edge_agent.pipelines.spec import PipelineSpec
+from edge_agent.pipelines.sources import RealtimeFileSource
+from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.runtime.pool import ModelPool
-from edge_agent.telemetry.stats import PipelineStats
 
 WARM_UP_S = 3.0
 SHORT_S = 2
@@ -71,29 +83,72 @@ ENGINE = "engine and libraries"
 """Threads Python did not start: OpenVINO's stream threads, FFmpeg's, OpenCV's."""
 
 
-def _cpu_by_thread() -> dict[int, tuple[str, float]]:
-    """Native thread id -> (name, CPU seconds) for every thread of this process."""
+@dataclass(frozen=True, slots=True)
+class Use:
+    """One thread's counters so far."""
+
+    name: str
+    cpu_s: float
+    woken: int
+    """Voluntary context switches: it slept (a wait, a lock, the GIL) and was woken."""
+    preempted: int
+    """Involuntary ones: it was running and the scheduler gave its core to another."""
+
+    def minus(self, before: Use | None) -> Use:
+        if before is None:
+            return self
+        return Use(
+            self.name,
+            self.cpu_s - before.cpu_s,
+            self.woken - before.woken,
+            self.preempted - before.preempted,
+        )
+
+
+def _switches(status: str, key: str) -> int:
+    return int(status.split(f"\n{key}:", 1)[1].split()[0])
+
+
+def _use_by_thread() -> dict[int, Use]:
+    """Native thread id -> its counters, for every thread of this process."""
     python = {t.native_id: t.name for t in threading.enumerate()}
     tick = os.sysconf("SC_CLK_TCK")
-    found: dict[int, tuple[str, float]] = {}
+    found: dict[int, Use] = {}
     for entry in Path("/proc/self/task").iterdir():
         try:
             stat = (entry / "stat").read_text()
+            status = (entry / "status").read_text()
         except OSError:  # the thread ended meanwhile
             continue
         fields = stat.rsplit(")", 1)[1].split()
         tid = int(entry.name)
-        name = python.get(tid) or ENGINE
-        found[tid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        found[tid] = Use(
+            python.get(tid) or ENGINE,
+            (int(fields[11]) + int(fields[12])) / tick,
+            _switches(status, "voluntary_ctxt_switches"),
+            _switches(status, "nonvoluntary_ctxt_switches"),
+        )
     return found
 
 
 def _group(name: str) -> str:
     # One row per role: pipeline threads carry the pipeline's id, workers a number.
-    for role in ("read", "emit", "infer"):
+    for role in ("read", "emit", "infer", "play", "pipeline"):
         if name.startswith(role):
             return role
     return name
+
+
+def _group_of(streams: int, clip: Path, pool: ModelPool, model: str) -> PipelineGroup:
+    """`streams` realtime cameras on `clip`, out of step (bench_capacity's --spread)."""
+    ref = ModelRef(name=model)
+    specs = [stream_spec(i, clip).model_copy(update={"model": ref}) for i in range(streams)]
+    group = PipelineGroup(specs, pool)
+    for i, handle in enumerate(group.handles):
+        source = handle.pipeline.source
+        if isinstance(source, RealtimeFileSource):
+            source.phase = i / streams / FPS
+    return group
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,10 +265,27 @@ def budget_table(
     return table
 
 
+def _row(use: Use, elapsed: float, frames: int) -> list[str]:
+    return [
+        use.name,
+        f"{use.cpu_s / elapsed:.3f}",
+        f"{use.cpu_s / frames * 1e3:.2f}",
+        f"{use.woken / frames:.2f}",
+        f"{use.preempted / frames:.2f}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=6.0, help="how long to sample")
     parser.add_argument("--model", default="person-ssdlite")
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=0,
+        help="run this many realtime 15 FPS cameras in one process instead of one file "
+        "pipeline at full speed",
+    )
     parser.add_argument(
         "--no-benchmark-app",
         dest="budget",
@@ -227,29 +299,39 @@ def main(argv: list[str] | None = None) -> int:
         layout = Layout.from_env(os.environ, state=Path(tmp) / "state")
         pool = ModelPool(Catalog(default_models_dir(), layout.cache))
         video = Path(tmp) / "walk.avi"
-        frames = round((WARM_UP_S + args.seconds) * 400) + 600  # never runs out at 400 FPS
-        write_walk(video, frames=frames)
-        spec = PipelineSpec.model_validate(
-            {
-                "id": "cam",
-                "model": {"name": args.model, "hint": "throughput"},
-                "source": {"type": "file", "path": str(video)},
-                "sinks": [],
-            }
-        )
-        handle = PipelineHandle(spec, pool, [], layout=layout)
-        summary: list[PipelineStats] = []
-        runner = threading.Thread(target=lambda: summary.append(handle.run()), name="runner")
+        if args.streams > 0:
+            write_clip(video)  # looped by the sources
+            group = _group_of(args.streams, video, pool, args.model)
+            handles = group.handles
+            run: Callable[[], object] = group.run
+        else:
+            frames = round((WARM_UP_S + args.seconds) * 400) + 600  # never runs out at 400 FPS
+            write_walk(video, frames=frames)
+            spec = PipelineSpec.model_validate(
+                {
+                    "id": "cam",
+                    "model": {"name": args.model, "hint": "throughput"},
+                    "source": {"type": "file", "path": str(video)},
+                    "sinks": [],
+                }
+            )
+            handles = [PipelineHandle(spec, pool, [], layout=layout)]
+            run = handles[0].run
+        summary: list[object] = []
+        runner = threading.Thread(target=lambda: summary.append(run()), name="runner")
         runner.start()
         time.sleep(WARM_UP_S)
-        first = handle.telemetry.snapshot().frames
-        before, started = _cpu_by_thread(), time.perf_counter()
+        first = sum(h.telemetry.snapshot().frames for h in handles)
+        before, started = _use_by_thread(), time.perf_counter()
         time.sleep(args.seconds)
-        after, elapsed = _cpu_by_thread(), time.perf_counter() - started
-        done = handle.telemetry.snapshot().frames - first
-        handle.stop()
+        after, elapsed = _use_by_thread(), time.perf_counter() - started
+        done = sum(h.telemetry.snapshot().frames for h in handles) - first
+        dropped = sum(h.telemetry.snapshot().dropped for h in handles)
+        for h in handles:
+            h.stop()
         runner.join()
-        handle.close()
+        for h in handles:
+            h.close()
         cost: EngineCost | None = None
         decode_ms = 0.0
         if args.budget and done:
@@ -259,28 +341,37 @@ def main(argv: list[str] | None = None) -> int:
             except MeasureError as exc:
                 status.print(f"error: benchmark_app: {exc}")
                 return 2
-    error = handle.pipeline.error
+    error = next((h.pipeline.error for h in handles if h.pipeline.error is not None), None)
     if not summary or error is not None or not done:
         status.print(f"error: the pipeline did not run: {error or 'no frames'}")
         return 2
     fps = done / elapsed
-    cores: dict[str, float] = {}
-    for tid, (name, cpu) in after.items():
-        role = _group(name)
-        cores[role] = cores.get(role, 0.0) + (cpu - before.get(tid, (name, 0.0))[1]) / elapsed
-    table = Table(title=f"{args.model} pipeline, {fps:.1f} FPS over {elapsed:.1f} s")
-    table.add_column("thread")
-    table.add_column("cores", justify="right")
-    table.add_column("CPU ms per frame", justify="right")
-    for name, share in sorted(cores.items(), key=lambda kv: -kv[1]):
-        if share >= 0.005:
-            table.add_row(name, f"{share:.3f}", f"{share / fps * 1e3:.2f}" if fps else "-")
-    total = sum(cores.values())
-    table.add_row("all", f"{total:.3f}", f"{total / fps * 1e3:.2f}" if fps else "-")
+    roles: dict[str, Use] = {}
+    for tid, now in after.items():
+        used = now.minus(before.get(tid))
+        role = _group(used.name)
+        had = roles.get(role, Use(role, 0.0, 0, 0))
+        roles[role] = Use(
+            role, had.cpu_s + used.cpu_s, had.woken + used.woken, had.preempted + used.preempted
+        )
+    what = f"{args.streams} realtime streams" if args.streams else "pipeline"
+    extra = f", {dropped} dropped since the start" if args.streams else ""
+    table = Table(title=f"{args.model} {what}, {fps:.1f} FPS over {elapsed:.1f} s{extra}")
+    for column in ("thread", "cores", "CPU ms per frame", "woken per frame", "preempted per frame"):
+        table.add_column(column, justify="left" if column == "thread" else "right")
+    total = Use("all", 0.0, 0, 0)
+    for use in sorted(roles.values(), key=lambda u: -u.cpu_s):
+        total = Use(
+            "all", total.cpu_s + use.cpu_s, total.woken + use.woken, total.preempted + use.preempted
+        )
+        if use.cpu_s / elapsed >= 0.005 or use.woken >= done / 10:
+            table.add_row(*_row(use, elapsed, done))
+    table.add_row(*_row(total, elapsed, done))
     console.print(table)
     if cost is not None:
-        engine = cores.get(ENGINE, 0.0) / fps * 1e3
-        console.print(budget_table(cost, engine, total / fps * 1e3 - engine, fps, decode_ms))
+        engine = roles[ENGINE].cpu_s / done * 1e3 if ENGINE in roles else 0.0
+        outside = total.cpu_s / done * 1e3 - engine
+        console.print(budget_table(cost, engine, outside, fps, decode_ms))
     console.print(f"load average after: {load_average()}")
     return 0
 

@@ -1,9 +1,9 @@
-"""The capacity benchmarks of issue 11, short: tools/bench_runtime.py, bench_pipeline.py and
-bench_capacity.py, each run once as its own process with its smoke arguments, and its JSON
-checked for what the tool promises, so a refactor that breaks one fails here rather than on
-the next run by hand. Nothing is timed: the CI box is a loaded 2-core machine, so figures are
-checked for being measured and for agreeing with each other, never for their speed. The full
-runs are the tools without arguments."""
+"""The capacity benchmarks of issue 11, short: tools/bench_runtime.py, bench_pipeline.py,
+bench_capacity.py and pipeline_threads.py, each run once as its own process with its smoke
+arguments, and its JSON (or table) checked for what the tool promises, so a refactor that
+breaks one fails here rather than on the next run by hand. Nothing is timed: the CI box is a
+loaded 2-core machine, so figures are checked for being measured and for agreeing with each
+other, never for their speed. The full runs are the tools without arguments."""
 
 from __future__ import annotations
 
@@ -282,3 +282,39 @@ def test_bench_capacity_searches_the_streams_that_fit_and_states_the_limit(
     assert f"/ {STREAM_FPS:g} = {limit:.1f} streams" in printed
     assert f"one process fits {best} = {best / limit:.2f}x of it" in printed
     assert_machine_beside_figures(proc.stdout, report)
+
+
+def test_pipeline_threads_splits_many_streams_cpu_and_wakes_by_thread(
+    resolve: Callable[[str], ResolvedModel], cache_dir: Path, tmp_path: Path
+) -> None:
+    resolve("person-ssdlite")
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    env |= {"EDGE_AGENT_CACHE": str(cache_dir), "EDGE_AGENT_STATE_DIR": str(tmp_path / "state")}
+    args = ["--streams", "2", "--seconds", "2", "--no-benchmark-app"]
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "pipeline_threads.py"), *args],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    title = next(line for line in proc.stdout.splitlines() if "realtime streams" in line)
+    fps = float(title.split("streams, ")[1].split(" FPS")[0])
+    # Two cameras at 15 FPS, which any box that runs the suite keeps up with.
+    assert 2 * STREAM_FPS * 0.8 <= fps <= 2 * STREAM_FPS * 1.2, title
+    rows = {
+        cells[0]: [float(c) for c in cells[1:]]
+        for line in proc.stdout.splitlines()
+        if line.startswith("│")
+        for cells in [[c.strip() for c in line.strip().strip("│").split("│")]]
+    }
+    assert {"engine and libraries", "read", "emit", "play", "infer", "all"} <= set(rows), rows
+    for role in ("read", "emit", "play"):
+        # cores, CPU ms, woken and preempted per frame: each frame wakes these at least once
+        # (its player at its due time, its reader with it, its emitter with the result).
+        # CPU time comes in 10 ms clock ticks, so only the reader's decode is sure to show.
+        assert min(rows[role]) >= 0, (role, rows[role])
+        assert rows[role][2] >= 0.5, (role, rows[role])
+    assert rows["read"][1] > 0, rows
+    assert rows["all"][1] >= sum(rows[r][1] for r in ("read", "emit", "play", "infer")), rows
+    assert "CPU flags:" in proc.stdout
+    assert "load average after:" in proc.stdout
