@@ -105,7 +105,9 @@ def supervise(worker: threading.Thread, stop: StopFlag, grace_s: float = GRACE_S
         # Until the stop, wake seldom (joining returns the moment the worker ends); after
         # it, wait exactly to the end of its grace.
         at = stop.at
-        left = min(IDLE_POLL_S, grace_s) if at is None else at + grace_s - time.monotonic()
+        # (Never under POLL_S before it: a grace of 0 must not spin.)
+        idle = min(IDLE_POLL_S, max(grace_s, POLL_S))
+        left = idle if at is None else at + grace_s - time.monotonic()
         worker.join(max(0.0, left))
         if not worker.is_alive():
             return True
