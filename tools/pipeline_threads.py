@@ -105,6 +105,16 @@ class Use:
         )
 
 
+def _total(name: str, uses: list[Use]) -> Use:
+    """`uses` added up, under `name`."""
+    return Use(
+        name,
+        sum(u.cpu_s for u in uses),
+        sum(u.woken for u in uses),
+        sum(u.preempted for u in uses),
+    )
+
+
 def _switches(status: str, key: str) -> int:
     return int(status.split(f"\n{key}:", 1)[1].split()[0])
 
@@ -346,24 +356,18 @@ def main(argv: list[str] | None = None) -> int:
         status.print(f"error: the pipeline did not run: {error or 'no frames'}")
         return 2
     fps = done / elapsed
-    roles: dict[str, Use] = {}
+    by_role: dict[str, list[Use]] = {}
     for tid, now in after.items():
         used = now.minus(before.get(tid))
-        role = _group(used.name)
-        had = roles.get(role, Use(role, 0.0, 0, 0))
-        roles[role] = Use(
-            role, had.cpu_s + used.cpu_s, had.woken + used.woken, had.preempted + used.preempted
-        )
+        by_role.setdefault(_group(used.name), []).append(used)
+    roles = {role: _total(role, uses) for role, uses in by_role.items()}
+    total = _total("all", list(roles.values()))
     what = f"{args.streams} realtime streams" if args.streams else "pipeline"
     extra = f", {dropped} dropped since the start" if args.streams else ""
     table = Table(title=f"{args.model} {what}, {fps:.1f} FPS over {elapsed:.1f} s{extra}")
     for column in ("thread", "cores", "CPU ms per frame", "woken per frame", "preempted per frame"):
         table.add_column(column, justify="left" if column == "thread" else "right")
-    total = Use("all", 0.0, 0, 0)
     for use in sorted(roles.values(), key=lambda u: -u.cpu_s):
-        total = Use(
-            "all", total.cpu_s + use.cpu_s, total.woken + use.woken, total.preempted + use.preempted
-        )
         if use.cpu_s / elapsed >= 0.005 or use.woken >= done / 10:
             table.add_row(*_row(use, elapsed, done))
     table.add_row(*_row(total, elapsed, done))
