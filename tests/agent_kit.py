@@ -311,6 +311,7 @@ class InProcessAgent:
 
     def close(self, timeout: float = 20.0) -> None:
         self.stop_event.set()
+        self.service.wake()
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "the agent did not stop in time"
 

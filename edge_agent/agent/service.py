@@ -58,6 +58,16 @@ _GATHER_S = 0.02
 wake-up cost a thread hop, an outbox read, a flush wait and an acknowledgement each: at
 200 results a second that was most of what the agent adds to a pipeline's CPU
 (tools/bench_agent.py). Answers and events are not held: they cut the wait short."""
+_IDLE_S = 1.0
+"""The longest the main loop sleeps when nothing is due. What it serves has a deadline (the
+telemetry interval, the watchdog) or wakes it (`wake`, a state change, a new interval), so
+this only bounds how late it sees a `stop` set without `wake()`. Polling at 4 Hz instead
+kept an idle box's CPU out of its deep sleep states for nothing."""
+_TICK_S = 0.25
+"""The main loop's period while an integration asks for ticks (occupancy hold times)."""
+_PUMP_IDLE_S = 5.0
+"""How long the pump sleeps with nothing to send: every put, connect and stop wakes it, so
+this is only a safety net for a wake-up that never comes."""
 
 
 def broker_settings(config: AgentConfig) -> BrokerSettings:
@@ -149,6 +159,7 @@ class AgentService:
         self._stop = threading.Event()
         self._reschedule = threading.Event()
         self._state_dirty = threading.Event()
+        self._kick = threading.Event()  # the main loop has something to do now
         self._device_names: list[str] | None = None
         self._pump_thread: threading.Thread | None = None
         self.session = MqttSession(
@@ -194,7 +205,7 @@ class AgentService:
         if isinstance(event, msg.AgentEvent):
             # Every change to what `state` lists (a model activated or rolled back, a
             # pipeline started, swapped, stopped or failed) comes with an event.
-            self._state_dirty.set()
+            self._state_changed()
         self._queue(
             self.topics.device(self.device, "events"),
             message.model_dump_json(exclude_none=True).encode(),
@@ -271,8 +282,14 @@ class AgentService:
             birth = self._birth().model_dump_json(exclude_none=True).encode()
             self.session.publish(self._state_topic, birth, qos=1, retain=True)
         except BaseException:
-            self._state_dirty.set()  # tried again on the main loop's next turn
+            self._state_dirty.set()  # tried again on the main loop's next turn (a tick)
             raise
+
+    def _state_changed(self) -> None:
+        # The main loop publishes it: a burst of changes (a deploy's activation and swap)
+        # goes out as one state, and a failed publish is retried there.
+        self._state_dirty.set()
+        self._kick.set()
 
     def _on_state(self, message: Message) -> None:
         # Ours are {online: true} at this connection's seq or an older one, and {online:
@@ -313,7 +330,11 @@ class AgentService:
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
-        """Serve until `stop` is set; returns the process exit code."""
+        """Serve until `stop` is set; returns the process exit code.
+
+        Call `wake()` after setting `stop` to have the loop see it at once; otherwise it
+        does within `_IDLE_S`.
+        """
         self._stop = stop
         self.session.subscribe(self.topics.device(self.device, "cmd"), self._on_command)
         if self.config.group:
@@ -325,7 +346,7 @@ class AgentService:
         self.session.start()
         restored = self.pipelines.restore()
         log_event(log, logging.INFO, "agent_started", device=self.device, restored=len(restored))
-        self._state_dirty.set()  # the birth may have gone out before the pipelines were back
+        self._state_changed()  # the birth may have gone out before the pipelines were back
         self.notifier.ready(self._status_line())
         pump = threading.Thread(target=self._pump, name="outbox-pump", daemon=True)
         self._pump_thread = pump
@@ -338,7 +359,17 @@ class AgentService:
         # a restart would meet the same disk, and systemd gives up after a few.
         failed = _Failures("agent_loop_failed")
         try:
-            while not stop.wait(0.25):
+            while not stop.is_set():
+                now = time.monotonic()
+                due = min(next_telemetry, next_watchdog if watchdog_every else next_telemetry)
+                # Ticks, and a state publish that failed, go on a short period. (Offline,
+                # the connect publishes the state itself.)
+                pending = self._state_dirty.is_set() and self.session.connected.is_set()
+                short = self.integrations.ticking or pending
+                self._kick.wait(max(0.0, min(due - now, _TICK_S if short else _IDLE_S)))
+                self._kick.clear()
+                if stop.is_set():
+                    break
                 now = time.monotonic()
                 if self._reschedule.is_set():  # set_telemetry: the new interval from now
                     self._reschedule.clear()
@@ -356,6 +387,10 @@ class AgentService:
         finally:
             self._shutdown(pump)
         return 0
+
+    def wake(self) -> None:
+        """Have the main loop look at its `stop` (and everything else) now; thread-safe."""
+        self._kick.set()
 
     def _on_command(self, message: Message) -> None:
         self.dispatcher.handle(message.payload)
@@ -385,13 +420,13 @@ class AgentService:
                 return False  # they stay in the outbox for the next start
             return True
         if not self.session.connected.is_set():
-            self._wake.wait(0.5)
+            self._wake.wait(_PUMP_IDLE_S)  # the connect wakes it
             self._wake.clear()
             return True
         self._urgent.clear()
         batch = self.outbox.peek(_PUMP_BATCH, after=sent.upto)
         if not batch:
-            self._wake.wait(0.5)
+            self._wake.wait(_PUMP_IDLE_S)  # a put wakes it
             self._wake.clear()
             return True
         if (
@@ -435,6 +470,7 @@ class AgentService:
     def _set_interval(self, seconds: float) -> None:
         self.interval_s = seconds
         self._reschedule.set()
+        self._kick.set()
 
     def _status_line(self) -> str:
         stats = self.outbox.stats()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,21 +45,43 @@ def run(args: argparse.Namespace) -> int:
         )
     stop = threading.Event()
     received: list[int] = []
+    services: list[AgentService] = []
 
-    def on_signal(signum: int, _frame: object) -> None:
-        # Only record it. Event.set() takes a lock the interrupted main thread may hold
-        # (inside stop.wait), which would deadlock; a watcher thread sets it instead.
-        received.append(signum)
+    # The interpreter's C-level handler writes each signal's number to the wake-up socket,
+    # and the watcher, asleep in recv() until then, sets `stop` (it polled 10 times a
+    # second before). A Python handler must not: Event.set() takes a lock the interrupted
+    # main thread may hold (inside a wait), which would deadlock.
+    wakeup, wakeup_w = socket.socketpair()
+    wakeup_w.setblocking(False)  # set_wakeup_fd requires it
 
     def watch() -> None:
-        while not received:
-            time.sleep(0.1)
+        with wakeup:
+            while not received:
+                data = wakeup.recv(64)
+                if not data:
+                    return  # closed: the agent ended without a signal
+                received.extend(n for n in data if n in _STOP_SIGNALS)
         stop.set()
+        if services:  # else run() has not begun, and will see `stop` at once
+            services[0].wake()
 
     threading.Thread(target=watch, name="signals", daemon=True).start()
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    service = AgentService(config, env)
-    service.run(stop)
+    previous_fd = signal.set_wakeup_fd(wakeup_w.fileno(), warn_on_full_buffer=False)
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _noted)
+    try:
+        service = AgentService(config, env)
+        services.append(service)
+        service.run(stop)
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        wakeup_w.close()  # ends the watcher's recv if no signal came
     # systemd treats a clean stop on SIGTERM as success; a Ctrl-C says so by its code.
     return 130 if received and received[-1] == signal.SIGINT else 0
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _noted(signum: int, _frame: object) -> None:
+    """Replaces the default actions (exit, KeyboardInterrupt); the watcher acts on the signal."""

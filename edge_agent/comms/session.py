@@ -54,6 +54,9 @@ class Will:
 
 
 _CONNECTED = object()
+_LOOP_S = 1.0
+"""The network loop's select timeout, as paho's loop_forever. Incoming packets, our publishes
+and `stop` all wake it; the timeout only paces keepalive checks, which need no finer step."""
 _EARLY_S = 5.0
 _STOP = object()
 _DROPPED_KEPT = 256
@@ -293,6 +296,7 @@ class MqttSession:
         if self._stopping.is_set():
             return
         self._stopping.set()  # the network thread sends DISCONNECT: paho is not ours to race
+        self._wake_network()
         if self._net.is_alive():
             self._net.join(timeout)
         self._queue.put(_STOP)
@@ -341,7 +345,7 @@ class MqttSession:
             self._no_delay()
             disconnecting = False
             try:
-                while self._client.loop(timeout=0.1) == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                while self._client.loop(timeout=_LOOP_S) == MQTTErrorCode.MQTT_ERR_SUCCESS:
                     if self._stopping.is_set():
                         if not self.connected.is_set():
                             break
@@ -366,6 +370,15 @@ class MqttSession:
             log.info('event=mqtt.disconnected host="%s" retry_s=%.2f', s.host, delay)
             self._stopping.wait(delay)
         self._close_socket()
+
+    def _wake_network(self) -> None:
+        # paho's own way out of loop()'s select, the one its publish() takes: a byte on its
+        # wake-up socket pair. Private (absent before the first loop): were a paho release
+        # to drop it, a stop would only wait out one _LOOP_S.
+        wake = getattr(self._client, "_sockpairW", None)
+        if isinstance(wake, socket.socket):
+            with contextlib.suppress(OSError):
+                wake.send(b"0")
 
     def _no_delay(self) -> None:
         # paho leaves Nagle's algorithm on: a small PUBLISH then waits for the peer's delayed

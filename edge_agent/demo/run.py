@@ -282,6 +282,7 @@ class Demo:
 
         def close() -> None:
             done.set()
+            service.wake()
             thread.join(20.0)
 
         stack.callback(close)

@@ -110,6 +110,11 @@ class Integrations:
             }
             self._guard("prometheus", self.prometheus.update, telemetry, histograms)
 
+    @property
+    def ticking(self) -> bool:
+        """Whether `tick` has work: the service's loop then runs a few times a second."""
+        return self.homeassistant is not None
+
     def tick(self) -> None:
         """From the service's loop, a few times a second: occupancy time-outs."""
         if self.homeassistant is not None:

@@ -161,6 +161,7 @@ def test_the_agent_drives_home_assistant_and_prometheus_from_a_real_pipeline(
         _wait(lambda: b"" in payloads(person_config), 30, "the entities to be withdrawn")
     finally:
         stop.set()
+        service.wake()
         runner.join(20)
     assert not runner.is_alive()
 
