@@ -30,6 +30,7 @@ Run it on a quiet machine; the figures mean little while anything else runs.
     python tools/bench_capacity.py --codec raw           # cameras that send raw frames
     python tools/bench_capacity.py --start-n 16          # skip 1, 2, 4 and 8 streams
     python tools/bench_capacity.py --spread              # streams out of step, as cameras are
+    python tools/bench_capacity.py --model out/model.xml # the INT8 model calibrate wrote
 
 Exit status: 0 when every figure was measured, 2 when a measurement failed.
 """
@@ -75,6 +76,7 @@ from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.runtime.pool import ModelPool
 
 MODEL = "person-ssdlite"
+"""The default model: any image model can be asked about (`--model`), a calibrated one too."""
 FPS = 15.0
 P95_LIMIT_MS = 100.0
 DRIFT_NOTED = 0.05
@@ -130,10 +132,10 @@ def write_clip(path: Path, seconds: float = 8.0, codec: str = "mjpg") -> Path:
     return path
 
 
-def stream_spec(index: int, clip: Path) -> PipelineSpec:
+def stream_spec(index: int, clip: Path, model: str = MODEL) -> PipelineSpec:
     return PipelineSpec(
         id=f"cam{index}",
-        model=ModelRef(name=MODEL),
+        model=ModelRef(name=model),
         source=FileSourceSpec(path=clip, realtime=True, loop=True),
         sinks=[],
     )
@@ -156,9 +158,14 @@ def judge(mode: str, rows: list[tuple[float, int, int, float]], load: float) -> 
 
 
 def in_process(
-    streams: int, clip: Path, pool: ModelPool, seconds: float, spread: bool = False
+    streams: int,
+    clip: Path,
+    pool: ModelPool,
+    seconds: float,
+    spread: bool = False,
+    model: str = MODEL,
 ) -> Trial:
-    group = PipelineGroup([stream_spec(i, clip) for i in range(streams)], pool)
+    group = PipelineGroup([stream_spec(i, clip, model) for i in range(streams)], pool)
     try:
         if spread:
             # Out of step, as separate cameras are: stream i's frames come due i/N of a
@@ -184,14 +191,14 @@ def in_process(
     return judge("one process", rows, load_1m())
 
 
-def processes(streams: int, clip: Path, seconds: float, folder: Path) -> Trial:
+def processes(streams: int, clip: Path, seconds: float, folder: Path, model: str = MODEL) -> Trial:
     """`streams` separate run-pipeline processes, started together, each stopped by SIGINT once
     it has played `seconds`."""
     procs: list[subprocess.Popen[bytes]] = []
     outputs: list[IO[str]] = []
     for i in range(streams):
         spec = folder / f"cam{i}.json"
-        spec.write_text(stream_spec(i, clip).model_dump_json())
+        spec.write_text(stream_spec(i, clip, model).model_dump_json())
         out = (folder / f"cam{i}.out").open("w+")
         outputs.append(out)
         procs.append(
@@ -266,13 +273,14 @@ def largest_fit(
     say: Any,
     start: int = 1,
     spread: bool = False,
+    model: str = MODEL,
 ) -> tuple[int, list[Trial]]:
     """Double N from `start` until it no longer fits, then bisect; the largest N that fit
     (0 if none). A `start` that does not fit bisects down from it."""
     trials: list[Trial] = []
 
     def fits(n: int) -> bool:
-        trial = in_process(n, clip, pool, seconds, spread)
+        trial = in_process(n, clip, pool, seconds, spread, model)
         trials.append(trial)
         say(f"  {n} streams in one process: {'fits' if trial.fits else 'does not fit'}")
         return trial.fits
@@ -317,6 +325,12 @@ def main() -> int:
         help="play the streams out of step, as separate cameras are, instead of every "
         "stream's frame coming due on the same tick",
     )
+    parser.add_argument(
+        "--model",
+        default=MODEL,
+        help="a reference model name, or a model file with its manifest beside it, such as "
+        "the model.xml `edge-agent calibrate` writes: the streams and benchmark_app both run it",
+    )
     args = parser.parse_args()
     out, err = consoles(120)
 
@@ -329,13 +343,15 @@ def main() -> int:
     codec = "MJPG" if args.codec == "mjpg" else "raw"
     step = "out of step" if args.spread else "in step"
     table = Table(
-        title=f"{MODEL}, 640x480 {codec} streams at {FPS:g} FPS, {step}, {args.seconds:g} s each"
+        title=f"{args.model}, 640x480 {codec} streams at {FPS:g} FPS, {step}, "
+        f"{args.seconds:g} s each"
     )
     for column in ("mode", "streams", "fits", "FPS", "dropped", "worst p95 ms", "load 1m"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
+            model = describe(args.model)  # first: a bad --model fails before any work
             clip = write_clip(folder / "stream.avi", codec=args.codec)
             say("benchmark_app -hint throughput")
             app_s = int(min(15.0, max(3.0, args.seconds)))
@@ -343,20 +359,27 @@ def main() -> int:
             frames.mkdir()
             write_frames(clip, frames)
             home = quiet_home(folder)
-            limit_run = benchmark_app(describe(MODEL), app_s, None, home, inputs=frames)
+            limit_run = benchmark_app(model, app_s, None, home, inputs=frames)
             limit_load = load_1m()
             say("searching the largest N in one process")
             best, trials = largest_fit(
-                clip, pool, args.seconds, args.max_n, say, start=args.start_n, spread=args.spread
+                clip,
+                pool,
+                args.seconds,
+                args.max_n,
+                say,
+                start=args.start_n,
+                spread=args.spread,
+                model=args.model,
             )
             if best and not args.no_processes:
                 say(f"{best} separate processes")
-                trials.append(processes(best, clip, args.seconds, folder))
+                trials.append(processes(best, clip, args.seconds, folder, args.model))
             # Again at the end: a shared host's speed drifts over a run of many minutes
             # (benchmark_app on one such host read 297 to 338 FPS within an hour), and a
             # limit taken only before the search would judge it against another machine.
             say("benchmark_app -hint throughput, again")
-            after_run = benchmark_app(describe(MODEL), app_s, None, home, inputs=frames)
+            after_run = benchmark_app(model, app_s, None, home, inputs=frames)
             after_load = load_1m()
     except MeasureError as exc:
         err.print(f"[red]error:[/] {exc}")
@@ -381,6 +404,8 @@ def main() -> int:
     )
     out.print(table)
     report.update(
+        model=args.model,
+        precision=limit_run.precision,
         codec=args.codec,
         spread=args.spread,
         streams=best,

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from edge_agent.catalog.catalog import ResolvedModel
+from tests.agent_kit import publish_reference
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 Report = dict[str, Any]
@@ -239,11 +240,15 @@ def test_bench_capacity_searches_the_streams_that_fit_and_states_the_limit(
     resolve: Callable[[str], ResolvedModel], cache_dir: Path, tmp_path: Path
 ) -> None:
     resolve("person-ssdlite")
+    # A model file with its manifest beside it, as `edge-agent calibrate` writes one: the
+    # streams, the separate processes and benchmark_app must all run that file.
+    model, _ = publish_reference(tmp_path / "mine", "person-ssdlite")
     max_n = 2
     # Separate processes are kept: they are what a user tries first.
-    proc, report = run_tool(
-        "bench_capacity.py", ["--seconds", "3", "--max-n", str(max_n)], (0,), cache_dir, tmp_path
-    )
+    args = ["--seconds", "3", "--max-n", str(max_n), "--model", str(model)]
+    proc, report = run_tool("bench_capacity.py", args, (0,), cache_dir, tmp_path)
+    assert report["model"] == str(model)
+    assert report["precision"]
     trials: list[Report] = report["trials"]
     for t in trials:
         assert t["streams"] >= 1, t
@@ -281,6 +286,7 @@ def test_bench_capacity_searches_the_streams_that_fit_and_states_the_limit(
     printed = " ".join(proc.stdout.split())
     assert f"/ {STREAM_FPS:g} = {limit:.1f} streams" in printed
     assert f"one process fits {best} = {best / limit:.2f}x of it" in printed
+    assert f"{model}, 640x480" in printed
     assert_machine_beside_figures(proc.stdout, report)
 
 
