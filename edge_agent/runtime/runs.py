@@ -310,8 +310,13 @@ class ThreadedModel:
         """Free the engine's objects; called once, with nothing in flight."""
 
     def infer(self, inputs: Mapping[str, Tensor]) -> Tensors:
-        with self._runs.running():
+        # `start` and `finish`, not `Runs.running()`: its generator cost 1.1 us a run, a
+        # visible share of vad-silero's run under the latency hint (0.1 ms on 2 cores).
+        self._runs.start()
+        try:
             return self._run(inputs)
+        finally:
+            self._runs.finish()
 
     def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
         self._runs.start(queued=True)  # blocks while the workers have enough queued
