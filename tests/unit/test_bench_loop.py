@@ -1,5 +1,6 @@
 """`run_bench` keeps every request busy by submitting each next run from the last one's
-`done`, as benchmark_app restarts a request from its callback.
+`done`, as benchmark_app restarts a request from its callback; a model with one request is
+run on the bench's own thread, run after run.
 
 Real threads on a real `ThreadedModel`; its `_run` holds a worker for a millisecond, the
 engine's part. A `done` that submits must never wait on its own model's queue (that would
@@ -101,8 +102,9 @@ def test_every_request_stays_busy_and_the_bench_ends_on_time(requests: int) -> N
     assert took < SECONDS + 2.0
 
 
-def test_a_run_that_fails_ends_the_bench_with_its_error() -> None:
-    engine = _Engine(2, fail_after=50)
+@pytest.mark.parametrize("requests", [1, 2])
+def test_a_run_that_fails_ends_the_bench_with_its_error(requests: int) -> None:
+    engine = _Engine(requests, fail_after=50)
     result, error, took = _bench(engine)
     engine.close()
     assert result is None
