@@ -13,7 +13,6 @@ so how often it was woken.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -55,7 +54,7 @@ def test_an_idle_agent_wakes_a_few_times_a_second_and_stops_at_once(
     watcher = Watcher(broker.port, DEVICE)
     agent = AgentProcess(config, tmp_path / "agent.log").start()
     try:
-        watcher.wait(lambda m: m.leaf == "state" and m.json()["online"] is True, 60.0, "the birth")
+        watcher.wait_state(lambda s: s["online"] is True, 60.0)  # the birth
         time.sleep(1.0)  # the start's own work (restore, first state) settles
         before, t0 = _sleeps(agent.pid), time.monotonic()
         time.sleep(WINDOW_S)
@@ -67,13 +66,10 @@ def test_an_idle_agent_wakes_a_few_times_a_second_and_stops_at_once(
         assert watcher.ok("ping")["pong"] is True
         assert time.monotonic() - sent < 2.0
         assert agent.stop() == 0, agent.tail()
-        last = watcher.wait(
-            lambda m: m.leaf == "state" and m.json()["online"] is False, 10.0, "the offline state"
-        )
-        assert json.loads(last.payload)["online"] is False
+        watcher.wait_state(lambda s: s["online"] is False, 10.0)  # fails the test if it never comes
     finally:
         agent.close()
-        watcher.session.stop(2.0)
+        watcher.close()
 
 
 def test_the_network_loop_leaves_its_wait_at_once_on_stop(broker: LocalBroker) -> None:
