@@ -389,9 +389,11 @@ def main() -> int:
     app_fps = (limit_run.fps + after_run.fps) / 2
     drift = abs(after_run.fps - limit_run.fps) / app_fps
     limit = app_fps / FPS
+    # A calibrated model's rung, beside the precision its other layers run at.
+    calibrated = f"{model.quantization}, else " if model.quantization else ""
     table.caption = (
         f"{flags_text(cpu_flags())}\n"
-        f"theoretical limit: benchmark_app {app_fps:.1f} FPS ({limit_run.precision}; "
+        f"theoretical limit: benchmark_app {app_fps:.1f} FPS ({calibrated}{limit_run.precision}; "
         f"{limit_run.fps:.1f} before the search, load {limit_load:.2f}, {after_run.fps:.1f} "
         f"after, load {after_load:.2f}) / {FPS:g} = {limit:.1f} streams; "
         f"one process fits {best} = {best / limit:.2f}x of it"
@@ -405,6 +407,7 @@ def main() -> int:
     out.print(table)
     report.update(
         model=args.model,
+        quantization=model.quantization,
         precision=limit_run.precision,
         codec=args.codec,
         spread=args.spread,

@@ -155,6 +155,8 @@ class ModelUnderTest:
     shape_overridden: bool = False
     image: bool = True
     """False for an audio model (vad-silero): its other inputs (the state) keep their shapes."""
+    quantization: str | None = None
+    """The calibration rung a calibrated model won (int8, weights-int8...); None otherwise."""
 
     def as_file(self, path: Path) -> ModelUnderTest:
         """The same input, from an IR file (its name is its path, for edge-agent)."""
@@ -195,6 +197,7 @@ def describe(
         shape=shape or own,
         shape_overridden=shape is not None,
         image=kind == "image",
+        quantization=(manifest.get("quantization") or {}).get("mode"),
     )
 
 

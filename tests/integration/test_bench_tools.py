@@ -248,6 +248,7 @@ def test_bench_capacity_searches_the_streams_that_fit_and_states_the_limit(
     args = ["--seconds", "3", "--max-n", str(max_n), "--model", str(model)]
     proc, report = run_tool("bench_capacity.py", args, (0,), cache_dir, tmp_path)
     assert report["model"] == str(model)
+    assert report["quantization"] is None  # the reference manifest: not calibrated
     assert report["precision"]
     trials: list[Report] = report["trials"]
     for t in trials:
