@@ -104,10 +104,10 @@ def run_bench(
     model.infer(feeds)
     first_ms = (time.perf_counter() - started) * 1e3
 
-    latencies: list[float] = []
     if model.report.requests == 1:
-        elapsed = _serial(model, feeds, seconds, latencies, progress)
-        return _result(model, manifest, first_ms, batch, elapsed, latencies)
+        elapsed, serial = _serial(model, feeds, seconds, progress)
+        return _result(model, manifest, first_ms, batch, elapsed, serial)
+    latencies: list[float] = []
     lock = threading.Lock()
     chains = [_in_flight(model.report)]  # runs whose `done` has not stopped its chain
     ended = threading.Event()
@@ -153,13 +153,10 @@ _PROGRESS_S = 0.25
 
 
 def _serial(
-    model: CompiledModel,
-    feeds: dict[str, Tensor],
-    seconds: float,
-    latencies: list[float],
-    progress: Progress | None,
-) -> float:
-    """Run after run on this thread until `seconds` are up (at least one run); the time taken.
+    model: CompiledModel, feeds: dict[str, Tensor], seconds: float, progress: Progress | None
+) -> tuple[float, list[float]]:
+    """Run after run on this thread until `seconds` are up (at least one run): the time
+    taken, and each run's seconds.
 
     With one infer request (the latency hint) there is no second run to overlap, and
     `infer` on the caller's thread is how the audio pipeline and `edge-agent infer` run
@@ -167,6 +164,7 @@ def _serial(
     instead: 2-3% of a tiny model's run (face-blazeface 1,294 against 1,260 FPS, vad-silero
     10,489 against 10,291; 2 cores, alternating 2 s rounds).
     """
+    latencies: list[float] = []
     begin = time.perf_counter()
     deadline = begin + seconds
     report_at = begin + _PROGRESS_S
@@ -174,14 +172,15 @@ def _serial(
     while now < deadline or not latencies:
         model.infer(feeds)
         done = time.perf_counter()
-        latencies.append(done - now)
+        latencies.append(done - now)  # `now` is this run's start: nothing runs in between
         now = done
         if progress is not None and now >= report_at:
-            report_at = now + _PROGRESS_S
             progress(min(1.0, (now - begin) / seconds))
+            report_at = now + _PROGRESS_S
+            now = time.perf_counter()  # the next run starts after the progress call
     if progress is not None:
         progress(1.0)
-    return now - begin
+    return now - begin, latencies
 
 
 def _result(
