@@ -39,19 +39,31 @@ def decode_ssd(
     """Decode one image's SSD outputs (batch dimension already removed)."""
     width, height = input_size
     n = max(0, min(int(count), scores.shape[0]))
+    # The graph's NMS returns up to 100 rows a frame, nearly all under the threshold: they
+    # are dropped in numpy, and only the few kept are read in Python: 6 us a frame against
+    # 22 us for a loop over every row (person-ssdlite on the walk clip's frames, 2 cores).
+    # `not score < threshold` rather than `score >= threshold` keeps a NaN score, as
+    # the row-by-row version did, for Detection's own check to refuse.
+    kept = np.flatnonzero(~(scores[:n].astype(np.float64) < config.score_threshold))
+    if kept.size == 0:
+        return []
+    class_ids = np.rint(classes[kept].astype(np.float64))  # round half to even, as round()
+    scale = np.array([height, width, height, width], dtype=np.float64)
+    yxyx = (np.clip(boxes[kept].astype(np.float64), 0.0, 1.0) * scale).tolist()
     found: list[Detection] = []
-    for i in range(n):
-        score = float(scores[i])
-        class_id = round(float(classes[i]))
-        if score < config.score_threshold or class_id not in config.labels:
+    for row, class_float, score in zip(
+        yxyx, class_ids.tolist(), scores[kept].astype(np.float64).tolist(), strict=True
+    ):
+        class_id = int(class_float)
+        if class_id not in config.labels:
             continue
-        y0, x0, y1, x1 = np.clip(boxes[i].astype(np.float64), 0.0, 1.0)
+        y0, x0, y1, x1 = row
         found.append(
             Detection(
                 label=config.labels[class_id],
                 class_id=class_id,
                 score=min(score, 1.0),
-                box=(x0 * width, y0 * height, x1 * width, y1 * height),
+                box=(x0, y0, x1, y1),
             )
         )
     return found

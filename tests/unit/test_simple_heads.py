@@ -106,6 +106,39 @@ def test_ssd_boxes_always_lie_in_the_frame(boxes: F32, scores: F32, count: int) 
         assert det.score >= SSD.score_threshold
 
 
+def _ssd_row_by_row(
+    boxes: F32, classes: F32, scores: F32, count: int, config: SsdConfig
+) -> list[tuple[str, int, float, tuple[float, ...]]]:
+    """What the head must give, read one row at a time as the graph's outputs are defined."""
+    width, height = FRAME
+    found = []
+    for i in range(max(0, min(count, scores.shape[0]))):
+        score = float(scores[i])
+        class_id = round(float(classes[i]))
+        if score < config.score_threshold or class_id not in config.labels:
+            continue
+        y0, x0, y1, x1 = (min(max(float(v), 0.0), 1.0) for v in boxes[i])
+        box = (x0 * width, y0 * height, x1 * width, y1 * height)
+        found.append((config.labels[class_id], class_id, min(score, 1.0), box))
+    return found
+
+
+@given(
+    arrays(np.float32, (12, 4), elements=st.floats(-0.5, 1.5, width=32)),
+    arrays(np.float32, (12,), elements=st.sampled_from([0.0, 1.0, 2.0, 3.0, 2.5, 0.9999999, 4.0])),
+    arrays(np.float32, (12,), elements=st.sampled_from([0.0, 0.2, 0.4999, 0.5, 0.5001, 0.9, 1.0])),
+    st.integers(-1, 14),
+)
+def test_ssd_decode_matches_reading_row_by_row(
+    boxes: F32, classes: F32, scores: F32, count: int
+) -> None:
+    got = decode_ssd(boxes, classes, scores, count, FRAME, SSD)
+    want = _ssd_row_by_row(boxes, classes, scores, count, SSD)
+    assert [(d.label, d.class_id, d.score) for d in got] == [w[:3] for w in want]
+    for det, (*_, box) in zip(got, want, strict=True):
+        assert det.box == pytest.approx(box, abs=1e-9)
+
+
 def test_ssd_head_reads_batched_outputs_by_name() -> None:
     outputs: Outputs = {
         "detection_boxes:0": _f32([[BOX, [0.0, 0.0, 1.0, 1.0], BOX]]),
