@@ -111,7 +111,7 @@ def _ssd_row_by_row(
 ) -> list[tuple[str, int, float, tuple[float, ...]]]:
     """What the head must give, read one row at a time as the graph's outputs are defined."""
     width, height = FRAME
-    found = []
+    found: list[tuple[str, int, float, tuple[float, ...]]] = []
     for i in range(max(0, min(count, scores.shape[0]))):
         score = float(scores[i])
         class_id = round(float(classes[i]))
