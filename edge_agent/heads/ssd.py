@@ -44,7 +44,8 @@ def decode_ssd(
     # 22 us for a loop over every row (person-ssdlite on the walk clip's frames, 2 cores).
     # `not score < threshold` rather than `score >= threshold` keeps a NaN score, as
     # the row-by-row version did, for Detection's own check to refuse.
-    kept = np.flatnonzero(~(scores[:n].astype(np.float64) < config.score_threshold))
+    row_scores = scores[:n].astype(np.float64)
+    kept = np.flatnonzero(~(row_scores < config.score_threshold))
     if kept.size == 0:
         return []
     class_ids = np.rint(classes[kept].astype(np.float64))  # round half to even, as round()
@@ -52,7 +53,7 @@ def decode_ssd(
     yxyx = (np.clip(boxes[kept].astype(np.float64), 0.0, 1.0) * scale).tolist()
     found: list[Detection] = []
     for row, class_float, score in zip(
-        yxyx, class_ids.tolist(), scores[kept].astype(np.float64).tolist(), strict=True
+        yxyx, class_ids.tolist(), row_scores[kept].tolist(), strict=True
     ):
         class_id = int(class_float)
         if class_id not in config.labels:
