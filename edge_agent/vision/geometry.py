@@ -138,6 +138,26 @@ class Geometry:
         out = self._map(_as_boxes(boxes), inverse=True)
         return self._clip(out) if clip else out
 
+    def box_to_frame(
+        self, box: tuple[float, float, float, float]
+    ) -> tuple[float, float, float, float]:
+        """One box in model-input pixels to frame pixels, clipped: `to_frame(box)[0]`.
+
+        The same arithmetic in plain Python, for the pipeline's emitter, which maps each
+        frame's few detections with its caches cold: there the numpy path cost about 130 us
+        a detection, several microseconds of dispatch per call (person-ssdlite, 2 cores).
+        """
+        s, t = self.source, self.target
+        sx, sy = self.scale
+        x_lo, y_lo, x_hi, y_hi = (float(v) for v in s)
+        x0, y0, x1, y1 = box
+        return (
+            min(max(x_lo + (x0 - t[0]) / sx, x_lo), x_hi),
+            min(max(y_lo + (y0 - t[1]) / sy, y_lo), y_hi),
+            min(max(x_lo + (x1 - t[0]) / sx, x_lo), x_hi),
+            min(max(y_lo + (y1 - t[1]) / sy, y_lo), y_hi),
+        )
+
     def to_model(self, boxes: npt.ArrayLike) -> Boxes:
         """Boxes in frame pixels to model-input pixels ([N, 4] float64)."""
         return self._map(_as_boxes(boxes), inverse=False)

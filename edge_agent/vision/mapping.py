@@ -24,7 +24,7 @@ def to_frame(results: Sequence[Result], geometry: Geometry) -> list[Result]:
     out: list[Result] = []
     for result in results:
         if isinstance(result, Detection):
-            x0, y0, x1, y1 = (float(v) for v in geometry.to_frame(result.box)[0])
+            x0, y0, x1, y1 = geometry.box_to_frame(result.box)
             if x1 <= x0 or y1 <= y0:
                 continue
             update: dict[str, object] = {"box": (x0, y0, x1, y1)}

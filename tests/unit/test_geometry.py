@@ -56,6 +56,24 @@ def test_boxes_round_trip(case: tuple[Geometry, tuple[float, float, float, float
     assert np.all(model[0, [1, 3]] <= t[3] + 1e-6)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    cases(),
+    st.lists(st.floats(-400.0, 1000.0, allow_nan=False), min_size=4, max_size=4),
+)
+def test_one_box_maps_as_the_array_path_does(
+    case: tuple[Geometry, tuple[float, float, float, float]], coords: list[float]
+) -> None:
+    """`box_to_frame` is `to_frame(box)[0]` to the last bit, inside the picture and out
+    (clipped), so the emitter's plain-Python path reports the boxes the array path would."""
+    geometry, _ = case
+    box = (coords[0], coords[1], coords[2], coords[3])
+    got = geometry.box_to_frame(box)
+    want = geometry.to_frame(box)[0]
+    assert all(isinstance(v, float) for v in got)
+    assert got == tuple(want.tolist())
+
+
 @settings(max_examples=200, deadline=None)
 @given(frames(), st.sampled_from(MODELS), st.sampled_from(FITS))
 def test_aspect_kept_unless_stretched(

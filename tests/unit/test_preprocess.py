@@ -143,6 +143,7 @@ def test_fit_frame_cropped_at_model_size_is_contiguous() -> None:
     ("size", "changes"),
     [
         ((48, 64), {}),  # at the model's size: copied as it is
+        ((48, 64), {"shape": (2, 3, 48, 64)}),  # at the model's size, batch 2
         ((480, 640), {}),  # resized
         ((100, 300), {"fit": "letterbox", "pad_value": 9}),  # resized into bands of padding
         ((256, 256), {"shape": (2, 3, 224, 224), "center_crop": 0.875}),  # cropped, batch 2
