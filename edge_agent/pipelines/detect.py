@@ -96,6 +96,9 @@ class Detector:
         self._lock = Lock()
         self._views: dict[tuple[Size, Size, int], _View] = {}
         self._geometries: dict[tuple[Size, Rect | None, ImageInput], Geometry] = {}
+        # Mode "frame"'s one geometry, found by identity: a key into `_geometries` hashes
+        # the input spec (a pydantic model) on every frame, with the reader's caches cold.
+        self._whole: tuple[Size, ImageInput, Geometry] | None = None
         self._saved_ts: float | None = None
 
     def min_size(self, image: ImageInput) -> MinSize:
@@ -108,9 +111,9 @@ class Detector:
     def plan(self, frame: Frame, image: ImageInput) -> list[Geometry]:
         """The model calls for `frame`, each as the geometry of its input (reader thread)."""
         size = (frame.image.shape[1], frame.image.shape[0])
-        view = self._view(size, image, frame.scale)
         if self.mode == "frame":
             return [self._geometry(size, image, None)]
+        view = self._view(size, image, frame.scale)
         if self.mode == "tiles":
             return view.tiles
         if view.motion is None or view.planner is None:
@@ -206,6 +209,9 @@ class Detector:
         return view
 
     def _geometry(self, size: Size, image: ImageInput, rect: Rect | None) -> Geometry:
+        whole = self._whole
+        if rect is None and whole is not None and whole[1] is image and whole[0] == size:
+            return whole[2]
         key = (size, rect, image)
         found = self._geometries.get(key)
         if found is None:
@@ -218,6 +224,8 @@ class Detector:
             fitted = image if rect is None else image.model_copy(update={"fit": "letterbox"})
             found = input_geometry(fitted, size, rect)
             self._geometries[key] = found
+        if rect is None:
+            self._whole = (size, image, found)
         return found
 
     def _maybe_save(self, ts: float) -> None:

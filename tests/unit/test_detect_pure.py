@@ -15,6 +15,7 @@ from edge_agent.pipelines.detect import Detector
 from edge_agent.pipelines.events import EventRule, EventTracker
 from edge_agent.pipelines.sources import FileSourceSpec
 from edge_agent.pipelines.spec import DetectSpec, ModelRef, PipelineSpec
+from edge_agent.runtime.preprocess import input_geometry
 from edge_agent.telemetry.stats import PipelineTelemetry
 from edge_agent.vision.geometry import Geometry
 from edge_agent.vision.mapping import to_frame
@@ -109,6 +110,30 @@ def test_pixel_zones_are_camera_pixels_on_a_reduced_decode() -> None:
     assert isinstance(results[0], Detection)
     assert results[0].box == pytest.approx(tuple(2 * v for v in decoded.box))
     assert results[0].box[3] > 600, "the feet are at camera row ~700, in the zone"
+
+
+def test_a_whole_frame_plan_follows_the_frame_size_and_the_model() -> None:
+    """Mode "frame" keeps its last geometry; a new frame size or a swapped model's input
+    (equal or not) each get their own, as `input_geometry` gives them."""
+    image = ImageInput(
+        name="x", shape=(1, 300, 300, 3), layout="NHWC", element_type="u8", color="RGB"
+    )
+    detector = Detector()
+    vga = Frame(0, 0.0, np.zeros((480, 640, 3), np.uint8), 0.0)
+    hd = Frame(1, 0.1, np.zeros((720, 1280, 3), np.uint8), 0.0)
+    [first] = detector.plan(vga, image)
+    [again] = detector.plan(vga, image)
+    assert again is first
+    assert first == input_geometry(image, (640, 480))
+    [wide] = detector.plan(hd, image)
+    assert wide == input_geometry(image, (1280, 720))
+    assert detector.plan(vga, image) == [first]
+    letterbox = image.model_copy(update={"fit": "letterbox"})
+    [boxed] = detector.plan(vga, letterbox)
+    assert boxed == input_geometry(letterbox, (640, 480))
+    assert boxed != first
+    [same] = detector.plan(vga, image.model_copy())
+    assert same == first
 
 
 def test_min_size_asks_the_source_for_what_the_mode_needs() -> None:
