@@ -56,7 +56,7 @@ def decode_ssd(
     labels = config.labels
     found: list[Detection] = []
     for i in kept:
-        class_id = round(float(classes[i]))  # round half to even, as the graph's ids are
+        class_id = round(float(classes[i]))  # half to even, as np.rint: 2.5 is class 2
         if class_id not in labels:
             continue
         y0, x0, y1, x1 = (min(max(v, 0.0), 1.0) for v in boxes[i].tolist())

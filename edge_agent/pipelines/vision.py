@@ -419,9 +419,10 @@ class VisionPipeline:
         self._send(result)
         done = time.perf_counter()
         t = self.telemetry
-        t.record_many(
-            (*timings.items(), ("sink", done - decoded), ("end_to_end", done - item.started))
-        )
+        for stage, seconds in timings.items():
+            t.record(stage, seconds)
+        t.record("sink", done - decoded)
+        t.record("end_to_end", done - item.started)
         t.frame_done(len(item.calls))
 
     def _emit_error(self, error: EdgeAgentError) -> None:

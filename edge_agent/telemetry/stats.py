@@ -9,7 +9,7 @@ call, which is what the agent publishes every N seconds.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -157,23 +157,6 @@ class PipelineTelemetry:
         # Recorded twice rather than merged at interval() so that a sample recorded
         # while interval() runs can only land in the wrong interval, never be lost.
         self._interval[stage].record(seconds)
-
-    def record_many(self, samples: Iterable[tuple[str, float]]) -> None:
-        """`record` each (stage, seconds) of `samples`, in one call.
-
-        A vision pipeline's emitter records seven stages a frame with its caches cold (the
-        engine ran on its core since): one call instead of seven saved it about 10 us a
-        frame (person-ssdlite, 2 cores, thread CPU).
-
-        Raises:
-            KeyError: a stage is not one of this pipeline's; the samples before it count.
-        """
-        if not self.enabled:
-            return
-        whole, interval = self._histograms, self._interval
-        for stage, seconds in samples:
-            whole[stage].record(seconds)
-            interval[stage].record(seconds)
 
     def frame_done(self, calls: int = 1) -> None:
         """Count one finished frame, for FPS, and the model calls it took."""

@@ -197,24 +197,6 @@ def test_disabled_telemetry_records_nothing_but_counts_frames() -> None:
     assert stats.frames == 1
 
 
-def test_record_many_counts_as_recording_each() -> None:
-    clock = FakeClock()
-    one, many = PipelineTelemetry("door", clock=clock), PipelineTelemetry("door", clock=clock)
-    samples = [("read", 0.001), ("infer", 0.02), ("infer", 0.03), ("end_to_end", 0.05)]
-    for stage, seconds in samples:
-        one.record(stage, seconds)
-    many.record_many(samples)
-    assert many.snapshot() == one.snapshot()
-    assert many.interval() == one.interval()
-    assert many.snapshot().stages["infer"].count == 2
-    many.enabled = False
-    many.record_many(samples)
-    assert many.snapshot().stages["infer"].count == 2
-    many.enabled = True
-    with pytest.raises(KeyError):
-        many.record_many([("nope", 0.1)])
-
-
 def test_unknown_stage_is_an_error() -> None:
     with pytest.raises(KeyError):
         PipelineTelemetry("door").record("nope", 0.1)
