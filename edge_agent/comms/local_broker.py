@@ -201,6 +201,18 @@ class LocalBroker:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(5.0)
 
+    def freeze(self) -> None:
+        """Take the broker away as a dead link does: SIGSTOP. Its sockets stay open, so a
+        client sees no error at all, only silence, until its keepalive runs out; the kernel
+        still completes new TCP handshakes into the listen backlog, and nothing answers them."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Bring a frozen broker back (SIGCONT): it then reads everything queued meanwhile."""
+        if self._proc is not None and self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGCONT)
+
     def restart(self, down_for: float = 0.0) -> None:
         """Kill, stay down for `down_for` seconds, and start again on the same port."""
         self.kill()

@@ -68,8 +68,12 @@ _WARN_EVERY_S = 60.0
 
 
 def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
-    """Full-jitter exponential backoff: uniform in [low, min(high, low * 2**attempt)]."""
-    ceiling = min(high, low * (2 ** min(attempt, 30)))
+    """Full-jitter exponential backoff: uniform in [low, min(high, low * 2**(attempt + 1))].
+
+    Even the first retry is spread, over [low, 2 low]: after a lost link every box starts
+    again at attempt 0, and a fleet whose broker restarted must not come back in one instant.
+    """
+    ceiling = min(high, low * (2 ** min(attempt + 1, 30)))
     return rng.uniform(low, max(low, ceiling))
 
 
@@ -106,6 +110,8 @@ class MqttSession:
         self._on_connected = on_connected
         self.connected = threading.Event()
         self.reconnects = 0
+        """Links to the broker lost after they were up (a failed connect is not one)."""
+        self._connacks = 0  # successful CONNACKs; only the network thread touches it
         self.dropped = 0
         """QoS 0 messages dropped because handlers fell behind by dispatch_limit_bytes."""
         self.rejected = 0
@@ -311,6 +317,7 @@ class MqttSession:
             if self._will is not None:
                 will = self._will()
                 self._client.will_set(will.topic, will.payload, will.qos, will.retain)
+            acked = self._connacks
             try:
                 if s.version == "5":
                     props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
@@ -358,13 +365,19 @@ class MqttSession:
                 log.exception("event=mqtt.network_failed")
                 self._client._reset_sockets()
                 self._mark_offline()
-            was_up = self.connected.is_set()
             self.connected.clear()
             if self._stopping.is_set():
                 break
-            if was_up:
+            # Whether this connection was ever up (its CONNACK came), not `connected`, which
+            # `_on_disconnect` has already cleared by now: read from it, the backoff never
+            # started again after a lost link, so a box's every outage after its first few
+            # waited up to reconnect_max_s (30 s) to come back (tools/soak_agent.py).
+            if self._connacks != acked:
                 attempt = 0
-            self.reconnects += 1
+                # Only a link that was up is lost. A connect a dead link swallowed (the TCP
+                # handshake done, no CONNACK before the keepalive ran out) is a failed
+                # attempt: counted, a frozen broker read as 11 reconnects for two outages.
+                self.reconnects += 1
             delay = backoff_delay(attempt, s.reconnect_min_s, s.reconnect_max_s, self._rng)
             attempt += 1
             log.info('event=mqtt.disconnected host="%s" retry_s=%.2f', s.host, delay)
@@ -431,6 +444,7 @@ class MqttSession:
             self._save_held()
         self.last_error, self.refused = None, False
         self._failing_since = None
+        self._connacks += 1
         self.connected.set()
         self._queue.put(_CONNECTED)
 

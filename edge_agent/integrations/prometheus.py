@@ -209,7 +209,7 @@ def _gauges(telemetry: Telemetry) -> list[Metric]:
         ),
         gauge(
             "edge_agent_reconnects_total",
-            "Broker reconnects since start.",
+            "Links to the broker lost since start.",
             agent.reconnects,
             "counter",
         ),

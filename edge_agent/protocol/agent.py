@@ -280,7 +280,9 @@ class AgentTelemetry(_Strict):
     outbox_depth: int = Field(ge=0, description="Messages waiting in the outbox.")
     outbox_bytes: int = Field(ge=0, description="Bytes waiting in the outbox.")
     outbox_dropped: int = Field(ge=0, description="Messages the outbox dropped, ever.")
-    reconnects: int = Field(ge=0, description="Broker reconnects since start.")
+    reconnects: int = Field(
+        ge=0, description="Links to the broker lost since start (failed connects are not counted)."
+    )
     uptime_s: float = Field(ge=0.0, description="Seconds since the agent started.")
 
 

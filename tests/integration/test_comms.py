@@ -94,6 +94,31 @@ def test_resubscribes_after_broker_restart(broker: LocalBroker, version: str) ->
         b.stop()
 
 
+def test_every_lost_link_starts_the_backoff_again(broker: LocalBroker) -> None:
+    # A box lives through many outages. Its backoff once never started again after a lost
+    # link, so from about the fifth outage on every reconnect waited anywhere up to
+    # reconnect_max_s (here 20 s; 30 s by default) after the broker was back.
+    births: list[float] = []
+    a = connect(
+        _settings(broker, reconnect_min_s=0.05, reconnect_max_s=20.0),
+        on_connected=lambda s: births.append(time.monotonic()),
+    )
+    waits = []
+    try:
+        for outage in range(1, 9):
+            broker.restart()
+            back = time.monotonic()
+            deadline = back + 25
+            while len(births) <= outage and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(births) == outage + 1, f"not back after outage {outage}"
+            waits.append(births[-1] - back)
+        assert max(waits) < 3.0, [round(w, 2) for w in waits]
+        assert a.reconnects == 8
+    finally:
+        a.stop()
+
+
 @pytest.mark.parametrize("version", ["5", "3.1.1"])
 def test_persistent_session_gets_qos1_sent_while_offline(broker: LocalBroker, version: str) -> None:
     got: queue.Queue[Message] = queue.Queue()
