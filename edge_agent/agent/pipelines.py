@@ -264,6 +264,11 @@ class Pipelines:
             entry.status, entry.detail = "failed", str(error)
             self._event("pipeline_failed", spec.id, code=error.code, detail=str(error))
             if spec.source.type in _LIVE:
+                if handle.telemetry.snapshot().frames:
+                    # This run worked before it lost its feed: retries start again from the
+                    # shortest wait. Left doubled, a camera's every outage after its first
+                    # few would wait the full 5 minutes before the first retry.
+                    entry.retry_s = _RETRY_MIN_S
                 self._schedule_retry(entry)
         else:
             entry.status, entry.detail = "stopped", "source ended"
