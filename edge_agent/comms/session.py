@@ -4,7 +4,9 @@
   for us) outlives a disconnect: session expiry on 5, clean_session=false on 3.1.1.
 - Reconnects itself with bounded exponential backoff and full jitter (so a
   fleet that lost its broker does not come back in lock-step), resubscribing
-  every filter on every CONNACK.
+  every filter on every CONNACK. The backoff starts again after a link that
+  stayed up `stable_after_s`; links dropped sooner, again and again (two boxes
+  with one client id), keep backing off and are logged as `mqtt.unstable_link`.
 - The will is asked for before every connect, so it can carry a per-connection
   sequence number (Sparkplug's bdSeq); `on_connected` runs after every connect,
   on the dispatch thread, to publish a birth message.
@@ -61,6 +63,8 @@ _EARLY_S = 5.0
 _STOP = object()
 _DROPPED_KEPT = 256
 """Filters let go of and unsubscribed again on each connect (each pull adds one)."""
+_SHORT_LINKS_WARN = 3
+"""Links in a row lost before `stable_after_s` that make the session say so."""
 _WARN_AFTER_S = 15.0
 """Connect failures are logged at INFO until they have lasted this long..."""
 _WARN_EVERY_S = 60.0
@@ -112,6 +116,9 @@ class MqttSession:
         self.reconnects = 0
         """Links to the broker lost after they were up (a failed connect is not one)."""
         self._connacks = 0  # successful CONNACKs; only the network thread touches it
+        self._up_at = 0.0  # monotonic time of the last successful CONNACK
+        self._short_links = 0  # links in a row lost before stable_after_s
+        self._short_warned = Throttle(_WARN_EVERY_S)
         self.dropped = 0
         """QoS 0 messages dropped because handlers fell behind by dispatch_limit_bytes."""
         self.rejected = 0
@@ -371,18 +378,39 @@ class MqttSession:
             # Whether this connection was ever up (its CONNACK came), not `connected`, which
             # `_on_disconnect` has already cleared by now: read from it, the backoff never
             # started again after a lost link, so a box's every outage after its first few
-            # waited up to reconnect_max_s (30 s) to come back (tools/soak_agent.py).
+            # waited up to reconnect_max_s to come back (tools/soak_agent.py).
             if self._connacks != acked:
-                attempt = 0
                 # Only a link that was up is lost. A connect a dead link swallowed (the TCP
                 # handshake done, no CONNACK before the keepalive ran out) is a failed
                 # attempt: counted, a frozen broker read as 11 reconnects for two outages.
                 self.reconnects += 1
+                # A link lost right after it came up does not start the backoff again: two
+                # boxes cloned with one client id take the session from each other on every
+                # connect, and would otherwise do so as fast as reconnect_min_s allows.
+                up_s = time.monotonic() - self._up_at
+                if up_s >= s.stable_after_s:
+                    attempt = self._short_links = 0
+                else:
+                    self._short_links += 1
+                    self._say_unstable(up_s)
             delay = backoff_delay(attempt, s.reconnect_min_s, s.reconnect_max_s, self._rng)
             attempt += 1
             log.info('event=mqtt.disconnected host="%s" retry_s=%.2f', s.host, delay)
             self._stopping.wait(delay)
         self._close_socket()
+
+    def _say_unstable(self, up_s: float) -> None:
+        # mosquitto closes a taken-over connection without MQTT 5's "session taken over"
+        # reason, so the pattern is what tells: accepted, then dropped at once, again.
+        if self._short_links >= _SHORT_LINKS_WARN and self._short_warned.ready():
+            log.warning(
+                'event=mqtt.unstable_link client_id="%s" links=%d up_s=%.2f hint="the broker '
+                "accepts this client and drops it at once, again and again: another client "
+                'with the same client id (two boxes with one device_id?), or a broker limit"',
+                self.settings.client_id,
+                self._short_links,
+                up_s,
+            )
 
     def _wake_network(self) -> None:
         # paho's own way out of loop()'s select, the one its publish() takes: a byte on its
@@ -445,6 +473,7 @@ class MqttSession:
         self.last_error, self.refused = None, False
         self._failing_since = None
         self._connacks += 1
+        self._up_at = time.monotonic()
         self.connected.set()
         self._queue.put(_CONNECTED)
 

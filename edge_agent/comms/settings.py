@@ -50,6 +50,12 @@ class BrokerSettings(BaseModel):
     connect_timeout_s: float = Field(default=5.0, gt=0, description="TCP+CONNECT timeout.")
     reconnect_min_s: float = Field(default=0.5, gt=0, description="First reconnect delay.")
     reconnect_max_s: float = Field(default=30.0, gt=0, description="Longest reconnect delay.")
+    stable_after_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="A link up at least this long starts the reconnect backoff again; one lost "
+        "sooner (another client taking over the same client id) keeps backing off.",
+    )
     dispatch_limit_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,
