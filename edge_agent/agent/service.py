@@ -153,7 +153,10 @@ class AgentService:
         self._seq = self.records.record.seq
         self._contested = Throttle(_CONTESTED_S)
         self._cpu = CpuMeter()
-        self._started = time.time()
+        # Monotonic: uptime is a duration, and a box's clock steps (NTP after a boot in
+        # 1970, backwards too). Stepped back past the uptime, time.time() made it negative,
+        # which the telemetry model refuses: every telemetry message failed from then on.
+        self._started = time.monotonic()
         self._wake = threading.Event()
         self._urgent = threading.Event()  # an answer or event is waiting: send now
         self._stop = threading.Event()
@@ -505,7 +508,7 @@ class AgentService:
             + outbox.dropped_result
             + outbox.dropped_telemetry,
             reconnects=self.session.reconnects,
-            uptime_s=round(time.time() - self._started, 3),
+            uptime_s=round(time.monotonic() - self._started, 3),
         )
         telemetry = msg.Telemetry(
             ts=time.time(),

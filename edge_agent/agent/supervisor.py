@@ -46,7 +46,7 @@ class AgentSupervisor:
         self.records = records
         self._on_interval = on_telemetry_interval
         self._status_extra = status_extra or dict
-        self.started = time.time()
+        self.started = time.monotonic()  # uptime is a duration: immune to clock steps
 
     def run_command(self, kind: str, args: BaseModel, job: JobContext) -> dict[str, Any]:
         """One validated command; its result dict, or EdgeAgentError."""
@@ -109,7 +109,7 @@ class AgentSupervisor:
         """Versions, models, pipelines and the service's own figures."""
         return {
             "agent_version": __version__,
-            "uptime_s": round(time.time() - self.started, 3),
+            "uptime_s": round(time.monotonic() - self.started, 3),
             "models": [m.model_dump(mode="json") for m in self.models.states()],
             "pipelines": [p.model_dump(mode="json") for p in self.pipelines.states()],
             **self._status_extra(),
