@@ -119,6 +119,7 @@ class MqttSession:
         self._up_at = 0.0  # monotonic time of the last successful CONNACK
         self._short_links = 0  # links in a row lost before stable_after_s
         self._short_warned = Throttle(_WARN_EVERY_S)
+        self._refused_warned = Throttle(_WARN_EVERY_S)  # keyed by the refusal's reason
         self.dropped = 0
         """QoS 0 messages dropped because handlers fell behind by dispatch_limit_bytes."""
         self.rejected = 0
@@ -557,7 +558,16 @@ class MqttSession:
             # quota, a bad topic). Sending it again gets the same answer, so it counts as
             # acknowledged, but never in silence.
             self.rejected += 1
-            log.warning('event=mqtt.publish_refused mid=%d reason="%s"', mid, reason)
+            # Once a minute per reason, with the running count: a broker that refuses every
+            # result (an ACL changed, a quota hit) would otherwise log a line per message,
+            # 30 a second, and rotate every useful line out of the journal within days.
+            if self._refused_warned.ready(str(reason)):
+                log.warning(
+                    'event=mqtt.publish_refused mid=%d reason="%s" refused_total=%d',
+                    mid,
+                    reason,
+                    self.rejected,
+                )
         with self._acked:
             if mid in self._pending:
                 self._pending.discard(mid)
