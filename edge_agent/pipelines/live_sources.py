@@ -41,6 +41,8 @@ StateCallback = Callable[[str, str], None]
 # How long close() waits for the reader thread; a read blocked in the backend ends by
 # itself within stall_timeout_s, and the thread releases the device when it does.
 _JOIN_S = 2.0
+_STABLE_S = 10.0
+"""A connection that delivered frames this long starts the reconnect backoff again."""
 
 
 class LiveSpec(BaseModel):
@@ -115,6 +117,7 @@ class LiveSource:
         self._dropped = self._capped = self._reconnects = self._received = 0
         self._opened = time.monotonic()
         self._last_frame = self._opened
+        self._live_since = self._opened  # when the current connection's first frame came
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"source:{name}", daemon=True)
         self._thread.start()
@@ -255,7 +258,11 @@ class LiveSource:
                 self._detail = str(exc)
             else:
                 try:
-                    if self._pump(cap):
+                    # A feed that stayed up a while came back; one that hangs up after a
+                    # frame or two (a camera at its session limit, or dying) did not. One
+                    # frame once reset the wait, and such a camera was reconnected (and
+                    # reported lost upstream) ten times a second, for ever.
+                    if self._pump(cap) and time.monotonic() - self._live_since >= _STABLE_S:
                         delay = spec.reconnect_min_s
                 finally:
                     cap.release()
@@ -305,6 +312,7 @@ class LiveSource:
                 self._last_frame = now
             if not got:
                 got = True
+                self._live_since = now
                 if self._status == "reconnecting" and self._received > 1:
                     self._reconnects += 1
                 self._packets = is_packet(image)

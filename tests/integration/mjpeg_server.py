@@ -35,6 +35,8 @@ class MjpegServer:
         self.port = port
         self.interval = 1.0 / fps
         self.stalled = threading.Event()
+        self.frames_per_connection: int | None = None
+        """Close each connection after this many frames (a camera at its session limit)."""
         self._stop = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -81,10 +83,14 @@ class MjpegServer:
             b"--" + BOUNDARY + b"\r\nContent-Type: image/jpeg\r\n"
             b"Content-Length: " + str(len(self.jpeg)).encode() + b"\r\n\r\n" + self.jpeg + b"\r\n"
         )
+        sent = 0
         while not self._stop.is_set():
+            if self.frames_per_connection is not None and sent >= self.frames_per_connection:
+                return  # HTTP/1.0: the connection closes with the handler
             if not self.stalled.is_set():
                 handler.wfile.write(part)
                 handler.wfile.flush()
+                sent += 1
             time.sleep(self.interval)
 
     def stop(self) -> None:

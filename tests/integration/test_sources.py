@@ -272,6 +272,24 @@ def test_stream_survives_server_restart(server: MjpegServer) -> None:
         source.close()
 
 
+def test_a_stream_that_drops_after_each_frame_backs_off(server: MjpegServer) -> None:
+    # A camera at its session limit, or dying, sends a frame and hangs up, every time. One
+    # frame once counted as a recovery: the wait never grew, and the source reconnected
+    # (and said "lost" upstream) as fast as reconnect_min_s allowed, for ever.
+    server.frames_per_connection = 1
+    states = States()
+    source = stream(
+        server.url, states, reconnect_min_s=0.05, reconnect_max_s=3.0, give_up_after_s=60
+    )
+    try:
+        time.sleep(6.0)
+        losses = states.names().count("reconnecting")
+        # Doubling from 0.05 s: 0.05 + 0.1 + ... + 1.6 is 3.15 s of waiting for six losses.
+        assert 2 <= losses <= 9, states.names()
+    finally:
+        source.close()
+
+
 def test_stream_gone_for_good_gives_up(server: MjpegServer) -> None:
     states = States()
     source = stream(server.url, states, give_up_after_s=2)
