@@ -81,6 +81,7 @@ class PipelineHandle:
         self.telemetry.enabled = spec.telemetry
         self._lock = threading.Lock()
         self._held: list[CompiledModel] = []
+        self._closed = False  # set by close(), under _lock
         self.sinks: list[GuardedSink] = []
         try:
             captures = self.layout.captures(spec.id)
@@ -182,7 +183,18 @@ class PipelineHandle:
                     self.pool.release(model)
                     raise
                 with self._lock:
-                    self._held.append(model)
+                    closed = self._closed
+                    if not closed:
+                        self._held.append(model)
+                if closed:
+                    # The pipeline ended while this compiled (a stop, a camera given up, a
+                    # file played out): nothing would ever give this model back, and the
+                    # pool would keep it compiled, and listed as loaded, for good.
+                    self.pool.release(model)
+                    log_event(
+                        log, logging.INFO, "swap_dropped", pipeline=self.spec.id, model=ref.name
+                    )
+                    return
                 pipeline.request_swap(active)
             except Exception as exc:
                 error = (
@@ -219,6 +231,7 @@ class PipelineHandle:
             sink.close()
         with self._lock:
             held, self._held = self._held, []
+            self._closed = True  # a swap still compiling gives its model back itself
         for model in held:
             self.pool.release(model)
 

@@ -105,9 +105,17 @@ class VisionPipeline:
         self._stalled: EdgeAgentError | None = None  # set once, by the emitter
 
     def request_swap(self, active: ActiveModel) -> None:
-        """Run `active` from the next frame on; thread-safe, returns at once."""
+        """Run `active` from the next frame on; thread-safe, returns at once.
+
+        A swap asked for before the last one was taken replaces it, and the model it
+        replaces, which never ran a frame, is given back at once: two swaps landing while
+        the reader waits (a camera reconnecting, a low fps_cap) kept the first one's model
+        until the pipeline stopped.
+        """
         with self._swap_lock:
-            self._pending = active
+            replaced, self._pending = self._pending, active
+        if replaced is not None:
+            self._retire(replaced.model)
 
     def notify(self, event: Event) -> None:
         """Send `event` to the sinks now, between frames; thread-safe (sources call it)."""

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import pytest
 
@@ -312,6 +312,59 @@ def test_a_swapped_out_model_is_released_before_the_run_ends(
     assert max(pool_sizes.values()) == 2, "both models held while frames of each were in flight"
     # The old model went back to the pool while the video was still playing.
     assert pool_sizes[walk.frames - 1] == 1
+
+
+class GatedPool(ModelPool):
+    """A real pool whose acquires after the first wait for `gate`: a slow compile."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        super().__init__(catalog)
+        self.gate = threading.Event()
+        self._calls = 0
+
+    def acquire(self, *args: object, **kwargs: object) -> Any:
+        self._calls += 1
+        if self._calls > 1:
+            assert self.gate.wait(HANG_S), "the test never opened the gate"
+        return super().acquire(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_swap_that_compiles_past_the_pipelines_end_gives_its_model_back(
+    walk: WalkVideo, catalog: Catalog
+) -> None:
+    # A deploy swaps every pipeline of a model; a GPU compile takes 10-60 s. A pipeline
+    # that ended meanwhile (stopped, its camera given up, its file played out) once took
+    # the new model anyway, into a list nothing would release again: a compiled model
+    # leaked for the life of the process with every such deploy.
+    pool = GatedPool(catalog)
+    handle = PipelineHandle(spec_for(walk, max_frames=5), pool)
+    swap = handle.swap_model(ModelRef(name="face-blazeface"))
+    try:
+        handle.run()
+    finally:
+        handle.close()
+    assert len(pool) == 0
+    pool.gate.set()
+    swap.join(HANG_S)
+    assert not swap.is_alive()
+    assert len(pool) == 0, "the swap's model was never given back"
+
+
+def test_a_swap_replaced_before_it_ran_gives_its_model_back_at_once(
+    walk: WalkVideo, pool: ModelPool
+) -> None:
+    # Two swaps landing before the reader takes the first (a camera reconnecting, a low
+    # fps_cap): the first model never runs a frame, and was held until the pipeline stopped.
+    handle = PipelineHandle(spec_for(walk, max_frames=5), pool)
+    try:
+        handle.swap_model(ModelRef(name="face-blazeface")).join(HANG_S)
+        assert len(pool) == 2
+        handle.swap_model(ModelRef(name="text-orientation")).join(HANG_S)
+        assert len(pool) == 2, "the replaced swap's model is still held"
+        stats = handle.run()
+    finally:
+        handle.close()
+    assert stats.frames == 5
 
 
 def test_a_swap_that_fails_with_a_bug_is_reported_not_lost(
