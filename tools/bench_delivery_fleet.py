@@ -142,14 +142,17 @@ class LoopSession:
         retain: bool = False,
         response_topic: str | None = None,
         correlation_data: bytes | None = None,
+        expiry_s: int | None = None,
     ) -> None:
         props = None
-        if response_topic or correlation_data is not None:
+        if response_topic or correlation_data is not None or expiry_s is not None:
             props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
             if response_topic:
                 props.ResponseTopic = response_topic
             if correlation_data is not None:
                 props.CorrelationData = correlation_data
+            if expiry_s is not None:
+                props.MessageExpiryInterval = max(1, expiry_s)
         self.client.publish(topic, payload, qos=qos, retain=retain, properties=props)
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> Unsubscribe:

@@ -7,7 +7,10 @@ included, and nothing in a payload can stop the agent:
   `accepted` again while the first delivery still runs;
 - a long command while MAX_QUEUED_JOBS wait: `error` command.busy, not stored,
   so the same id may be sent again later;
-- past `expires_at`: `error` command.expired, not run;
+- past `expires_at`: `error` command.expired, not run. When the command came with an
+  MQTT 5 message expiry, the broker has already held it to that lifetime on its own
+  clock, and the box's clock is not asked: a box that booted in 1970, or whose clock
+  runs ahead, must neither run a stale command nor refuse every fresh one;
 - an unknown type or bad args: `error` naming the field;
 - a short command runs on a small worker pool (a slow compile never delays a
   ping); a long one (deploy, calibrate) answers `accepted` at once, then
@@ -90,15 +93,19 @@ class Dispatcher:
         self.jobs = Jobs()
         self._closed = threading.Event()
 
-    def handle(self, payload: bytes) -> None:
-        """Take one command payload; never raises. Called from the comms worker thread."""
+    def handle(self, payload: bytes, broker_expiry_s: int | None = None) -> None:
+        """Take one command payload; never raises. Called from the comms worker thread.
+
+        `broker_expiry_s`: what was left of the message's MQTT 5 expiry when it arrived
+        (`Message.expiry_s`); with one, `expires_at` is not checked on this box's clock.
+        """
         try:
-            self._handle(payload)
+            self._handle(payload, broker_expiry_s)
         except Exception:  # a bug must cost one answer, not the agent
             log_crash(log, "command_crashed")
             self._error("", EdgeAgentError("the agent failed on this command", code="internal"))
 
-    def _handle(self, payload: bytes) -> None:
+    def _handle(self, payload: bytes, broker_expiry_s: int | None = None) -> None:
         if len(payload) > self._max_bytes:
             self._error(
                 self._sniff_id(payload[:4096]),
@@ -166,7 +173,11 @@ class Dispatcher:
             else:  # still running: say so; its final answer follows
                 self._send(Response(id=command.id, status="accepted", **self._base()))
             return
-        if command.expires_at is not None and self._clock() > command.expires_at:
+        if (
+            command.expires_at is not None
+            and broker_expiry_s is None
+            and self._clock() > command.expires_at
+        ):
             self._finish(
                 command.id,
                 error=EdgeAgentError(

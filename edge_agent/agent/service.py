@@ -396,7 +396,7 @@ class AgentService:
         self._kick.set()
 
     def _on_command(self, message: Message) -> None:
-        self.dispatcher.handle(message.payload)
+        self.dispatcher.handle(message.payload, message.expiry_s)
 
     def _pump(self) -> None:
         """Move the outbox to the broker in order; delete only what the broker acknowledged."""

@@ -30,6 +30,11 @@ class Message:
     retain: bool = False
     response_topic: str | None = None
     correlation_data: bytes | None = None
+    expiry_s: int | None = None
+    """MQTT 5: what was left of the sender's Message Expiry Interval when the broker sent
+    it on. The broker counts it down on its own clock and drops the message once it runs
+    out, so its presence says the message is within its lifetime, whatever the receiver's
+    clock reads. None on 3.1.1, or when the sender set none."""
 
 
 Handler = Callable[[Message], None]
@@ -53,8 +58,10 @@ class Communicator(Protocol):
         retain: bool = False,
         response_topic: str | None = None,
         correlation_data: bytes | None = None,
+        expiry_s: int | None = None,
     ) -> None:
-        """Queue a message; never blocks on the network (QoS>0 survives a reconnect)."""
+        """Queue a message; never blocks on the network (QoS>0 survives a reconnect).
+        `expiry_s` (MQTT 5 only): the broker drops it once it has held it that long."""
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> Unsubscribe:
         """Deliver messages matching `topic_filter` (wildcards, `$share/<group>/...`) to

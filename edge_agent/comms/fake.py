@@ -88,6 +88,7 @@ class FakeCommunicator:
         retain: bool = False,
         response_topic: str | None = None,
         correlation_data: bytes | None = None,
+        expiry_s: int | None = None,
     ) -> None:
         if self.stopped:
             return
@@ -100,6 +101,7 @@ class FakeCommunicator:
                 retain,
                 response_topic if v5 else None,
                 correlation_data if v5 else None,
+                max(1, expiry_s) if v5 and expiry_s is not None else None,
             )
         )
 

@@ -232,14 +232,19 @@ class MqttSession:
         retain: bool = False,
         response_topic: str | None = None,
         correlation_data: bytes | None = None,
+        expiry_s: int | None = None,
     ) -> None:
         props: Properties | None = None
-        if self.mqtt_version == "5" and (response_topic or correlation_data is not None):
+        if self.mqtt_version == "5" and (
+            response_topic or correlation_data is not None or expiry_s is not None
+        ):
             props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
             if response_topic:
                 props.ResponseTopic = response_topic
             if correlation_data is not None:
                 props.CorrelationData = correlation_data
+            if expiry_s is not None:
+                props.MessageExpiryInterval = max(1, expiry_s)
         if self._stopping.is_set():
             return  # after stop(), as documented: nothing more goes out
         try:
@@ -593,8 +598,17 @@ class MqttSession:
         props = msg.properties
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
+        expiry = getattr(props, "MessageExpiryInterval", None) if props is not None else None
         self._queue.put(
-            Message(msg.topic, bytes(msg.payload), msg.qos, msg.retain, response_topic, correlation)
+            Message(
+                msg.topic,
+                bytes(msg.payload),
+                msg.qos,
+                msg.retain,
+                response_topic,
+                correlation,
+                expiry,
+            )
         )
 
     # --- dispatch thread -----------------------------------------------------------------

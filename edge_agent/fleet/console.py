@@ -9,6 +9,7 @@ and the demo both talk to devices through this module.
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -71,6 +72,13 @@ def new_command(kind: str, args: dict[str, Any] | None, timeout: float) -> msg.C
         sent_at=now,
         expires_at=now + timeout,
     )
+
+
+def expiry_seconds(timeout: float) -> int:
+    """The MQTT 5 message expiry that goes with a command's expires_at: the broker drops the
+    command once it has held it that long, timed on its own clock, so a box whose clock is
+    wrong (booted in 1970, not yet synced) neither runs it late nor refuses it early."""
+    return max(1, math.ceil(timeout))
 
 
 def parse(model: type[M], payload: bytes) -> M | None:
@@ -200,7 +208,10 @@ class DeviceConsole:
         answers = self._replies.expect(command.id)
         try:
             self.comm.publish(
-                self.topics.device(self.device, "cmd"), command.model_dump_json().encode(), qos=1
+                self.topics.device(self.device, "cmd"),
+                command.model_dump_json().encode(),
+                qos=1,
+                expiry_s=expiry_seconds(timeout),
             )
             deadline = time.monotonic() + timeout
             while True:

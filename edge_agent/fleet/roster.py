@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from edge_agent.comms.base import Communicator, Message, Unsubscribe
-from edge_agent.fleet.console import Interrupted, Replies, new_command, parse
+from edge_agent.fleet.console import Interrupted, Replies, expiry_seconds, new_command, parse
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 
@@ -184,7 +184,12 @@ def send_group(
     command = new_command(kind, args, timeout)
     answers = replies.expect(command.id)
     try:
-        comm.publish(topics.group(group, "cmd"), command.model_dump_json().encode(), qos=1)
+        comm.publish(
+            topics.group(group, "cmd"),
+            command.model_dump_json().encode(),
+            qos=1,
+            expiry_s=expiry_seconds(timeout),
+        )
         deadline = time.monotonic() + timeout
         while any(r.answer is None for r in results.values()):
             if stop is not None and stop.is_set():

@@ -41,7 +41,9 @@ class Wire:
     stream: str
     pages: Path
 
-    def pub(self, payload: bytes, *, version: str = "mqttv5") -> subprocess.CompletedProcess[bytes]:
+    def pub(
+        self, payload: bytes, *, version: str = "mqttv5", flags: tuple[str, ...] = ()
+    ) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
             [
                 "mosquitto_pub",
@@ -53,6 +55,7 @@ class Wire:
                 "1",
                 "-t",
                 f"{PREFIX}/{DEVICE}/cmd",
+                *flags,
                 "-s",
             ],
             input=payload,
@@ -61,10 +64,16 @@ class Wire:
             check=False,
         )
 
-    def send(self, kind: str, args: dict[str, Any] | None = None, **envelope: Any) -> str:
+    def send(
+        self,
+        kind: str,
+        args: dict[str, Any] | None = None,
+        flags: tuple[str, ...] = (),
+        **envelope: Any,
+    ) -> str:
         command_id = str(envelope.pop("id", f"{kind}-{time.monotonic_ns()}"))
         body = {"id": command_id, "type": kind, "args": args or {}, "sent_at": time.time()}
-        done = self.pub(json.dumps({**body, **envelope}).encode())
+        done = self.pub(json.dumps({**body, **envelope}).encode(), flags=flags)
         assert done.returncode == 0, done.stderr
         return command_id
 
@@ -237,6 +246,19 @@ def test_every_command_from_mosquitto_pub(wire: Wire) -> None:
     cancelled = wire.final(doomed, timeout=60)
     assert cancelled["error"]["code"] == "command.cancelled"
     assert wire.ok("ping")["pong"] is True
+
+
+def test_a_message_expiry_from_mosquitto_pub_stands_in_for_the_boxs_clock(wire: Wire) -> None:
+    # An expires_at the box's clock reads as past, as on a box whose clock runs ahead. With
+    # an MQTT 5 message expiry (-D publish message-expiry-interval) the broker held the
+    # command to its lifetime on its own clock, so it runs; without one, the box's clock is
+    # all there is.
+    past = time.time() - 60
+    expiry = ("-D", "publish", "message-expiry-interval", "30")
+    vouched = wire.send("ping", flags=expiry, expires_at=past)
+    assert wire.final(vouched)["status"] == "ok"
+    bare = wire.send("ping", expires_at=past)
+    assert wire.final(bare)["error"]["code"] == "command.expired"
 
 
 def test_bad_commands_each_get_their_answer(wire: Wire) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import subprocess
@@ -19,6 +20,8 @@ from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fleet.console import DeviceConsole, NoAnswerError, expiry_seconds, new_command
+from edge_agent.protocol.topics import Topics
 
 
 def _settings(broker: LocalBroker, **kw: object) -> BrokerSettings:
@@ -119,6 +122,46 @@ def test_every_lost_link_starts_the_backoff_again(broker: LocalBroker) -> None:
         assert a.reconnects == 8
     finally:
         a.stop()
+
+
+def test_a_command_expires_in_the_broker_while_its_device_is_away(broker: LocalBroker) -> None:
+    # The console gives every command an MQTT 5 message expiry as long as it waits: the
+    # broker drops it then, timed on the broker's clock, so a box whose own clock is wrong
+    # (booted in 1970, not yet synced) cannot run it days later when it comes back.
+    got: queue.Queue[Message] = queue.Queue()
+    device = _settings(broker, client_id="dev-away", persistent=True)
+    d = connect(device)
+    d.subscribe("edge/v1/dev-away/cmd", got.put)
+    assert d.flush(5.0)
+    time.sleep(0.2)
+    d.stop()
+    fleet = connect(_settings(broker))
+    console = DeviceConsole(fleet, Topics(), "dev-away", follow=False)
+    try:
+        with pytest.raises(NoAnswerError):
+            console.request("ping", timeout=1.0)
+        long = new_command("ping", None, 30.0)
+        fleet.publish(
+            "edge/v1/dev-away/cmd",
+            long.model_dump_json().encode(),
+            qos=1,
+            expiry_s=expiry_seconds(30.0),
+        )
+        assert fleet.flush(5.0)
+        time.sleep(1.5)  # the short one's second has run out in the broker
+        d = MqttSession(device)  # subscribed before it connects: nothing queued is missed
+        d.subscribe("edge/v1/dev-away/cmd", got.put)
+        d.start()
+        first = _get(got)
+        with pytest.raises(queue.Empty):
+            got.get(timeout=1.0)
+        assert json.loads(first.payload)["id"] == long.id
+        assert first.expiry_s is not None
+        assert 1 <= first.expiry_s <= 29
+        d.stop()
+    finally:
+        console.close()
+        fleet.stop()
 
 
 def test_two_clients_with_one_client_id_back_off_and_say_why(

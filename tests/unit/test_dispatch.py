@@ -65,9 +65,9 @@ class _Harness:
         with self.lock:
             self.answers.append(response)
 
-    def send(self, payload: bytes | dict[str, Any]) -> None:
+    def send(self, payload: bytes | dict[str, Any], broker_expiry_s: int | None = None) -> None:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.dispatcher.handle(data)
+        self.dispatcher.handle(data, broker_expiry_s)
 
     def final(self, command_id: str, timeout: float = 5.0) -> Response:
         deadline = time.monotonic() + timeout
@@ -95,6 +95,28 @@ def harness(tmp_path: Path) -> Any:
     h = _Harness(tmp_path)
     yield h
     h.close()
+
+
+@pytest.mark.parametrize("clock", [1000.0 + 3600, 100.0], ids=["box ahead", "box in 1970"])
+def test_a_command_the_broker_held_to_its_expiry_does_not_ask_the_boxs_clock(
+    tmp_path: Path, clock: float
+) -> None:
+    # The console at 1000 s sends a command that expires at 1030 s, with a 30 s MQTT 5
+    # message expiry the broker counts down on its own clock. A box whose clock runs an
+    # hour ahead once refused every such command; one in 1970 could not tell a stale one.
+    h = _Harness(tmp_path, now=clock)
+    try:
+        h.send(_cmd("fresh", "ping", sent_at=1000.0, expires_at=1030.0), broker_expiry_s=29)
+        assert h.final("fresh").status == "ok"
+        # Without the broker's word, the box's clock is all there is.
+        h.send(_cmd("bare", "ping", sent_at=1000.0, expires_at=1030.0))
+        bare = h.final("bare")
+        if clock > 1030.0:
+            assert (bare.status, bare.error and bare.error.code) == ("error", "command.expired")
+        else:
+            assert bare.status == "ok"
+    finally:
+        h.close()
 
 
 def test_ping_answers_ok(harness: _Harness) -> None:
