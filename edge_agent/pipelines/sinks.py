@@ -220,8 +220,10 @@ class SnapshotSink:
         # Counted as taken even if the write fails: a full disk should not be
         # retried on every event frame.
         self._last_ts = result.ts
-        self._write(self._name(result, event), annotate(result.image, result.results, result.scale))
-        self._enforce_quota()
+        written = self._write(
+            self._name(result, event), annotate(result.image, result.results, result.scale)
+        )
+        self._enforce_quota(written)
 
     def close(self) -> None:
         """Nothing to release: every snapshot is complete on disk when `emit` returns."""
@@ -231,7 +233,7 @@ class SnapshotSink:
         tag = f"{event.kind}-{_safe(event.label)}" if event.label else event.kind
         return f"{_safe(result.pipeline)}-{result.frame:08d}-{tag}.jpg"
 
-    def _write(self, name: str, image: Image) -> None:
+    def _write(self, name: str, image: Image) -> Path:
         ok, encoded = cv2.imencode(".jpg", image)
         if not ok:
             raise OSError(f"JPEG encoding failed for {name}")
@@ -248,14 +250,25 @@ class SnapshotSink:
             tmp.unlink(missing_ok=True)
             raise
         self.written += 1
+        return target
 
-    def _enforce_quota(self) -> None:
+    def _enforce_quota(self, written: Path) -> None:
         with os.scandir(self.folder) as entries:
             jpegs = [
                 (e.stat().st_mtime_ns, e.name, e.path)
                 for e in entries
-                if e.name.endswith(".jpg") and e.is_file()
+                if e.name.endswith(".jpg") and e.is_file() and e.path != str(written)
             ]
+        # The one just written is the newest, whatever the clock says. After the clock
+        # stepped back (a box that booted in 1970 and synced later, or the reverse) it
+        # would sort oldest and be deleted at once, every time: it takes the next tick
+        # after the newest instead, so the order on disk stays the order of writing.
+        mine = written.stat().st_mtime_ns
+        newest = max((mtime for mtime, _, _ in jpegs), default=None)
+        if newest is not None and mine <= newest:
+            mine = newest + 1
+            os.utime(written, ns=(mine, mine))
+        jpegs.append((mine, written.name, str(written)))
         # Oldest first; names carry the zero-padded frame number, so they break
         # ties between files written within one mtime tick.
         jpegs.sort()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import cv2
@@ -186,6 +188,25 @@ def test_annotate_draws_boxes_and_text_regions_on_a_copy() -> None:
 
 def _jpegs(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.jpg"))
+
+
+def test_a_snapshot_taken_after_the_clock_stepped_back_is_kept(tmp_path: Path) -> None:
+    # Snapshots from before a clock step back (a box that ran on a wrong clock, then
+    # synced; or the reverse) carry later mtimes than anything written now. Each new one
+    # sorted oldest and was deleted right after it was written, for as long as that lasted.
+    future = time.time_ns() + 10 * 365 * 86400 * 10**9
+    for i, name in enumerate(("a-old.jpg", "b-old.jpg")):
+        path = tmp_path / name
+        path.write_bytes(b"jpeg")
+        os.utime(path, ns=(future + i, future + i))
+    sink = SnapshotSink(tmp_path, min_interval_s=0.0, max_files=2)
+    for frame in (7, 8):
+        sink.emit(frame_result(frame, frame / 10, [appeared(frame / 10)]))
+    names = [p.name for p in _jpegs(tmp_path)]
+    assert names == [f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (7, 8)]
+    # And the order on disk is the order of writing.
+    mtimes = [p.stat().st_mtime_ns for p in _jpegs(tmp_path)]
+    assert mtimes[0] < mtimes[1]
 
 
 def test_snapshot_is_rate_limited_by_stream_time(tmp_path: Path) -> None:
