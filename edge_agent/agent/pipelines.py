@@ -17,7 +17,6 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,7 @@ from edge_agent.pipelines.vision import VisionPipeline
 from edge_agent.protocol.agent import AgentEvent, PipelineState
 from edge_agent.runtime.base import CompileReport
 from edge_agent.runtime.devices import parse_request
-from edge_agent.telemetry.stats import PipelineStats
+from edge_agent.telemetry.stats import PipelineStats, merge_intervals
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +133,7 @@ class Pipelines:
         self._record_lock = threading.Lock()
         self._running: dict[str, _Running] = {}
         # Last intervals of runs that ended, oldest first per pipeline, for the next ticks.
-        self._last_intervals: dict[str, deque[_Ended]] = {}
+        self._last_intervals: dict[str, list[_Ended]] = {}
         self._closed = threading.Event()
 
     # --- commands ----------------------------------------------------------------------------
@@ -251,7 +250,7 @@ class Pipelines:
             # plays out between two ticks, or a camera that fails, would otherwise never be
             # reported at all. A tick meanwhile leaves it out; the next one has all of it.
             last = _Ended(handle.telemetry.interval(), model, report)
-            self._last_intervals.setdefault(spec.id, deque()).append(last)
+            self._last_intervals.setdefault(spec.id, []).append(last)
         error = handle.pipeline.error
         if entry.stopping.is_set():
             entry.status = "stopped"
@@ -460,9 +459,12 @@ class Pipelines:
         heartbeat bookkeeping.
 
         A pipeline whose run ended since is reported once more, with its last interval and
-        the model that served it. When a run of the same id ended and another started (a
-        camera retried), the ended one is reported first and the new one's interval simply
-        runs on to the next call, so no frame goes unreported and none is reported twice.
+        the model that served it. Several runs of one id that ended since (a camera retried
+        every few seconds under an hour's telemetry interval) are reported together, merged
+        (`merge_intervals`): one a tick let them queue without bound and report ever later.
+        When a run ended and another started, the ended ones are reported and the new one's
+        interval simply runs on to the next call, so no frame goes unreported and none is
+        reported twice.
         """
         stats: dict[str, PipelineStats] = {}
         models: dict[str, str] = {}
@@ -470,13 +472,13 @@ class Pipelines:
         now = time.monotonic()
         with self._lock:  # against `_run` taking a last interval at the same moment
             held = self.pool.reports()  # every run not yet ended holds its model
-            for pipeline_id, ended in list(self._last_intervals.items()):
-                last = ended.popleft()
-                if not ended:
-                    del self._last_intervals[pipeline_id]
-                stats[pipeline_id], models[pipeline_id] = last.stats, last.model
-                if last.report is not None:
-                    ended_reports[last.model] = last.report
+            for pipeline_id, ended in self._last_intervals.items():
+                stats[pipeline_id] = merge_intervals([e.stats for e in ended])
+                models[pipeline_id] = ended[-1].model
+                for run in ended:
+                    if run.report is not None:
+                        ended_reports[run.model] = run.report
+            self._last_intervals.clear()
             for entry in self._running.values():
                 if entry.handle is None or entry.status != "running" or entry.ended:
                     continue

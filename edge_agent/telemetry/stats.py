@@ -9,7 +9,7 @@ call, which is what the agent publishes every N seconds.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -76,6 +76,54 @@ class PipelineStats(BaseModel):
     interval: bool = Field(
         default=False,
         description="True when every figure covers only the interval since the previous one.",
+    )
+
+
+def merge_intervals(parts: Sequence[PipelineStats]) -> PipelineStats:
+    """Interval snapshots of one pipeline, in order, as one: the runs of a pipeline that
+    ended between two telemetry ticks (a camera retried every few seconds, a telemetry
+    interval of an hour).
+
+    Counts and time add up; each stage's count, max and mean are exact; its p50 is the
+    count-weighted mean of the parts' and its p95 and p99 the largest of theirs, which can
+    only err high. The rest (fps_recent, mode, interval) is the last part's.
+    """
+    if not parts:
+        raise ValueError("nothing to merge")
+    last = parts[-1]
+    if len(parts) == 1:
+        return last
+    frames = sum(p.frames for p in parts)
+    elapsed = sum(p.elapsed_s for p in parts)
+    stages: dict[str, StageSummary] = {}
+    for name in dict.fromkeys(n for p in parts for n in p.stages):
+        seen = [p.stages[name] for p in parts if name in p.stages]
+        counted = [s for s in seen if s.count > 0]
+        if not counted:
+            stages[name] = seen[-1]
+            continue
+        count = sum(s.count for s in counted)
+        stages[name] = StageSummary(
+            count=count,
+            p50_ms=sum(s.p50_ms * s.count for s in counted) / count,
+            p95_ms=max(s.p95_ms for s in counted),
+            p99_ms=max(s.p99_ms for s in counted),
+            max_ms=max(s.max_ms for s in counted),
+            mean_ms=sum(s.mean_ms * s.count for s in counted) / count,
+        )
+    calls = sum(p.calls_per_frame * p.frames for p in parts) / frames if frames else 0.0
+    return last.model_copy(
+        update={
+            "frames": frames,
+            "fps": frames / elapsed if elapsed > 0 else 0.0,
+            "dropped": sum(p.dropped for p in parts),
+            "elapsed_s": elapsed,
+            "stages": stages,
+            "sink_failures": sum(p.sink_failures for p in parts),
+            "frame_failures": sum(p.frame_failures for p in parts),
+            "dropped_on_stop": sum(p.dropped_on_stop for p in parts),
+            "calls_per_frame": calls if frames else last.calls_per_frame,
+        }
     )
 
 

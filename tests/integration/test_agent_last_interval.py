@@ -43,17 +43,16 @@ def test_the_last_interval_of_an_ended_run_is_reported_once_and_in_order(
         assert pipelines.pool.reports() == {}  # both runs gave their model back
         first = pipelines.tick()
         assert list(first.stats) == ["cam"]
-        assert first.stats["cam"].frames == 3
+        # Both runs, together: one a tick once let runs that end faster than ticks come (a
+        # camera retried every few seconds, an hour's interval) queue without bound.
+        assert first.stats["cam"].frames == 6
         assert first.stats["cam"].interval
-        assert first.stats["cam"].stages["infer"].count == 3
-        # The model that served the ended run, and where it ran, outlive the run.
+        assert first.stats["cam"].stages["infer"].count == 6
+        # The model that served the ended runs, and where it ran, outlive the runs.
         assert first.models == {"cam": "face-blazeface"}
         assert first.reports["face-blazeface"].device == "CPU"
         second = pipelines.tick()
-        assert second.stats["cam"].frames == 3  # the second run, not lost behind the first
-        assert second.models == {"cam": "face-blazeface"}
-        third = pipelines.tick()
-        assert (third.stats, third.models) == ({}, {})  # and each reported once only
+        assert (second.stats, second.models) == ({}, {})  # and each reported once only
     finally:
         pipelines.close()
 
