@@ -37,6 +37,7 @@ from edge_agent.runtime.base import (
     Tensor,
     Tensors,
 )
+from edge_agent.runtime.cache import prune, touch
 from edge_agent.runtime.devices import explain_failure, is_present, parse_request
 from edge_agent.runtime.precision import combine, precision_note
 from edge_agent.runtime.preprocess import fit_frames, fit_frames_into
@@ -118,6 +119,8 @@ class OpenVinoBackend:
                 "run `edge-agent doctor` to see which devices this box has",
                 code="device.unavailable",
             )
+        if options.cache_dir is not None:
+            prune(options.cache_dir)  # every version ever run leaves an IR and blobs behind
         devices = [str(d) for d in _prop(compiled, "EXECUTION_DEVICES", [])]
         per_device = _precisions(compiled, devices)
         report = CompileReport(
@@ -183,6 +186,7 @@ class OpenVinoBackend:
         folder = options.cache_dir / "ir"
         xml = folder / f"{key}.xml"
         if xml.is_file() and xml.with_suffix(".bin").is_file():
+            touch(xml, xml.with_suffix(".bin"))  # used now: the cache's cap deletes by last use
             return xml
         folder.mkdir(parents=True, exist_ok=True)
         model = self._convert(path, manifest, options)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 from edge_agent.bench import bench_inputs
 from edge_agent.catalog.catalog import Catalog, ResolvedModel
 from edge_agent.errors import EdgeAgentError
-from edge_agent.runtime import create_backend
+from edge_agent.runtime import cache, create_backend
 from edge_agent.runtime.base import CompiledModel, RuntimeOptions, Tensors
 from edge_agent.runtime.pool import ModelPool
 
@@ -185,3 +187,39 @@ def test_close_from_inside_done_does_not_wait_for_itself(
 
     with pytest.raises(EdgeAgentError, match="closed"):
         infer_until_closed()
+
+
+def test_the_compile_cache_is_cut_back_and_a_hit_counts_as_use(
+    resolve: Resolve, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every version a box ever ran left its IR and blobs in the cache for good. After each
+    # compile the cache is now cut back under its cap, least recently used first; a model
+    # compiled from files deleted since goes on running, and compiling again rebuilds them.
+    model = _compile(resolve, "openvino", tmp_path)
+    try:
+        (xml,) = (tmp_path / "ir").glob("*.xml")
+        assert list((tmp_path / "compiled").iterdir()), "OpenVINO wrote no blob"
+        # Under the default cap nothing goes; a hit marks the IR used now, in its access
+        # time: its write time is part of OpenVINO's key for the blob, which must still hit.
+        month_ago = time.time() - 30 * 86400
+        written = xml.stat().st_mtime_ns
+        os.utime(xml, ns=(int(month_ago * 1e9), written))
+        hit = _compile(resolve, "openvino", tmp_path)
+        hit.close()
+        assert hit.report.from_cache
+        assert xml.stat().st_atime > month_ago + 29 * 86400
+        assert xml.stat().st_mtime_ns == written
+        # Over a cap of nothing (and with no grace for recent use) every entry goes.
+        monkeypatch.setattr(cache, "CACHE_MAX_BYTES", 0)
+        monkeypatch.setattr(cache, "KEEP_RECENT_S", 0.0)
+        _compile(resolve, "openvino", tmp_path).close()
+        assert not list((tmp_path / "ir").iterdir())
+        assert not list((tmp_path / "compiled").iterdir())
+        assert model.infer(_feeds(model)), "the compiled model stopped running"
+    finally:
+        model.close()
+    again = _compile(resolve, "openvino", tmp_path)
+    try:
+        assert again.infer(_feeds(again))
+    finally:
+        again.close()
