@@ -29,7 +29,8 @@ It passes when:
   of one per reconnect shows within a few cycles;
 - resident memory grew at most 10% after the first cycle (peak of the first third of the
   samples against the last third, in a run of 9 cycles or more; else first against last);
-- the state folder stopped growing (the outbox reuses its pages);
+- the state folder's databases stopped growing (the outbox reuses its pages), and no
+  write-ahead log grew past sqlite's automatic checkpoint (4 MB, then written over);
 - the agent logged no traceback and stopped on SIGTERM with exit status 0.
 
     EDGE_AGENT_CACHE=.cache/edge-agent python tools/soak_agent.py               # ~40 min
@@ -78,8 +79,12 @@ LEAK_MARGIN = 2
 sample, say); a leak of one per reconnect passes it by the third cycle."""
 RSS_TOLERANCE = 0.10
 STATE_GROWTH_TOLERANCE = 0.25
-"""The state folder may end this much over its largest size in the first cycles: sqlite
-reuses freed pages, so a same-sized backlog needs no new ones once the first has been held."""
+"""The state folder's databases may end this much over their largest size in the first
+cycles: sqlite reuses freed pages, so a same-sized backlog needs no new ones once the first
+has been held."""
+WAL_LIMIT_KB = 5 * 1024
+"""A write-ahead log grows to sqlite's automatic checkpoint (1000 pages, 4 MB) and is then
+written over from the start; one past it means checkpoints no longer complete."""
 DRAINED = 2
 """outbox_depth at or under this counts as drained: a telemetry message reports the depth
 as it is made, with the results of the frames in flight still in it."""
@@ -107,6 +112,8 @@ class Cycle(BaseModel):
     fds: int = Field(description="Agent open file descriptors at the end of the cycle.")
     threads: int = Field(description="Agent threads at the end of the cycle.")
     state_kb: float = Field(description="Size of the agent's state folder.")
+    db_kb: float = Field(description="Of which its files but the sqlite -wal and -shm files.")
+    wal_kb: float = Field(description="The largest sqlite write-ahead log in it.")
     problems: list[str] = Field(description="What went wrong in this cycle.")
 
 
@@ -140,8 +147,13 @@ def threads(pid: int) -> int:
     return sum(1 for _ in Path(f"/proc/{pid}/task").iterdir())
 
 
-def folder_kb(folder: Path) -> float:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1024
+def folder_kb(folder: Path) -> tuple[float, float, float]:
+    """The folder's size, that of its files but sqlite's -wal and -shm, and its largest
+    write-ahead log, in KB."""
+    sizes = {p: p.stat().st_size / 1024 for p in folder.rglob("*") if p.is_file()}
+    wal = [kb for p, kb in sizes.items() if p.name.endswith("-wal")]
+    db = [kb for p, kb in sizes.items() if not p.name.endswith(("-wal", "-shm"))]
+    return sum(sizes.values()), sum(db), max(wal, default=0.0)
 
 
 def rss_growth(samples: list[float]) -> tuple[float, str]:
@@ -377,6 +389,7 @@ def run_cycle(up: Uplink, outage: Outage, up_s: float, down_s: float, recover_s:
         memory = status_bytes(up.proc.pid)
         fds, count = open_fds(up.proc.pid), threads(up.proc.pid)
     mb = 2**20
+    state_kb, db_kb, wal_kb = folder_kb(up.state)
     return Cycle(
         outage=outage,
         down_s=down_s,
@@ -390,7 +403,9 @@ def run_cycle(up: Uplink, outage: Outage, up_s: float, down_s: float, recover_s:
         rss_anon_mb=round(memory.get("RssAnon", 0) / mb, 1),
         fds=fds,
         threads=count,
-        state_kb=round(folder_kb(up.state), 1),
+        state_kb=round(state_kb, 1),
+        db_kb=round(db_kb, 1),
+        wal_kb=round(wal_kb, 1),
         problems=problems,
     )
 
@@ -411,9 +426,11 @@ def judge(
     growth, judged_by = rss_growth([c.rss_mb for c in cycles])
     if growth > RSS_TOLERANCE:
         problems.append(f"resident memory grew {growth:.1%} after the first cycle")
-    early = max(c.state_kb for c in cycles[: max(1, min(3, len(cycles) // 3))])
-    if last.state_kb > early * (1 + STATE_GROWTH_TOLERANCE) + 256:
-        problems.append(f"the state folder kept growing: {early:.0f} KB to {last.state_kb:.0f} KB")
+    early = max(c.db_kb for c in cycles[: max(1, min(3, len(cycles) // 3))])
+    if last.db_kb > early * (1 + STATE_GROWTH_TOLERANCE) + 256:
+        problems.append(f"the state databases kept growing: {early:.0f} KB to {last.db_kb:.0f} KB")
+    if (wal := max(c.wal_kb for c in cycles)) > WAL_LIMIT_KB:
+        problems.append(f"a write-ahead log reached {wal:.0f} KB: checkpoints do not complete")
     if telemetry is None:
         problems.append("no telemetry at the end")
     else:
@@ -465,7 +482,7 @@ def soak(
                     f"cycle {i + 1}/{cycles} {cycle.outage}: online {cycle.online_s} s, "
                     f"results {cycle.results_s} s, drained {cycle.drained_s} s "
                     f"(backlog {cycle.backlog}), rss {cycle.rss_mb} MB, fds {cycle.fds}, "
-                    f"threads {cycle.threads}, state {cycle.state_kb} KB"
+                    f"threads {cycle.threads}, state {cycle.state_kb} KB (wal {cycle.wal_kb} KB)"
                     + (f"; {cycle.problems}" if cycle.problems else "")
                 )
                 if not up.alive():
