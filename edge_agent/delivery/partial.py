@@ -38,12 +38,20 @@ _RELEASE = "release.json"
 _FOLDER = re.compile(r"^(?P<name>.+)-(?P<version>\d+)-(?P<rid>[0-9a-f]{16})$")
 ABANDONED_S = 14 * 24 * 3600.0
 """A partial untouched this long is abandoned (its release long expired or replaced)."""
+CLOCK_FLOOR = 1_735_689_600.0
+"""2025-01-01 UTC. No edge-agent release is older, so a clock reading or a file time before
+it comes from an unset clock (a box that booted in 1970, or at an old build date): a
+partial written then has no known age, and a box reading it now cannot age anything."""
 
 
 def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
     """Remove the partials below `root` that no pull will resume: every other one of
     `keep`'s model name (a newer or re-signed release replaced it), and any untouched
     for `ABANDONED_S`. A partial holds up to a whole model and counts against no quota.
+
+    Ages come from the wall clock and file times, which an unset clock falsifies: one
+    written before NTP synced once looked 55 years idle, and the resumable pull of a whole
+    model over a metered link was thrown away. Times before `CLOCK_FLOOR` age nothing.
 
     Returns:
         The folders removed.
@@ -61,9 +69,11 @@ def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
             continue
         same_name = wanted is not None and match["name"] == wanted["name"]
         try:
-            idle = now - max(p.stat().st_mtime for p in (folder, *folder.iterdir()))
+            touched = max(p.stat().st_mtime for p in (folder, *folder.iterdir()))
         except (OSError, ValueError):
-            idle = 0.0
+            touched = now
+        # A clock stepped back since makes `idle` negative: kept, the safe side.
+        idle = now - touched if min(now, touched) >= CLOCK_FLOOR else 0.0
         if same_name or idle > ABANDONED_S:
             shutil.rmtree(folder, ignore_errors=True)
             log.info('event=transfer.swept folder="%s"', folder)

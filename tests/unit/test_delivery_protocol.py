@@ -190,6 +190,9 @@ def test_a_frame_outside_the_release_is_counted_bad_not_raised(tmp_path: Path) -
     assert puller.error is None
 
 
+NOW = 1_800_000_000.0
+
+
 def test_sweep_removes_replaced_and_abandoned_partials_only(tmp_path: Path) -> None:
     root = tmp_path / "transfers"
     rid = "0123456789abcdef"
@@ -198,7 +201,7 @@ def test_sweep_removes_replaced_and_abandoned_partials_only(tmp_path: Path) -> N
         folder = root / name
         (folder / "files").mkdir(parents=True)
         (folder / "chunks.bitmap").write_bytes(b"\x00")
-        stamp = 1_000_000_000.0 - age_s
+        stamp = NOW - age_s
         for path in (folder, folder / "files", folder / "chunks.bitmap"):
             os.utime(path, (stamp, stamp))
         return folder
@@ -209,6 +212,25 @@ def test_sweep_removes_replaced_and_abandoned_partials_only(tmp_path: Path) -> N
     other = partial(f"person-1-{rid}")  # another model whose name is a prefix: kept
     stale = partial(f"face-1-{rid}", age_s=ABANDONED_S + 60)
     stranger = partial("not-a-transfer")
-    removed = sweep(root, keep=keep, now=1_000_000_000.0)
+    removed = sweep(root, keep=keep, now=NOW)
     assert sorted(removed) == sorted([older, resigned, stale])
     assert sorted(p for p in root.iterdir()) == sorted([keep, other, stranger])
+
+
+def test_a_partial_from_an_unset_clock_is_not_taken_for_abandoned(tmp_path: Path) -> None:
+    # Written while the box's clock read 1970, it looked 55 years idle once NTP synced,
+    # and the resumable pull of a whole model was thrown away by the next pull.
+    root = tmp_path / "transfers"
+    rid = "0123456789abcdef"
+    folders = {}
+    for name, stamp in (("early", 100.0), ("ahead", NOW + 86400.0), ("idle", NOW - 30 * 86400)):
+        folder = root / f"{name}-1-{rid}"
+        (folder / "files").mkdir(parents=True)
+        for path in (folder, folder / "files"):
+            os.utime(path, (stamp, stamp))
+        folders[name] = folder
+    keep = root / f"other-1-{rid}"
+    assert sweep(root, keep=keep, now=NOW) == [folders["idle"]]
+    # And a box whose own clock is unset ages nothing at all.
+    assert sweep(root, keep=keep, now=200.0) == []
+    assert sorted(root.iterdir()) == sorted([folders["early"], folders["ahead"]])
