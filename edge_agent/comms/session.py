@@ -412,7 +412,8 @@ class MqttSession:
             log.warning(
                 'event=mqtt.unstable_link client_id="%s" links=%d up_s=%.2f hint="the broker '
                 "accepts this client and drops it at once, again and again: another client "
-                'with the same client id (two boxes with one device_id?), or a broker limit"',
+                "with the same client id (two boxes with one device_id?), a broker limit, or "
+                'a link that keeps failing"',
                 self.settings.client_id,
                 self._short_links,
                 up_s,

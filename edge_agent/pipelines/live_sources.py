@@ -42,7 +42,7 @@ StateCallback = Callable[[str, str], None]
 # itself within stall_timeout_s, and the thread releases the device when it does.
 _JOIN_S = 2.0
 _STABLE_S = 10.0
-"""A connection that delivered frames this long starts the reconnect backoff again."""
+"""A connection whose frames spanned this long starts the reconnect backoff again."""
 
 
 class LiveSpec(BaseModel):
@@ -262,7 +262,7 @@ class LiveSource:
                     # frame or two (a camera at its session limit, or dying) did not. One
                     # frame once reset the wait, and such a camera was reconnected (and
                     # reported lost upstream) ten times a second, for ever.
-                    if self._pump(cap) and time.monotonic() - self._live_since >= _STABLE_S:
+                    if self._pump(cap) and self._last_frame - self._live_since >= _STABLE_S:
                         delay = spec.reconnect_min_s
                 finally:
                     cap.release()
