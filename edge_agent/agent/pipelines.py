@@ -252,6 +252,12 @@ class Pipelines:
             last = _Ended(handle.telemetry.interval(), model, report)
             self._last_intervals.setdefault(spec.id, []).append(last)
         error = handle.pipeline.error
+        with self._lock:
+            if entry.handle is handle:
+                # The run is over, and the entry stays until a stop_pipeline (a file played
+                # out, a failure): its frame buffers, histograms and sinks need not stay
+                # with it. A retry builds a new handle.
+                entry.handle, entry.sink = None, None
         if entry.stopping.is_set():
             entry.status = "stopped"
             return

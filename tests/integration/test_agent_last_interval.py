@@ -10,8 +10,10 @@ by hand so their timing is the test's, not a clock's.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -153,3 +155,34 @@ def test_every_tick_names_the_model_of_a_pipeline_across_model_swaps(
         pipelines.close()
     assert reported[0] > 0
     assert not unnamed, unnamed
+
+
+def test_an_ended_run_lets_go_of_its_pipeline(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # A pipeline that played out stays listed until stop_pipeline, which may never come
+    # (one-off jobs with fresh ids). Its entry once kept the whole dead handle: input
+    # buffers for every frame in flight, histograms and sinks.
+    ended = threading.Event()
+
+    def on_event(event: AgentEvent | DetectionEvent) -> None:
+        if event.kind in ("pipeline_failed", "pipeline_stopped"):
+            ended.set()
+
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
+    walk = write_walk(tmp_path / "walk.avi", empty=5, crossing=10)
+    spec = {**spec, "source": {"type": "file", "path": str(walk.path)}}
+    try:
+        pipelines.start(spec, persist=False)
+        handle = weakref.ref(pipelines.handles()["cam"])
+        assert ended.wait(60), "the pipeline never ended"
+        deadline = time.monotonic() + 10
+        while handle() is not None and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.05)
+        assert handle() is None, "the ended run's handle is still held"
+        [state] = pipelines.states()
+        assert (state.id, state.status) == ("cam", "stopped")
+        assert pipelines.tick().stats["cam"].frames > 0  # its figures were kept
+    finally:
+        pipelines.close()
