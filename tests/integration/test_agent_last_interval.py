@@ -15,18 +15,21 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from edge_agent.agent.pipelines import Pipelines
 from edge_agent.clips import write_walk
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent
 from tests.agent_kit import photo_pipelines
 
 
-def test_the_last_interval_of_an_ended_run_is_reported_once_and_in_order(
+def _ending_pipelines(
     tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
-) -> None:
+) -> tuple[Pipelines, dict[str, Any], threading.Event]:
+    """agent_kit's photo pipelines, and an event set whenever a run ends."""
     ended = threading.Event()
 
     def on_event(event: AgentEvent | DetectionEvent) -> None:
@@ -34,6 +37,13 @@ def test_the_last_interval_of_an_ended_run_is_reported_once_and_in_order(
             ended.set()
 
     pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
+    return pipelines, spec, ended
+
+
+def test_the_last_interval_of_an_ended_run_is_reported_once_and_in_order(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    pipelines, spec, ended = _ending_pipelines(tmp_path, cache_dir, astronaut)
     try:
         assert pipelines.tick().stats == {}
         # Two whole runs of the same id, with no tick between them.
@@ -66,13 +76,7 @@ def test_every_tick_names_the_model_of_each_pipeline_it_reports_and_loses_no_fra
     # the pool) while a tick read it as running once left that tick with figures and no
     # model, and no tick may miss or repeat a frame either.
     runs = 12
-    ended = threading.Event()
-
-    def on_event(event: AgentEvent | DetectionEvent) -> None:
-        if event.kind in ("pipeline_failed", "pipeline_stopped"):
-            ended.set()
-
-    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
+    pipelines, spec, ended = _ending_pipelines(tmp_path, cache_dir, astronaut)
     done = threading.Event()
     unnamed: list[str] = []
     frames = [0]
@@ -163,13 +167,7 @@ def test_an_ended_run_lets_go_of_its_pipeline(
     # A pipeline that played out stays listed until stop_pipeline, which may never come
     # (one-off jobs with fresh ids). Its entry once kept the whole dead handle: input
     # buffers for every frame in flight, histograms and sinks.
-    ended = threading.Event()
-
-    def on_event(event: AgentEvent | DetectionEvent) -> None:
-        if event.kind in ("pipeline_failed", "pipeline_stopped"):
-            ended.set()
-
-    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
+    pipelines, spec, ended = _ending_pipelines(tmp_path, cache_dir, astronaut)
     walk = write_walk(tmp_path / "walk.avi", empty=5, crossing=10)
     spec = {**spec, "source": {"type": "file", "path": str(walk.path)}}
     try:
