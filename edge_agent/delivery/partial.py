@@ -26,6 +26,7 @@ import shutil
 import time
 from pathlib import Path
 
+from edge_agent.clock import is_set
 from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.errors import EdgeAgentError
 from edge_agent.protocol.delivery import bit, set_bit
@@ -38,10 +39,6 @@ _RELEASE = "release.json"
 _FOLDER = re.compile(r"^(?P<name>.+)-(?P<version>\d+)-(?P<rid>[0-9a-f]{16})$")
 ABANDONED_S = 14 * 24 * 3600.0
 """A partial untouched this long is abandoned (its release long expired or replaced)."""
-CLOCK_FLOOR = 1_735_689_600.0
-"""2025-01-01 UTC. No edge-agent release is older, so a clock reading or a file time before
-it comes from an unset clock (a box that booted in 1970, or at an old build date): a
-partial written then has no known age, and a box reading it now cannot age anything."""
 
 
 def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
@@ -51,7 +48,8 @@ def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
 
     Ages come from the wall clock and file times, which an unset clock falsifies: one
     written before NTP synced once looked 55 years idle, and the resumable pull of a whole
-    model over a metered link was thrown away. Times before `CLOCK_FLOOR` age nothing.
+    model over a metered link was thrown away. Times before `clock.CLOCK_FLOOR` (an unset
+    clock) age nothing.
 
     Returns:
         The folders removed.
@@ -73,7 +71,7 @@ def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
         except (OSError, ValueError):
             touched = now
         # A clock stepped back since makes `idle` negative: kept, the safe side.
-        idle = now - touched if min(now, touched) >= CLOCK_FLOOR else 0.0
+        idle = now - touched if is_set(now) and is_set(touched) else 0.0
         if same_name or idle > ABANDONED_S:
             shutil.rmtree(folder, ignore_errors=True)
             log.info('event=transfer.swept folder="%s"', folder)

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from edge_agent.catalog.manifest import Manifest, load_manifest
+from edge_agent.clock import CLOCK_FLOOR_UTC
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
@@ -371,7 +372,10 @@ def verify(
         )
     check_paths(release)
     _check_shape(release)
-    if now >= release.expires_at:
+    # A box whose clock is not set yet (1970, an old build date) would take any release
+    # for unexpired: judged no earlier than edge-agent's own floor, one that expired
+    # before it is refused all the same, and none that is valid now can be.
+    if max(now, CLOCK_FLOOR_UTC) >= release.expires_at:
         raise EdgeAgentError(
             f"release {release.name} v{release.version} expired at "
             f"{release.expires_at.isoformat()}",

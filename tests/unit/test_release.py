@@ -124,6 +124,31 @@ def test_expired_release_is_refused_freeze_attack(release: Release) -> None:
     assert _code(lambda: verify(signed, [key.public_key()], later, None)) == "release.expired"
 
 
+def test_a_box_whose_clock_is_not_set_still_refuses_a_long_expired_release(
+    tmp_path: Path, manifest: Manifest, release: Release
+) -> None:
+    # Booted in 1970, before NTP: every expiry lay in the future, so an old, expired
+    # release signed by the fleet could be replayed to a fresh box and taken.
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "model.onnx").write_bytes(b"old model")
+    old = build_release(
+        name="orient",
+        version=1,
+        folder=tmp_path / "old",
+        files=["model.onnx"],
+        model="model.onnx",
+        manifest=manifest,
+        chunk_size=MIN_CHUNK,
+        now=datetime(2023, 3, 1, tzinfo=UTC),
+    )
+    key = generate_key()
+    in_1970 = datetime(1970, 1, 1, 0, 1, tzinfo=UTC)
+    stale = sign(old, key)
+    assert _code(lambda: verify(stale, [key.public_key()], in_1970, None)) == "release.expired"
+    # One that is valid now is taken, whatever the clock reads.
+    assert verify(sign(release, key), [key.public_key()], in_1970, None).version == 3
+
+
 @pytest.mark.parametrize("installed", [3, 7])
 def test_same_or_older_version_is_refused_rollback_attack(release: Release, installed: int) -> None:
     key = generate_key()
