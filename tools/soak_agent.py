@@ -106,7 +106,11 @@ class Cycle(BaseModel):
     ping_ms: float | None = Field(description="The first ping after it, round trip.")
     results_s: float | None = Field(description="Broker back to results from every pipeline.")
     drained_s: float | None = Field(description="Broker back to an empty outbox.")
-    backlog: int = Field(description="Largest outbox depth telemetry reported in the cycle.")
+    backlog: int = Field(
+        description="Largest outbox depth in the telemetry the console received after the "
+        "outage: after a stop or a kill the agent may be back and drained before the console "
+        "has subscribed again, and the console then sees none of it."
+    )
     rss_mb: float = Field(description="Agent resident memory at the end of the cycle.")
     rss_anon_mb: float = Field(description="Its anonymous part (heap).")
     fds: int = Field(description="Agent open file descriptors at the end of the cycle.")

@@ -37,7 +37,10 @@ def test_the_agent_rides_out_a_stopped_a_killed_and_a_frozen_broker() -> None:
     # was waiting on it.
     assert all(c["online_s"] < 5.0 for c in cycles), cycles
     # Results made while the broker was away were buffered and sent: the outbox held them.
-    assert all(c["backlog"] > 10 for c in cycles), cycles
+    # Seen in the freeze, which the console's own link lives through (its keepalive is
+    # 30 s): after a stop or a kill the agent may be back, and its outbox empty, before the
+    # console has subscribed again on the restarted broker (an hour's soak saw it once).
+    assert cycles[2]["backlog"] > 10, cycles
     assert report["reconnects"] == report["connections"] == 3
     assert report["outbox_dropped"] == 0
     assert report["exit_code"] == 0
