@@ -31,6 +31,7 @@ It passes when:
   samples against the last third, in a run of 9 cycles or more; else first against last);
 - the state folder's databases stopped growing (the outbox reuses its pages), and no
   write-ahead log grew past sqlite's automatic checkpoint (4 MB, then written over);
+- every message the console heard from the agent parsed;
 - the agent logged no traceback and stopped on SIGTERM with exit status 0.
 
     EDGE_AGENT_CACHE=.cache/edge-agent python tools/soak_agent.py               # ~40 min
@@ -204,10 +205,8 @@ def pipeline_spec(name: str, video: Path, fps: float) -> dict[str, object]:
 class Uplink:
     """The agent, its broker and the console watching it, for one soak."""
 
-    def __init__(self, work: Path, broker: LocalBroker, say: Callable[[str], None]) -> None:
-        self.work = work
+    def __init__(self, work: Path, broker: LocalBroker) -> None:
         self.broker = broker
-        self.say = say
         self.state = work / "state"
         self.log = work / "agent.log"
         config = write_config(work / "agent.toml", broker.port, self.state)
@@ -218,7 +217,7 @@ class Uplink:
         # Every telemetry message, not only the latest the console keeps: those made during
         # an outage wait in the outbox and arrive together, each with the depth it saw.
         self.depths: list[tuple[float, int]] = []
-        self._depth_lock = threading.Lock()
+        self._lock = threading.Lock()  # depths and births, taken on the session's thread
         self.session.subscribe(Topics().device(DEVICE, "telemetry"), self._on_telemetry)
         # The seq of every birth message: one per connection the broker accepted. (The seq
         # itself goes up with every attempt, failed ones too, as Sparkplug's bdSeq does.)
@@ -235,8 +234,8 @@ class Uplink:
         try:
             telemetry = msg.Telemetry.model_validate_json(message.payload)
         except ValueError:
-            return  # the console counts bad messages; the judge reads its tally
-        with self._depth_lock:
+            return  # the console counts bad messages, and the judge reads its tally
+        with self._lock:
             self.depths.append((time.monotonic(), telemetry.agent.outbox_depth))
 
     def _on_state(self, message: Message) -> None:
@@ -247,25 +246,29 @@ class Uplink:
         except ValueError:
             return
         if state.online:
-            with self._depth_lock:
+            with self._lock:
                 self.births.add(state.seq)  # a console that reconnects reads it again
 
     def births_after(self, seq: int) -> int:
-        with self._depth_lock:
+        with self._lock:
             return sum(1 for b in self.births if b > seq)
 
     def depths_since(self, since: float) -> list[int]:
         """outbox_depth of every telemetry message received after `since` (monotonic)."""
-        with self._depth_lock:
+        with self._lock:
             return [depth for at, depth in self.depths if at > since]
 
     def state_msg(self) -> msg.State | None:
         with self.console.view.lock:
             return self.console.view.state
 
-    def telemetry(self) -> tuple[int, msg.Telemetry | None]:
+    def telemetry(self) -> msg.Telemetry | None:
         with self.console.view.lock:
-            return self.console.view.telemetry_count, self.console.view.telemetry
+            return self.console.view.telemetry
+
+    def bad_messages(self) -> int:
+        with self.console.view.lock:
+            return self.console.view.bad_messages
 
     def last_results(self) -> dict[str, float]:
         with self.console.view.lock:
@@ -288,14 +291,14 @@ class Uplink:
         self.session.stop(2.0)
 
 
-def wait_for(check: Callable[[], bool], timeout: float, step: float = 0.02) -> float | None:
-    """Seconds until `check()` held, or None if it did not within `timeout`."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
+def wait_for(check: Callable[[], bool], timeout: float, step: float = 0.02) -> bool:
+    """Whether `check()` held within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         if check():
-            return time.monotonic() - started
+            return True
         time.sleep(step)
-    return None
+    return False
 
 
 def take_away(broker: LocalBroker, outage: Outage) -> None:
@@ -322,7 +325,7 @@ def current_seq(up: Uplink) -> int:
 
 
 def current_reconnects(up: Uplink) -> int:
-    _, telemetry = up.telemetry()
+    telemetry = up.telemetry()
     if telemetry is None:
         raise SoakError("no telemetry from the agent")
     return telemetry.agent.reconnects
@@ -354,7 +357,7 @@ def run_cycle(up: Uplink, outage: Outage, up_s: float, down_s: float, recover_s:
 
     # Every figure counts from the broker's return. A frozen broker is only noticed by the
     # keepalive, which may run out after the thaw: that wait is part of the figure.
-    online_s = since_back() if wait_for(online, recover_s) is not None else None
+    online_s = since_back() if wait_for(online, recover_s) else None
     if online_s is None:
         problems.append(f"{outage}: not online again within {recover_s:g} s")
     ping_ms = None
@@ -370,7 +373,7 @@ def run_cycle(up: Uplink, outage: Outage, up_s: float, down_s: float, recover_s:
         last = up.last_results()
         return len(last) == len(PIPELINES) and min(last.values()) > back
 
-    results_s = since_back() if wait_for(publishing, recover_s) is not None else None
+    results_s = since_back() if wait_for(publishing, recover_s) else None
     if results_s is None:
         problems.append(f"{outage}: results stopped: last {up.last_results()}")
 
@@ -378,7 +381,7 @@ def run_cycle(up: Uplink, outage: Outage, up_s: float, down_s: float, recover_s:
         depths = up.depths_since(back)
         return bool(depths) and depths[-1] <= DRAINED
 
-    drained_s = since_back() if wait_for(drained, max(recover_s, up_s)) is not None else None
+    drained_s = since_back() if wait_for(drained, max(recover_s, up_s)) else None
     if drained_s is None:
         problems.append(f"{outage}: the outbox did not drain: {up.depths_since(back)[-5:]}")
     rest = up_s - since_back()
@@ -415,9 +418,15 @@ def run_cycle(up: Uplink, outage: Outage, up_s: float, down_s: float, recover_s:
 
 
 def judge(
-    cycles: list[Cycle], telemetry: msg.Telemetry | None, reconnects: int, connections: int
+    cycles: list[Cycle],
+    telemetry: msg.Telemetry | None,
+    reconnects: int,
+    connections: int,
+    bad_messages: int,
 ) -> tuple[list[str], float, str]:
     problems = [p for c in cycles for p in c.problems]
+    if bad_messages:
+        problems.append(f"{bad_messages} messages from the agent did not parse")
     if not cycles:
         return ["no cycle ran"], 0.0, "none"
     last = cycles[-1]
@@ -465,14 +474,14 @@ def soak(
 ) -> UplinkReport:
     video = write_walk(work / "walk.avi", empty=5, crossing=10).path
     with LocalBroker() as broker:
-        up = Uplink(work, broker, say)
+        up = Uplink(work, broker)
         try:
             up.console.wait_online(120.0)
             for name in PIPELINES:
                 up.console.send(
                     "start_pipeline", {"spec": pipeline_spec(name, video, fps)}, timeout=120.0
                 )
-            if wait_for(lambda: len(up.last_results()) == len(PIPELINES), 60.0) is None:
+            if not wait_for(lambda: len(up.last_results()) == len(PIPELINES), 60.0):
                 raise SoakError("the pipelines published nothing; see the agent's log")
             time.sleep(up_s)  # warm-up: compiles done, the first telemetry out
             seq0, reconnects0 = current_seq(up), current_reconnects(up)
@@ -492,10 +501,12 @@ def soak(
                 if not up.alive():
                     break
             # The last telemetry of the last cycle's up phase, made after its reconnect.
-            _, telemetry = up.telemetry()
+            telemetry = up.telemetry()
             reconnects = current_reconnects(up) - reconnects0
             connections = up.births_after(seq0)
-            problems, growth, judged_by = judge(done, telemetry, reconnects, connections)
+            problems, growth, judged_by = judge(
+                done, telemetry, reconnects, connections, up.bad_messages()
+            )
             started = time.monotonic()
             exit_code: int | None = None
             if up.alive():

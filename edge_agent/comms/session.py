@@ -115,8 +115,7 @@ class MqttSession:
         self.connected = threading.Event()
         self.reconnects = 0
         """Links to the broker lost after they were up (a failed connect is not one)."""
-        self._connacks = 0  # successful CONNACKs; only the network thread touches it
-        self._up_at = 0.0  # monotonic time of the last successful CONNACK
+        self._up_at = 0.0  # monotonic time of the last CONNACK; only the network thread
         self._short_links = 0  # links in a row lost before stable_after_s
         self._short_warned = Throttle(_WARN_EVERY_S)
         self._refused_warned = Throttle(_WARN_EVERY_S)  # keyed by the refusal's reason
@@ -330,7 +329,7 @@ class MqttSession:
             if self._will is not None:
                 will = self._will()
                 self._client.will_set(will.topic, will.payload, will.qos, will.retain)
-            acked = self._connacks
+            up_at = self._up_at
             try:
                 if s.version == "5":
                     props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
@@ -381,11 +380,12 @@ class MqttSession:
             self.connected.clear()
             if self._stopping.is_set():
                 break
-            # Whether this connection was ever up (its CONNACK came), not `connected`, which
-            # `_on_disconnect` has already cleared by now: read from it, the backoff never
-            # started again after a lost link, so a box's every outage after its first few
-            # waited up to reconnect_max_s to come back (tools/soak_agent.py).
-            if self._connacks != acked:
+            # Whether this connection was ever up (a CONNACK came and set `_up_at`), not
+            # `connected`, which `_on_disconnect` has already cleared by now: read from it,
+            # the backoff never started again after a lost link, so a box's every outage
+            # after its first few waited up to reconnect_max_s to come back
+            # (tools/soak_agent.py).
+            if self._up_at != up_at:
                 # Only a link that was up is lost. A connect a dead link swallowed (the TCP
                 # handshake done, no CONNACK before the keepalive ran out) is a failed
                 # attempt: counted, a frozen broker read as 11 reconnects for two outages.
@@ -479,7 +479,6 @@ class MqttSession:
             self._save_held()
         self.last_error, self.refused = None, False
         self._failing_since = None
-        self._connacks += 1
         self._up_at = time.monotonic()
         self.connected.set()
         self._queue.put(_CONNECTED)

@@ -111,7 +111,8 @@ def merge_intervals(parts: Sequence[PipelineStats]) -> PipelineStats:
             max_ms=max(s.max_ms for s in counted),
             mean_ms=sum(s.mean_ms * s.count for s in counted) / count,
         )
-    calls = sum(p.calls_per_frame * p.frames for p in parts) / frames if frames else 0.0
+    weighted = sum(p.calls_per_frame * p.frames for p in parts)
+    calls = weighted / frames if frames else last.calls_per_frame
     return last.model_copy(
         update={
             "frames": frames,
@@ -122,7 +123,7 @@ def merge_intervals(parts: Sequence[PipelineStats]) -> PipelineStats:
             "sink_failures": sum(p.sink_failures for p in parts),
             "frame_failures": sum(p.frame_failures for p in parts),
             "dropped_on_stop": sum(p.dropped_on_stop for p in parts),
-            "calls_per_frame": calls if frames else last.calls_per_frame,
+            "calls_per_frame": calls,
         }
     )
 
