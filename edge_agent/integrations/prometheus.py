@@ -3,8 +3,8 @@
 Latencies are real histograms in seconds, read from each pipeline's whole-run
 fixed-memory `LatencyHistogram` (cumulative, as Prometheus expects); frame,
 drop and failure counters are the telemetry intervals summed since the agent
-started; the rest are gauges from the latest telemetry. Two outputs, either or
-both:
+started (a pipeline's forgotten an hour after it last ran, `FORGET_AFTER_S`);
+the rest are gauges from the latest telemetry. Two outputs, either or both:
 - a node_exporter textfile, rewritten atomically (a temporary file in the same
   folder, then a rename), so the collector never reads half a file;
 - an HTTP `/metrics` endpoint, bound to 127.0.0.1 unless told otherwise
@@ -19,7 +19,8 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,16 +117,37 @@ def add_histogram(
     metric.add(total, labels, "_count")
 
 
+FORGET_AFTER_S = 3600.0
+"""How long the counters of a pipeline absent from telemetry are kept. A console that
+names its pipelines afresh (a job a day, a camera per shift) would otherwise add three
+series per id for the life of the process: the text grows with every id ever run, and
+Prometheus scrapes and stores all of it. An hour outlasts a live source's longest retry
+wait (5 minutes), so a camera that comes back keeps its counters; one that comes back
+later starts them at 0, which Prometheus reads as a counter reset, as after a restart."""
+
+
 @dataclass(slots=True)
 class Totals:
-    """Counters summed over telemetry intervals since the agent started."""
+    """Counters summed over telemetry intervals since the agent started (or since the
+    pipeline id last came back after `forget_after_s` away)."""
 
     frames: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     sink_failures: dict[str, int] = field(default_factory=dict)
+    forget_after_s: float = FORGET_AFTER_S
+    clock: Callable[[], float] = time.monotonic
+    seen: dict[str, float] = field(default_factory=dict)
+    """When each pipeline id was last in a telemetry interval (`clock`)."""
 
     def add(self, telemetry: Telemetry) -> None:
+        now = self.clock()
+        # Forgotten before this interval counts, so an id back after the hour starts at 0.
+        gone = [p for p, at in self.seen.items() if now - at > self.forget_after_s]
+        for pipeline in gone:
+            for counts in (self.seen, self.frames, self.dropped, self.sink_failures):
+                counts.pop(pipeline, None)
         for pipeline, figures in telemetry.pipelines.items():
+            self.seen[pipeline] = now
             self.frames[pipeline] = self.frames.get(pipeline, 0) + figures.frames
             self.dropped[pipeline] = self.dropped.get(pipeline, 0) + figures.dropped_frames
             self.sink_failures[pipeline] = (

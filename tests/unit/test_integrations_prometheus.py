@@ -185,6 +185,38 @@ def test_exposition_parses_back_with_real_histograms_in_seconds() -> None:
     assert "edge_agent_temperature_celsius" not in types  # the box has no sensor: no sample
 
 
+def test_counters_of_pipelines_long_gone_are_forgotten() -> None:
+    # A console naming a pipeline afresh each day: without forgetting, three series per id
+    # for the life of the process. A camera back within its retry waits keeps its count.
+    now = [0.0]
+    totals = Totals(clock=lambda: now[0])
+
+    def interval(**frames: int) -> Telemetry:
+        pipes = {
+            p: PipelineTelemetry(fps=1.0, frames=n, dropped_frames=0, stages={})
+            for p, n in frames.items()
+        }
+        return _telemetry(0, 0.0).model_copy(update={"pipelines": pipes})
+
+    for day in range(30):
+        for _ in range(144):  # a telemetry interval every 10 minutes
+            totals.add(interval(**{"camera": 10, f"job-{day}": 5}))
+            now[0] += 600.0
+    _, samples = parse(render(build_metrics("1", None, totals, {})))
+    frames = {lab["pipeline"]: v for lab, v in samples["edge_agent_frames_total"]}
+    assert frames == {"camera": 30 * 144 * 10.0, "job-29": 144 * 5.0}
+    assert len(samples["edge_agent_dropped_frames_total"]) == 2
+    # Away for five minutes more (a camera's longest retry wait): the counts go on.
+    now[0] += 300.0
+    totals.add(interval(camera=1))
+    assert totals.frames == {"camera": 30 * 144 * 10 + 1, "job-29": 144 * 5}
+    # Away for over an hour: forgotten, and back from 0, as after a restart.
+    now[0] += 3601.0
+    totals.add(interval(camera=7))
+    assert totals.frames == {"camera": 7}
+    assert set(totals.seen) == set(totals.dropped) == set(totals.sink_failures) == {"camera"}
+
+
 def test_label_values_and_help_are_escaped() -> None:
     metric = Metric("edge_agent_x", "gauge", "line one\nback\\slash")
     metric.add(1.5, (("pipeline", 'a"b\\c\nd'),))
