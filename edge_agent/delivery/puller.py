@@ -58,7 +58,8 @@ class PullerOptions:
     idle_s: float = 2.0
     """No frame for this long while in the broadcast: rejoin (or go to repair)."""
     rejoins: int = 2
-    """Rejoins before giving up on the broadcast and repairing everything."""
+    """Rejoins in a row with no new chunk before giving up on the broadcast and repairing
+    the rest; a chunk stored from the broadcast restores them."""
     repair_blocks: int = 16
     """Chunks per repair request (at most MAX_REPAIR_BLOCKS): 2 MiB at 128 KiB chunks."""
     repair_timeout_s: float = 3.0
@@ -223,6 +224,11 @@ class Puller:
                 self.stats.bad += 1
                 return 0
             self.stats.stored += 1
+            if self.state == "broadcast":
+                # The broadcast flows again: a later outage gets its rejoins too. Kept spent,
+                # a long pull's third gap (a broker restart, a cellular handover) sent the
+                # rest as unicast repair, per box: at fleet scale, the broker's whole load.
+                self._rejoins_left = self.options.rejoins
             self._since_sync += 1
             if self._since_sync >= self.options.sync_every or self.partial.complete:
                 self.partial.sync()

@@ -130,8 +130,13 @@ def test_pull_over_the_fake_broker_with_loss_repairs_everything(tmp_path: Path) 
     broker = FakeBroker()
     repo = Repo(tmp_path / "repo")
     repo.add(signed, folder)
+    now = [0.0]
     server = FleetServer(
-        broker.connect(), repo, instance="s1", options=BroadcastOptions(gather_s=0.0)
+        broker.connect(),
+        repo,
+        instance="s1",
+        options=BroadcastOptions(gather_s=0.0),
+        clock=lambda: now[0],
     )
     server.start()
     device = broker.connect("3.1.1")  # 3.1.1: response topic and correlation in the payload
@@ -147,7 +152,6 @@ def test_pull_over_the_fake_broker_with_loss_repairs_everything(tmp_path: Path) 
         return real_subscribe(topic_filter, drop, qos)
 
     device.subscribe = lossy_subscribe  # type: ignore[method-assign]
-    now = [0.0]
     partial = PartialTransfer(tmp_path / "pull", signed)
     puller = Puller(
         device,
@@ -166,8 +170,59 @@ def test_pull_over_the_fake_broker_with_loss_repairs_everything(tmp_path: Path) 
         puller.tick(now[0])
     assert puller.state == "complete"
     assert puller.stats.repaired > 0  # the loss was repaired, per device
+    assert puller.stats.stored - puller.stats.repaired >= 30  # the rest came by broadcast
     assert puller.stats.duplicates == 0
     assert (partial.files_dir / "m.onnx").stat().st_size == 40 * CHUNK + 123
+    assert (partial.files_dir / "m.onnx").read_bytes() == (folder / "m.onnx").read_bytes()
+
+
+def test_every_gap_in_a_long_broadcast_is_rejoined_not_repaired(tmp_path: Path) -> None:
+    # Three outages in one pull (a broker restart, a cellular handover, ...), each long
+    # enough to spend both rejoins: the broadcast that flows again between them restores
+    # the rejoins. Left spent, the third gap sent the rest as unicast repair, per box.
+    signed, folder = _release(tmp_path, 40 * CHUNK)
+    broker, repo, now = FakeBroker(), Repo(tmp_path / "repo"), [0.0]
+    repo.add(signed, folder)
+    options = BroadcastOptions(gather_s=0.0)
+    server = FleetServer(
+        broker.connect(), repo, instance="s1", options=options, clock=lambda: now[0]
+    )
+    server.start()
+    device = broker.connect()
+    real_subscribe = device.subscribe
+    outage_until, received = [0.0], [0]
+
+    def outage_subscribe(topic_filter: str, handler, qos: int = 1):  # type: ignore[no-untyped-def]
+        def gap(message: Message) -> None:
+            if message.topic.endswith("/chunks"):
+                if now[0] < outage_until[0]:
+                    return
+                received[0] += 1
+                if received[0] in (10, 20, 30):  # the link goes for 0.8 s: two idle spells
+                    outage_until[0] = now[0] + 0.8
+            handler(message)
+
+        return real_subscribe(topic_filter, gap, qos)
+
+    device.subscribe = outage_subscribe  # type: ignore[method-assign]
+    partial = PartialTransfer(tmp_path / "pull", signed)
+    puller = Puller(
+        device,
+        Topics(),
+        "dev-1",
+        partial,
+        clock=lambda: now[0],
+        options=PullerOptions(idle_s=0.5, rejoins=2),
+    )
+    puller.start()
+    while not puller.done.is_set() and now[0] < 60:
+        now[0] += 0.05
+        server.step(now[0])
+        puller.tick(now[0])
+    assert puller.state == "complete"
+    assert puller.stats.rejoins >= 5  # more than one budget's worth
+    assert puller.stats.repaired == 0  # every chunk came by the broadcast
+    assert puller.stats.repair_requests == 0
     assert (partial.files_dir / "m.onnx").read_bytes() == (folder / "m.onnx").read_bytes()
 
 
