@@ -305,7 +305,14 @@ def run_deploy(args: argparse.Namespace) -> int:
         else:
             roster = Roster(topics)
             roster.follow(session)
-            settle(session, topics)
+            if not settle(session, topics):
+                bars.close()
+                _error_line(
+                    "the broker did not send every device's state within 5 s, so the group's "
+                    "members are not known; run `edge-fleet status` to check the broker",
+                    "broker.unreachable",
+                )
+                return EXIT_TIMEOUT
             members = roster.members(args.group)
             if not members:
                 bars.close()
@@ -351,21 +358,26 @@ def run_deploy(args: argparse.Namespace) -> int:
 
 
 # --- status and watch -------------------------------------------------------------------------
-def _roster(session: MqttSession, topics: Topics, wait: float, *, telemetry: bool) -> Roster:
+def _roster(
+    session: MqttSession, topics: Topics, wait: float, *, telemetry: bool
+) -> tuple[Roster, bool]:
+    """The roster, and whether every retained state came within `wait` (else it says so)."""
     roster = Roster(topics)
     roster.follow(session, telemetry=telemetry)
-    if not settle(session, topics, wait):
+    settled = settle(session, topics, wait)
+    if not settled:
         print(
             f"edge-fleet: the broker did not answer within {wait:g} s: states may be missing",
             file=sys.stderr,
         )
-    return roster
+    return roster, settled
 
 
 def run_status(args: argparse.Namespace) -> int:
     session, topics = _session(args)
     try:
-        records = _roster(session, topics, args.wait, telemetry=False).snapshot()
+        roster, settled = _roster(session, topics, args.wait, telemetry=False)
+        records = roster.snapshot()
     finally:
         session.stop()
     if args.json:
@@ -374,7 +386,8 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"no device has published a state under {topics.prefix}/", file=sys.stderr)
     else:
         Console(soft_wrap=True).print(tables.status_table(records))
-    return 0
+    # What came is shown; a script must still not take a part of the fleet for all of it.
+    return 0 if settled else EXIT_TIMEOUT
 
 
 def run_watch(args: argparse.Namespace) -> int:
@@ -384,7 +397,7 @@ def run_watch(args: argparse.Namespace) -> int:
     session, topics = _session(args)
     out = Console(soft_wrap=True)
     try:
-        roster = _roster(session, topics, 5.0, telemetry=True)
+        roster, _ = _roster(session, topics, 5.0, telemetry=True)  # it keeps listening
         if args.once is not None:
             stop.wait(args.once)
             records = roster.snapshot()

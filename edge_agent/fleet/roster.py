@@ -55,6 +55,17 @@ class DeviceRecord:
         return max(times) if times else None
 
 
+FANIN_QOS = 0
+"""What the console subscribes with to what every device sends (state, telemetry,
+answers). A broker holds back QoS 1 deliveries to one client past a few in flight
+and queues a bounded number more, then drops the rest: mosquitto's defaults (20 and
+1,000) let 1,020 of a 5,000-box fleet's retained states through, and dropped final
+answers of a group deploy, which then read as time-outs. At QoS 0 it writes them
+straight to the connection: the devices still publish at QoS 1, so only a lost
+console connection can lose one, and then the subscription's retained states come
+again when it is made anew."""
+
+
 class Roster:
     """Every device's latest state (by the seq rule) and telemetry; safe across threads."""
 
@@ -67,10 +78,15 @@ class Roster:
         self.ignored_stale = 0
 
     def follow(self, comm: Communicator, *, telemetry: bool = False) -> list[Unsubscribe]:
-        """Subscribe to every device's state (and telemetry)."""
-        undo = [comm.subscribe(self.topics.device("+", "state"), self.on_state)]
+        """Subscribe to every device's state (and telemetry), at QoS 0 (`FANIN_QOS`)."""
+        state = self.topics.device("+", "state")
+        undo = [comm.subscribe(state, self.on_state, qos=FANIN_QOS)]
         if telemetry:
-            undo.append(comm.subscribe(self.topics.device("+", "telemetry"), self.on_telemetry))
+            undo.append(
+                comm.subscribe(
+                    self.topics.device("+", "telemetry"), self.on_telemetry, qos=FANIN_QOS
+                )
+            )
         return undo
 
     def _device_of(self, topic: str) -> str:
@@ -129,7 +145,8 @@ def settle(comm: Communicator, topics: Topics, timeout: float = 5.0) -> bool:
     """
     echo = topics.device("fleet", f"console/{uuid.uuid4().hex}")
     back = threading.Event()
-    undo = comm.subscribe(echo, lambda _message: back.set())
+    # At the QoS of the retained states it follows: a QoS 1 echo could pass them.
+    undo = comm.subscribe(echo, lambda _message: back.set(), qos=FANIN_QOS)
     try:
         comm.publish(echo, b"", qos=1)
         return back.wait(timeout)
@@ -180,7 +197,7 @@ def send_group(
     """
     results = {device: DeviceResult(device, "timeout") for device in members}
     replies = Replies()
-    undo = comm.subscribe(topics.device("+", "resp"), replies.on_response)
+    undo = comm.subscribe(topics.device("+", "resp"), replies.on_response, qos=FANIN_QOS)
     command = new_command(kind, args, timeout)
     answers = replies.expect(command.id)
     try:

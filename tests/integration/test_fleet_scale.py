@@ -1,0 +1,119 @@
+"""The console at fleet scale, on the suite's mosquitto with its default limits.
+
+mosquitto keeps 20 QoS 1 deliveries in flight to one client and queues 1,000 more,
+then drops the rest: a console subscribed at QoS 1 saw 1,020 of a fleet's retained
+states, and lost group answers that then read as time-outs. These put a few
+thousand devices' worth of messages in front of the console at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from edge_agent.comms.base import Message
+from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.comms.session import MqttSession, connect
+from edge_agent.comms.settings import BrokerSettings
+from edge_agent.fleet.roster import send_group
+from edge_agent.protocol.topics import Topics
+from tests.integration.test_fleet_console import as_json, fleet_cli
+
+FLEET = 2500
+"""Well past the 1,020 a QoS 1 subscription lets through; quick to publish."""
+
+
+def _state(group: str) -> bytes:
+    return json.dumps(
+        {
+            "online": True,
+            "seq": 1,
+            "ts": time.time(),
+            "agent_version": "0.1.0",
+            "group": group,
+            "devices": ["CPU"],
+            "models": [],
+            "pipelines": [],
+        }
+    ).encode()
+
+
+def _publish_fleet(session: MqttSession, topics: Topics, group: str) -> None:
+    for i in range(FLEET):
+        session.publish(topics.device(f"box-{i:05d}", "state"), _state(group), retain=True)
+    assert session.flush(60.0)
+
+
+def test_status_lists_every_device_of_a_large_fleet(broker: LocalBroker) -> None:
+    topics = Topics()
+    session = connect(BrokerSettings(port=broker.port))
+    try:
+        _publish_fleet(session, topics, "yard")
+    finally:
+        session.stop()
+    done = fleet_cli(broker, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    devices = as_json(done)
+    assert len(devices) == FLEET
+    assert "states may be missing" not in done.stderr
+
+
+def test_a_group_command_hears_every_answer_of_a_burst(broker: LocalBroker) -> None:
+    # One session answers for the whole group at once, as a fleet does within a second:
+    # accepted, two progress and ok each, on each device's own resp topic.
+    topics = Topics()
+    members = [f"box-{i:05d}" for i in range(FLEET)]
+    fleet = connect(BrokerSettings(port=broker.port))
+    answered = threading.Event()
+
+    def answer_all(message: Message) -> None:
+        command = json.loads(message.payload)
+        for device in members:
+            resp = topics.device(device, "resp")
+            for status, extra in (
+                ("accepted", {}),
+                ("progress", {"progress": {"stage": "transfer", "fraction": 0.5}}),
+                ("progress", {"progress": {"stage": "activate", "fraction": 0.95}}),
+                ("ok", {"result": {"pong": True}}),
+            ):
+                body = {"id": command["id"], "status": status, "device_id": device,
+                        "ts": time.time(), **extra}  # fmt: skip
+                fleet.publish(resp, json.dumps(body).encode())
+        answered.set()
+
+    fleet.subscribe(topics.group("yard", "cmd"), answer_all)
+    console = connect(BrokerSettings(port=broker.port))
+    try:
+        results = send_group(console, topics, "yard", "ping", None, members, timeout=60.0)
+        assert answered.is_set()
+        outcomes = [r.outcome for r in results.values()]
+        assert len(results) == FLEET
+        assert outcomes.count("ok") == FLEET, f"{outcomes.count('timeout')} timed out"
+    finally:
+        console.stop()
+        fleet.stop()
+
+
+def test_status_that_cannot_know_it_has_every_state_exits_non_zero(
+    tmp_path: Path,
+) -> None:
+    # A console whose user may read the fleet but not publish (a read-only ACL): its echo
+    # never comes back, so it cannot know the retained states are all in. What came is
+    # shown; the exit says it may be part of the fleet, for the script that reads it.
+    acl = tmp_path / "acl"
+    acl.write_text("user publisher\ntopic readwrite #\n\nuser reader\ntopic read #\n")
+    with LocalBroker(folder=tmp_path, extra_config=f"acl_file {acl}\n") as guarded:
+        topics = Topics()
+        publisher = connect(BrokerSettings(port=guarded.port, username="publisher"))
+        try:
+            session_state = topics.device("box-1", "state")
+            publisher.publish(session_state, _state("yard"), retain=True)
+            assert publisher.flush(10.0)
+        finally:
+            publisher.stop()
+        done = fleet_cli(guarded, "status", "--json", "-u", "reader", "--wait", "1")
+        assert done.returncode == 124, done.stderr
+        assert "states may be missing" in done.stderr
+        assert [entry["device"] for entry in as_json(done)] == ["box-1"]
