@@ -95,7 +95,17 @@ def broker_settings(config: AgentConfig) -> BrokerSettings:
         tls=tls,
         reconnect_min_s=mqtt.reconnect_min_s,
         reconnect_max_s=mqtt.reconnect_max_s,
+        max_packet_bytes=AGENT_MAX_PACKET_BYTES,
     )
+
+
+AGENT_MAX_PACKET_BYTES = 16 * 1024 * 1024
+"""What the agent takes from the broker on MQTT 5 (3.1.1 has no such limit: the broker's
+`message_size_limit` is the only one there). Its largest honest message is a release's
+manifest, 4.4 MB for a 4 GB model at 64 KiB chunks; commands stop at `max_command_bytes`
+and chunks at 128 KiB. Without it a 100 MB message on a topic the agent follows (the
+broker's own default limit is 256 MB) was copied whole into its memory, 290 MB at the
+peak, before any check could refuse it."""
 
 
 class AgentService:

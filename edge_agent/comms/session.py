@@ -334,6 +334,8 @@ class MqttSession:
                 if s.version == "5":
                     props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
                     props.SessionExpiryInterval = s.session_expiry_s if s.persistent else 0
+                    if s.max_packet_bytes is not None:
+                        props.MaximumPacketSize = s.max_packet_bytes
                     self._client.connect(
                         s.host, s.port, s.keepalive, clean_start=not s.persistent, properties=props
                     )

@@ -56,6 +56,12 @@ class BrokerSettings(BaseModel):
         description="A link up at least this long starts the reconnect backoff again; one lost "
         "sooner (another client taking over the same client id) keeps backing off.",
     )
+    max_packet_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description="MQTT 5: the largest packet this client takes (Maximum Packet Size); the "
+        "broker drops a larger message for it instead of sending it. None: no limit.",
+    )
     dispatch_limit_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,

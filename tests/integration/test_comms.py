@@ -75,6 +75,29 @@ def test_publish_subscribe_round_trip(broker: LocalBroker, version: str) -> None
         b.stop()
 
 
+def test_a_message_over_the_sessions_packet_limit_never_reaches_it(broker: LocalBroker) -> None:
+    # MQTT 5's Maximum Packet Size: the broker drops what is too large for this client
+    # rather than have it copied whole into the process (the agent's limit, 16 MiB,
+    # is above this broker's own 1 MiB, so a smaller one stands in for it here).
+    got: queue.Queue[Message] = queue.Queue()
+    small = connect(_settings(broker, max_packet_bytes=64 * 1024))
+    try:
+        small.subscribe("big/+", got.put)
+        time.sleep(0.1)
+        for topic, size in (("big/1", 200_000), ("big/2", 1_000)):
+            subprocess.run(
+                ["mosquitto_pub", "-p", str(broker.port), "-V", "5", "-q", "1", "-t", topic, "-s"],
+                input=b"x" * size,
+                check=True,
+                timeout=10,
+            )
+        first = _get(got)
+        assert (first.topic, len(first.payload)) == ("big/2", 1_000)
+        assert small.connected.is_set()  # dropped for it, not a reason to close it
+    finally:
+        small.stop()
+
+
 @pytest.mark.parametrize("version", ["5", "3.1.1"])
 def test_resubscribes_after_broker_restart(broker: LocalBroker, version: str) -> None:
     got: queue.Queue[Message] = queue.Queue()
