@@ -52,6 +52,11 @@ log = logging.getLogger(__name__)
 Answer = Callable[[Response], None]
 """Publishes an answer (through the outbox)."""
 
+MAX_ERROR_CHARS = 1000
+"""An error answer's message is cut here: enough for any message edge-agent writes, with
+the names and values it quotes; not the whole of a field name a sender made 250 KB."""
+MAX_FIELD_CHARS = 200
+
 
 class Supervisor(Protocol):
     """What the commands act on; `agent.supervisor.AgentSupervisor` is the real one."""
@@ -93,17 +98,56 @@ class Dispatcher:
         self.jobs = Jobs()
         self._closed = threading.Event()
 
-    def handle(self, payload: bytes, broker_expiry_s: int | None = None) -> None:
+    def handle(
+        self, payload: bytes, broker_expiry_s: int | None = None, retained: bool = False
+    ) -> None:
         """Take one command payload; never raises. Called from the comms worker thread.
 
         `broker_expiry_s`: what was left of the message's MQTT 5 expiry when it arrived
         (`Message.expiry_s`); with one, `expires_at` is not checked on this box's clock.
+        `retained`: the broker sent it from its retained store (a new subscription, every
+        reconnect), not as it was published; such a command is answered, never run.
         """
         try:
+            if retained:
+                self._refuse_retained(payload)
+                return
             self._handle(payload, broker_expiry_s)
         except Exception:  # a bug must cost one answer, not the agent
             log_crash(log, "command_crashed")
             self._error("", EdgeAgentError("the agent failed on this command", code="internal"))
+
+    def end_interrupted(self) -> None:
+        """At start: give the commands the last run claimed and never ended a final answer.
+
+        Killed mid-command (a crash, a power cut), an id stayed claimed with no answer: a
+        resend got `accepted` and then nothing, and `cancel` found nothing to cancel,
+        until 10,000 newer ids pushed it out of the log.
+        """
+        for command_id in self._commands.unfinished():
+            self._finish(
+                command_id,
+                error=EdgeAgentError(
+                    f"command {command_id} did not finish: the agent stopped while it ran",
+                    "send it again with a new id (a deploy resumes its transfer)",
+                    code="command.interrupted",
+                ),
+            )
+
+    def _refuse_retained(self, payload: bytes) -> None:
+        # Run, it would run again at every reconnect once its id left the log, and on every
+        # box that joins the group later: a command is for the boxes there when it is sent.
+        # Not claimed, so the same id sent as a live command still runs.
+        log_event(log, logging.WARNING, "command_retained", bytes=len(payload))
+        self._error(
+            self._sniff_id(payload[:4096]),
+            EdgeAgentError(
+                "command was a retained message, which the agent does not run",
+                "clear it (mosquitto_pub -r -n -t TOPIC) and send commands without retain",
+                code="command.invalid",
+            ),
+            field="retain",
+        )
 
     def _handle(self, payload: bytes, broker_expiry_s: int | None = None) -> None:
         if len(payload) > self._max_bytes:
@@ -328,9 +372,15 @@ class Dispatcher:
             "command_failed",
             command_id=command_id,
             code=error.code,
-            detail=str(error),
+            detail=_clip(str(error), MAX_ERROR_CHARS),
         )
-        body = ErrorBody(code=error.code, message=str(error), field=field or None)
+        # Bounded: a message quotes what was wrong, and a key of 250 KB named in it made a
+        # 500 KB answer, stored with its id and logged, 10,000 of them kept.
+        body = ErrorBody(
+            code=error.code,
+            message=_clip(str(error), MAX_ERROR_CHARS),
+            field=_clip(field, MAX_FIELD_CHARS) if field else None,
+        )
         return Response(id=command_id, status="error", error=body, **self._base())
 
     def _send(self, response: Response) -> None:
@@ -362,6 +412,11 @@ class Dispatcher:
         self.jobs.cancel_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.jobs.join(timeout)
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text`, cut to `limit` characters with an ellipsis when longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _not_json(constant: str) -> None:

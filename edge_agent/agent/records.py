@@ -151,6 +151,12 @@ class CommandLog:
             )
             return True, None
 
+    def unfinished(self) -> list[str]:
+        """Ids claimed with no final answer: at start, those the last run never ended."""
+        with self._lock:
+            rows = self._db.execute("SELECT id FROM answers WHERE answer IS NULL ORDER BY n")
+            return [row[0] for row in rows.fetchall()]
+
     def forget(self, command_id: str) -> None:
         """Drop a claim, so the same id may run when it is sent again (after command.busy)."""
         with self._lock:

@@ -349,6 +349,10 @@ class AgentService:
         does within `_IDLE_S`.
         """
         self._stop = stop
+        try:
+            self.dispatcher.end_interrupted()  # before any command can come in
+        except Exception:  # the command log unreadable: its old ids stay as they were
+            log_crash(log, "interrupted_commands_failed")
         self.session.subscribe(self.topics.device(self.device, "cmd"), self._on_command)
         if self.config.group:
             self.session.subscribe(
@@ -406,7 +410,7 @@ class AgentService:
         self._kick.set()
 
     def _on_command(self, message: Message) -> None:
-        self.dispatcher.handle(message.payload, message.expiry_s)
+        self.dispatcher.handle(message.payload, message.expiry_s, message.retain)
 
     def _pump(self) -> None:
         """Move the outbox to the broker in order; delete only what the broker acknowledged."""

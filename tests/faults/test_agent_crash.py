@@ -53,6 +53,14 @@ def test_kill_9_shows_offline_and_a_restart_restores_everything(
             spec = {"id": "gate", "model": {"name": "orient"}, "source": stream}
             watcher.ok("start_pipeline", {"spec": spec}, timeout=60)
             watcher.wait(lambda m: m.leaf == "results/gate", what="a result")
+            # A long command under way when the box dies (no release by that name: the
+            # deploy waits for one): after the restart it ends, and a resend says how.
+            ghost = watcher.send("deploy_model", {"name": "ghost"})
+            watcher.wait(
+                lambda m: m.leaf == "resp" and m.json()["id"] == ghost
+                and m.json()["status"] == "accepted",
+                what="the deploy accepted",
+            )  # fmt: skip
 
             first.kill()
             killed = time.time()
@@ -76,6 +84,15 @@ def test_kill_9_shows_offline_and_a_restart_restores_everything(
             )
             assert any(m["name"] == "orient" and m["version"] == 1 for m in reborn["models"])
             assert watcher.final(queued)["status"] == "ok"
+            ended = watcher.final(ghost)
+            assert ended["error"]["code"] == "command.interrupted", ended
+            resent = time.time()
+            watcher.send("deploy_model", {"name": "ghost"}, command_id=ghost)
+            again = watcher.wait(
+                lambda m: m.leaf == "resp" and m.at > resent and m.json()["id"] == ghost,
+                what="an answer to the resend",
+            )
+            assert again.json() == ended  # the stored final answer, not `accepted` for good
             watcher.wait(
                 lambda m: m.leaf == "results/gate" and m.at > restarted,
                 what="a result from the restored pipeline",

@@ -388,6 +388,61 @@ def test_a_10mb_command_is_refused_by_size_and_the_agent_keeps_serving(wire: Wir
     assert wire.ok("get_status")["reconnects"] == 0
 
 
+def test_an_error_answer_quoting_a_huge_name_stays_small(wire: Wire) -> None:
+    # The answer names the unknown argument: a 200 KB name made a 400 KB answer, stored
+    # with its id (10,000 kept) and written to the log.
+    name = "k" * 200_000
+    payload = json.dumps({"id": "k1", "type": "ping", "args": {name: 1}, "sent_at": 0})
+    error = wire.error(payload, "k1")
+    assert error["code"] == "command.invalid"
+    assert error["message"].startswith("bad arguments for ping at args.kkk")
+    assert len(error["message"]) <= 1000
+    assert len(error["field"]) <= 200
+    assert error["field"].endswith("\u2026")
+
+
+def test_a_retained_command_is_answered_and_never_run(tmp_path: Path) -> None:
+    # `mosquitto_pub -r`: the broker hands the command to every new subscription, which is
+    # every reconnect of a box and every box that joins later. A box that comes after it
+    # must answer it and not run it; a live command with the same id still runs.
+    (tmp_path / "mosquitto").mkdir()
+    with LocalBroker(folder=tmp_path / "mosquitto") as broker:
+        command = {"id": "ret-1", "type": "set_telemetry", "args": {"interval_s": 3600},
+                   "sent_at": time.time()}  # fmt: skip
+        topic = f"{PREFIX}/late-dev/cmd"
+        subprocess.run(
+            ["mosquitto_pub", "-p", str(broker.port), "-q", "1", "-r", "-t", topic, "-s"],
+            input=json.dumps(command).encode(),
+            check=True,
+            timeout=10,
+        )
+        config = write_config(
+            tmp_path / "agent.toml", port=broker.port, device="late-dev", state=tmp_path / "s"
+        )
+        watcher = Watcher(broker.port, "late-dev")
+        agent = InProcessAgent(config)
+        try:
+            refused = watcher.final("ret-1")
+            assert refused["error"]["code"] == "command.invalid", refused
+            assert refused["error"]["field"] == "retain"
+            assert "mosquitto_pub -r -n" in refused["error"]["message"]
+            assert watcher.ok("get_status")["telemetry_interval_s"] == 1.0
+            subprocess.run(  # the operator clears it, then sends it live: it runs
+                ["mosquitto_pub", "-p", str(broker.port), "-r", "-n", "-t", topic],
+                check=True,
+                timeout=10,
+            )
+            live = watcher.send("set_telemetry", {"interval_s": 5.0}, command_id="ret-1")
+            assert watcher.wait(
+                lambda m: m.leaf == "resp" and m.json()["id"] == live
+                and m.json()["status"] == "ok",
+                what="the live command's answer",
+            ).json()["result"] == {"interval_s": 5.0}  # fmt: skip
+        finally:
+            watcher.close()
+            agent.close()
+
+
 def test_a_10mb_command_the_broker_refuses_never_reaches_the_agent(tmp_path: Path) -> None:
     # mosquitto's default 1 MB max_packet_size: the broker cuts the publisher off, so
     # no answer can come; the agent must simply not notice, and go on serving.
