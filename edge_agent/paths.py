@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def _home(env: Mapping[str, str]) -> Path:
@@ -62,7 +62,8 @@ def default_fleet_repo(env: Mapping[str, str]) -> Path:
 
 def is_safe_name(name: str) -> bool:
     """True for a name that can be one path component: no separators, no dots-only, no `..`."""
-    return bool(_SAFE_NAME.match(name)) and ".." not in name
+    # fullmatch: `$` lets a trailing newline through ("orient\n" named a folder).
+    return bool(_SAFE_NAME.fullmatch(name)) and ".." not in name
 
 
 @dataclass(frozen=True, slots=True)

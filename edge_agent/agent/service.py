@@ -310,7 +310,7 @@ class AgentService:
         # after our birth) must not leave the box marked offline: answer it with a birth.
         try:
             data = json.loads(message.payload)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: 200,000 nested brackets
             data = None
         seq = data.get("seq") if isinstance(data, dict) else None
         seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else None
@@ -321,7 +321,7 @@ class AgentService:
             return  # this connection's own clean-stop message (or its will)
         if online is False and seq is not None and seq < self._seq:
             log_event(log, logging.INFO, "stale_will_answered", stale_seq=seq, seq=self._seq)
-            self._publish_state()
+            self._state_changed()
             return
         # Anything else was not written by this agent: offline past the seq it reached,
         # a seq that is not a number, not JSON. A client with write access to the topic,
@@ -339,7 +339,10 @@ class AgentService:
                 fix="check that no other box uses this device id, and that only the agent "
                 "may publish on its state topic (broker ACL)",
             )
-        self._publish_state()
+        # Through the main loop, as every state change: a burst of foreign states is
+        # answered with one birth, not a birth each (a store scan and a retained publish)
+        # on the thread every command waits behind.
+        self._state_changed()
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:

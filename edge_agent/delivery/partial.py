@@ -54,7 +54,7 @@ def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
     Returns:
         The folders removed.
     """
-    wanted = _FOLDER.match(keep.name)
+    wanted = _FOLDER.fullmatch(keep.name)
     now = time.time() if now is None else now
     removed: list[Path] = []
     try:
@@ -62,7 +62,7 @@ def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
     except OSError:
         return removed
     for folder in found:
-        match = _FOLDER.match(folder.name)
+        match = _FOLDER.fullmatch(folder.name)
         if folder == keep or match is None or not folder.is_dir():
             continue
         same_name = wanted is not None and match["name"] == wanted["name"]

@@ -19,7 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from edge_agent.comms.local_broker import LocalBroker
-from tests.agent_kit import AgentProcess, Watcher, fleet, retained_state, write_config
+from edge_agent.comms.session import connect
+from edge_agent.comms.settings import BrokerSettings
+from tests.agent_kit import (
+    PREFIX,
+    AgentProcess,
+    InProcessAgent,
+    Watcher,
+    fleet,
+    retained_state,
+    write_config,
+)
 
 DEVICE = "crash-dev"
 KEEPALIVE = 5
@@ -28,6 +38,7 @@ HUNG_LIMIT_S = 3.0 * KEEPALIVE
 is declared gone after 10.4 s here (-k 10: 16.7 s), and the agent after 10-13 s, not
 the 7.5 s MQTT asks for. The agent's part is to ask for the keepalive it was configured
 with; the broker's lateness is allowed for."""
+FLOOD = 2000
 
 
 def test_kill_9_shows_offline_and_a_restart_restores_everything(
@@ -191,3 +202,47 @@ def _own_state_after(message: Any, after: float) -> bool:
     return bool(
         message.leaf == "state" and message.json().get("online") is True and message.at > after
     )
+
+
+def test_a_flood_of_foreign_states_gets_a_few_births_and_commands_go_on(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    # Something else writing on the box's state topic, fast (a stuck script, a second box
+    # on this id): each foreign state was answered with its own birth, a store scan and a
+    # retained publish, on the thread every command waits behind. Now they coalesce.
+    config = write_config(
+        tmp_path / "agent.toml", port=broker.port, device=DEVICE, state=tmp_path / "state"
+    )
+    watcher = Watcher(broker.port, DEVICE)
+    agent = InProcessAgent(config)
+    flood = connect(BrokerSettings(port=broker.port))
+    try:
+        birth = watcher.wait_state(lambda s: s["online"], timeout=60)
+        started = time.time()
+        foreign = b'{"online": false, "seq": 99999999999}'
+        for _ in range(FLOOD):
+            flood.publish(f"{PREFIX}/{DEVICE}/state", foreign, qos=0)
+        flood.publish(f"{PREFIX}/{DEVICE}/state", b"[" * 200_000, qos=1)  # too deep to parse
+        assert flood.flush(10.0)
+        assert watcher.ok("ping")["pong"] is True
+        # Settled: the last word on the topic is the agent's own birth, and it stays so.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            last_seen = watcher.on("state")[-1]
+            ours = last_seen.payload.startswith(b"{") and last_seen.json()["online"]
+            if ours and last_seen.at > started and time.time() - last_seen.at > 1.0:
+                break
+            time.sleep(0.1)
+        last = watcher.on("state")[-1].json()
+        assert last["online"] is True
+        assert last["seq"] == birth["seq"]
+        births = [
+            m for m in watcher.on("state")
+            if m.at > started and m.payload.startswith(b"{") and m.json()["online"]
+        ]  # fmt: skip
+        assert 1 <= len(births) <= FLOOD // 10, len(births)
+        assert retained_state(broker.port, DEVICE)["online"] is True
+    finally:
+        flood.stop()
+        watcher.close()
+        agent.close()
