@@ -56,6 +56,10 @@ MAX_ERROR_CHARS = 1000
 """An error answer's message is cut here: enough for any message edge-agent writes, with
 the names and values it quotes; not the whole of a field name a sender made 250 KB."""
 MAX_FIELD_CHARS = 200
+PROGRESS_EVERY_S = 2.0
+"""Within one stage, a long command's progress goes out at most this often (each new stage
+at once). A transfer reported every chunk, up to 10 a second per box: a group deploy to
+5,000 boxes sent the console 50,000 answers a second, and its final ones were lost."""
 
 
 class Supervisor(Protocol):
@@ -321,7 +325,14 @@ class Dispatcher:
             )
 
     def _progress(self, command_id: str) -> Callable[[str, float], None]:
+        last: dict[str, float] = {}  # the stage last reported, and when (monotonic)
+
         def report(stage: str, fraction: float) -> None:
+            now = time.monotonic()
+            if stage in last and now - last[stage] < PROGRESS_EVERY_S:
+                return
+            last.clear()
+            last[stage] = now
             progress = Progress(stage=stage, fraction=min(1.0, max(0.0, fraction)))
             self._send(
                 Response(id=command_id, status="progress", progress=progress, **self._base())

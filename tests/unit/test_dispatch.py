@@ -26,6 +26,7 @@ class _Supervisor:
         self.release = threading.Event()
         self.hold = threading.Event()
         self.hold.set()
+        self.steps, self.step_s = 4, 0.05
 
     def run_command(self, kind: str, args: BaseModel, job: JobContext) -> dict[str, Any]:
         self.runs.append(kind)
@@ -37,10 +38,12 @@ class _Supervisor:
             raise EdgeAgentError("store is gone", "reinstall", code="store.not_found")
         if kind == "deploy_model":
             self.hold.wait(10)
-            for step in range(4):
-                job.progress("pull", step / 4)
-                if self.release.wait(0.05) or job.cancelled:
+            for step in range(self.steps):
+                job.progress("pull", step / self.steps)
+                if self.release.wait(self.step_s) or job.cancelled:
                     break
+            for step in range(self.steps):
+                job.progress("install", step / self.steps)
             job.check()
             return {"installed": getattr(args, "name", "")}
         return {}
@@ -192,6 +195,15 @@ def test_long_commands_go_accepted_progress_ok(harness: _Harness) -> None:
     assert kinds[-1] == "ok"
     assert "progress" in kinds
     assert final.result == {"installed": "person-det"}
+
+
+def test_progress_within_a_stage_is_sent_at_most_every_two_seconds(harness: _Harness) -> None:
+    # A transfer reports every chunk: unthrottled, a fleet's group deploy buried its console.
+    harness.supervisor.steps, harness.supervisor.step_s = 500, 0.0
+    harness.send(_cmd("d9", "deploy_model", {"name": "m"}))
+    assert harness.final("d9").status == "ok"
+    sent = [a.progress for a in harness.answers if a.id == "d9" and a.status == "progress"]
+    assert [(p.stage, p.fraction) for p in sent if p] == [("pull", 0.0), ("install", 0.0)]
 
 
 def test_cancel_stops_a_long_command(harness: _Harness) -> None:
