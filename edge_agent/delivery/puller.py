@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -63,7 +64,12 @@ class PullerOptions:
     repair_blocks: int = 16
     """Chunks per repair request (at most MAX_REPAIR_BLOCKS): 2 MiB at 128 KiB chunks."""
     repair_timeout_s: float = 3.0
-    """A repair request with no answer for this long is sent again."""
+    """A repair request with no answer for this long is sent again; each time unanswered
+    doubles the wait (to `repair_max_s`), and every wait is drawn from 1x to 1.5x of it."""
+    repair_max_s: float = 30.0
+    """The longest wait for an answer before a repair request is sent again."""
+    repair_spread_s: float = 1.0
+    """The first repair request goes out after a wait drawn from [0, this]."""
     sync_every: int = 64
     """fdatasync the partial files every this many chunks (resume loses at most these)."""
 
@@ -96,6 +102,7 @@ class Puller:
         *,
         options: PullerOptions | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
     ) -> None:
         self.comm = comm
         self.topics = topics
@@ -115,6 +122,13 @@ class Puller:
         self._rejoins_left = self.options.rejoins
         self._wanted: set[int] = set()
         self._deadline = 0.0
+        # Every box of a fleet is told the broadcast is over by one status message, and a
+        # repair server that drops a burst of requests drops them for all alike: the first
+        # request and every resend are spread, and resends back off, or the ones dropped
+        # all come back together, again and again.
+        self._rng = rng or random.Random()
+        self._unanswered = 0
+        self._asked = False
         self._corr = 0
         self._since_sync = 0
         name, version = self.release.name, self.release.version
@@ -148,6 +162,8 @@ class Puller:
                 else:
                     self._to_repair()
             elif self.state == "repair" and now > self._deadline:
+                if self._asked:
+                    self._unanswered += 1
                 self._request()
 
     def stop(self) -> None:
@@ -194,6 +210,7 @@ class Puller:
                 if frame.release_id == self.rid:
                     self.stats.repaired += self._store(frame.index, frame.data)
                     self._wanted.discard(frame.index)
+                    self._unanswered = 0
                     self._deadline = self.clock() + self.options.repair_timeout_s
                     if self.state == "repair" and not self._wanted:
                         self._request()
@@ -263,7 +280,11 @@ class Puller:
         if unsubscribe is not None:
             unsubscribe()  # broadcast frames others still need are not ours to pay for
         self._control(Leave(device_id=self.device_id, reason="repairing"))
-        self._request()
+        if not self.partial.missing():
+            self._complete()
+            return
+        # `tick` sends the first request once this passes.
+        self._deadline = self.clock() + self._rng.uniform(0.0, self.options.repair_spread_s)
 
     def _request(self) -> None:
         missing = self.partial.missing()
@@ -290,7 +311,10 @@ class Puller:
             correlation_data=None if v5 else base64.b64encode(correlation).decode(),
         )
         self._wanted = set(wanted)
-        self._deadline = self.clock() + self.options.repair_timeout_s
+        self._asked = True
+        backoff = 2 ** min(self._unanswered, 16)
+        wait = min(self.options.repair_max_s, self.options.repair_timeout_s * backoff)
+        self._deadline = self.clock() + wait * self._rng.uniform(1.0, 1.5)
         self.stats.repair_requests += 1
         self.comm.publish(
             self.topics.repair,

@@ -3,6 +3,8 @@ whole pull with loss over the in-memory FakeBroker (the fake that ships with com
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import random
 from pathlib import Path
@@ -224,6 +226,48 @@ def test_every_gap_in_a_long_broadcast_is_rejoined_not_repaired(tmp_path: Path) 
     assert puller.stats.repaired == 0  # every chunk came by the broadcast
     assert puller.stats.repair_requests == 0
     assert (partial.files_dir / "m.onnx").read_bytes() == (folder / "m.onnx").read_bytes()
+
+
+def test_unanswered_repairs_are_spread_and_back_off(tmp_path: Path) -> None:
+    # A fleet's boxes leave the broadcast on one status message; a repair server that
+    # drops a burst drops it for all. Resent every 3.0 s exactly, the dropped all came
+    # back together, for ever: each box now spreads its first request and backs off.
+    signed, _ = _release(tmp_path, 3 * CHUNK)
+    broker, now = FakeBroker(), [0.0]
+    asked: dict[str, list[float]] = {}
+    server = broker.connect()
+    server.subscribe(
+        Topics().repair,
+        lambda m: asked.setdefault(json.loads(m.payload)["device_id"], []).append(now[0]),
+    )
+    pullers = []
+    for i in range(40):
+        puller = Puller(
+            broker.connect(),
+            Topics(),
+            f"dev-{i}",
+            PartialTransfer(tmp_path / f"pull-{i}", signed),
+            clock=lambda: now[0],
+            options=PullerOptions(idle_s=0.5, rejoins=0),  # no broadcaster: straight to repair
+            rng=random.Random(i),
+        )
+        puller.start()
+        pullers.append(puller)
+    while now[0] < 200.0:
+        now[0] += 0.05
+        for puller in pullers:
+            puller.tick(now[0])
+    firsts = sorted(times[0] for times in asked.values())
+    assert len(firsts) == 40
+    assert firsts[-1] - firsts[0] > 0.5  # spread over a second, not one instant
+    for times in asked.values():
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert 3.0 <= gaps[0] <= 4.6
+        assert all(later > 1.2 * earlier for earlier, later in itertools.pairwise(gaps[:4]))
+        assert max(gaps) <= 30.0 * 1.5 + 0.1  # backed off to the cap, no further
+    # The fourth resend of each box: spread over seconds, not in step.
+    fourth = sorted(times[4] for times in asked.values())
+    assert fourth[-1] - fourth[0] > 5.0
 
 
 def test_rendezvous_owner_is_stable_and_spreads() -> None:
