@@ -45,7 +45,7 @@ LONG_TIMEOUT_S = 600.0
 
 
 def add_console_verbs(verbs: Any) -> None:
-    """Add cmd, deploy, status and watch to `edge-fleet`'s sub-command parsers."""
+    """Add cmd, deploy, status, watch and forget to `edge-fleet`'s sub-command parsers."""
 
     def verb(name: str, help_text: str) -> argparse.ArgumentParser:
         # -h is the broker host, as in mosquitto_sub: help is --help only.
@@ -103,6 +103,15 @@ def add_console_verbs(verbs: Any) -> None:
     )
     watch.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
     watch.set_defaults(run=run_watch)
+
+    forget = verb("forget", "clear the retained state of retired devices")
+    forget.add_argument("devices", nargs="+", metavar="DEVICE", help="device id")
+    forget.add_argument(
+        "--force",
+        action="store_true",
+        help="clear it even if the device says it is online (it returns at its next state)",
+    )
+    forget.set_defaults(run=run_forget)
 
 
 # --- arguments --------------------------------------------------------------------------------
@@ -415,6 +424,43 @@ def run_watch(args: argparse.Namespace) -> int:
     finally:
         session.stop()
     return 0
+
+
+def run_forget(args: argparse.Namespace) -> int:
+    """Clear retired devices' retained states, so `status` and `watch` stop listing them.
+
+    A box taken out of service leaves its last state retained on the broker for good: at
+    5,000 boxes and a few retired a week, a growing part of every listing is the dead.
+    Only a device the broker holds a state for is cleared (its id then names a real
+    topic), and not one that says it is online, unless --force.
+    """
+    session, topics = _session(args)
+    failed = False
+    try:
+        roster, settled = _roster(session, topics, 5.0, telemetry=False)
+        known = {record.device: record for record in roster.snapshot()}
+        for device in dict.fromkeys(args.devices):
+            record = known.get(device)
+            if record is None:
+                why = "it may be missing" if not settled else "see `edge-fleet status`"
+                _error_line(f"the broker holds no state for {device!r}; {why}", "input.invalid")
+                failed = True
+            elif record.online and not args.force:
+                _error_line(
+                    f"{device} says it is online; stop its agent first, or pass --force "
+                    "(a running agent publishes its state again at its next change)",
+                    "input.invalid",
+                )
+                failed = True
+            else:
+                session.publish(topics.device(device, "state"), b"", qos=1, retain=True)
+                print(f"forgot {device}", file=sys.stderr, flush=True)
+        if not session.flush(10.0):
+            _error_line("the broker did not confirm within 10 s", "broker.unreachable")
+            return EXIT_TIMEOUT
+    finally:
+        session.stop()
+    return EXIT_FAILED if failed else 0
 
 
 def _snapshots(out: Console, roster: Roster, stop: threading.Event, every_s: float = 2.0) -> None:

@@ -9,6 +9,7 @@ thousand devices' worth of messages in front of the console at once.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -117,3 +118,31 @@ def test_status_that_cannot_know_it_has_every_state_exits_non_zero(
         assert done.returncode == 124, done.stderr
         assert "states may be missing" in done.stderr
         assert [entry["device"] for entry in as_json(done)] == ["box-1"]
+
+
+def test_forget_clears_a_retired_devices_state_and_only_that(broker: LocalBroker) -> None:
+    topics = Topics()
+    session = connect(BrokerSettings(port=broker.port))
+    try:
+        offline = json.dumps(json.loads(_state("yard")) | {"online": False}).encode()
+        session.publish(topics.device("old-box", "state"), offline, retain=True)
+        session.publish(topics.device("live-box", "state"), _state("yard"), retain=True)
+        assert session.flush(10.0)
+    finally:
+        session.stop()
+    done = fleet_cli(broker, "forget", "old-box", "live-box", "nobody")
+    assert done.returncode == 1, done.stderr
+    assert "forgot old-box" in done.stderr
+    assert "live-box says it is online" in done.stderr
+    assert "no state for 'nobody'" in done.stderr
+    # A client no one here wrote: the broker holds live-box's state and no other.
+    held = subprocess.run(
+        ["mosquitto_sub", "-p", str(broker.port), "-t", "edge/v1/+/state", "--retained-only",
+         "-W", "1", "-F", "%t"],
+        capture_output=True, text=True, timeout=10, check=False,
+    )  # fmt: skip
+    assert held.stdout.split() == ["edge/v1/live-box/state"], held
+    forced = fleet_cli(broker, "forget", "live-box", "--force")
+    assert forced.returncode == 0, forced.stderr
+    status = fleet_cli(broker, "status", "--json")
+    assert as_json(status) == []
