@@ -88,8 +88,33 @@ def watch_json(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
     ]
 
 
-def watch_table(records: Iterable[DeviceRecord], now: float | None = None) -> Table:
-    table = Table(title="fleet (telemetry, last interval)", expand=False)
+def in_trouble(record: DeviceRecord) -> bool:
+    """Offline, or with a pipeline that is not running: what an operator looks for first."""
+    if not record.online:
+        return True
+    return any(f.get("status") not in (None, "running") for f in pipeline_figures(record).values())
+
+
+def watch_table(
+    records: Iterable[DeviceRecord], now: float | None = None, limit: int | None = None
+) -> Table:
+    """The fleet as a table; past `limit` devices, those in trouble first, the rest counted.
+
+    A terminal shows a screenful: at 5,000 boxes sorted by name, an offline one was
+    thousands of rows below it (and building every row took 3 s, twice a second).
+    """
+    records = list(records)
+    hidden: list[DeviceRecord] = []
+    if limit is not None and len(records) > limit:
+        ordered = sorted(records, key=lambda r: (not in_trouble(r), r.device))
+        records, hidden = ordered[:limit], ordered[limit:]
+    caption = None
+    if hidden:
+        trouble = sum(in_trouble(r) for r in hidden)
+        caption = f"{len(hidden)} more not shown ({trouble} of them offline or failing); " + (
+            "--once S --json lists every device"
+        )
+    table = Table(title="fleet (telemetry, last interval)", expand=False, caption=caption)
     for column, justify in (
         ("device", "left"),
         ("state", "left"),

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import json
 import threading
+import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from edge_agent.comms.base import Message
 from edge_agent.comms.fake import FakeBroker
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet.console import Interrupted
-from edge_agent.fleet.console_cmd import command_args, parse_arg
+from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg
 from edge_agent.fleet.roster import Roster, send_group
-from edge_agent.fleet.tables import age
+from edge_agent.fleet.tables import age, watch_table
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 
@@ -113,3 +116,50 @@ def test_ages_read_short() -> None:
         "1d",
         "-",
     ]
+
+
+def test_a_screenful_of_a_large_fleet_shows_the_devices_in_trouble_first() -> None:
+    # 5,000 boxes by name: box-04321, offline, was thousands of rows below the screen.
+    roster = Roster(TOPICS)
+    for i in range(5000):
+        roster.on_state(state(f"box-{i:05d}", i not in (4321, 4999), 1))
+    table = watch_table(roster.snapshot(), now=2000.0, limit=20)
+    devices = list(table.columns[0].cells)
+    assert devices[:2] == ["box-04321", "box-04999"]
+    assert devices[2:] == [f"box-{i:05d}" for i in range(18)]
+    assert table.caption == (
+        "4980 more not shown (0 of them offline or failing); --once S --json lists every device"
+    )
+    assert len(list(watch_table(roster.snapshot(), now=2000.0).columns[0].cells)) == 5000
+
+
+def test_progress_of_a_large_group_is_one_line_by_stage(capsys: pytest.CaptureFixture[str]) -> None:
+    bars = Bars(Console(file=io.StringIO(), force_terminal=False), summary_every_s=3600.0)
+    for i in range(3):  # a few devices: a line per device and step
+        bars.update(f"dock-{i}", msg.Progress(stage="transfer", fraction=0.5))
+    assert capsys.readouterr().err.splitlines() == [f"dock-{i}: transfer 50%" for i in range(3)]
+    for i in range(5000):  # a fleet: one line for all, now and then
+        stage = "install" if i % 4 == 0 else "transfer"
+        bars.update(f"box-{i}", msg.Progress(stage=stage, fraction=0.9 if i % 4 == 0 else 0.5))
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 + MAX_BARS - 3, lines  # 9 boxes by line, then the summary
+    assert lines[-1] == "13 devices: 3 install, 10 transfer (59% on average)"
+    bars.close()
+
+
+def test_a_large_group_on_a_terminal_is_one_bar() -> None:
+    bars = Bars(Console(file=io.StringIO(), force_terminal=True))
+    try:
+        for i in range(MAX_BARS):
+            bars.update(f"dock-{i}", msg.Progress(stage="transfer", fraction=0.25))
+        assert bars._progress is not None
+        assert len(bars._progress.tasks) == MAX_BARS
+        for i in range(2000):
+            bars.update(f"box-{i}", msg.Progress(stage="install", fraction=0.75))
+        time.sleep(0.3)  # the group's bar is summed at most every 0.25 s
+        bars.update("box-0", msg.Progress(stage="install", fraction=0.75))
+        [task] = bars._progress.tasks
+        assert task.description.startswith(f"{2000} install, {MAX_BARS} transfer")
+        assert task.completed == pytest.approx((2000 * 0.75 + MAX_BARS * 0.25) / (2000 + MAX_BARS))
+    finally:
+        bars.close()
