@@ -39,6 +39,7 @@ from edge_agent.comms.held_filters import HeldFilters
 from edge_agent.comms.session import MqttSession, Will
 from edge_agent.comms.settings import BrokerSettings, TlsSettings
 from edge_agent.config.agent import AgentConfig
+from edge_agent.delivery.partial import sweep
 from edge_agent.integrations.hub import Integrations
 from edge_agent.logs import Throttle, log_crash, log_event
 from edge_agent.outbox import Outbox, Priority
@@ -65,6 +66,8 @@ this only bounds how late it sees a `stop` set without `wake()`. Polling at 4 Hz
 kept an idle box's CPU out of its deep sleep states for nothing."""
 _TICK_S = 0.25
 """The main loop's period while an integration asks for ticks (occupancy hold times)."""
+_SWEEP_EVERY_S = 24 * 3600.0
+"""Partial transfers idle for `delivery.partial.ABANDONED_S` go at this period too."""
 _PUMP_IDLE_S = 5.0
 """How long the pump sleeps with nothing to send: every put, connect and stop wakes it, so
 this is only a safety net for a wake-up that never comes."""
@@ -372,6 +375,7 @@ class AgentService:
         self._pump_thread = pump
         pump.start()
         next_telemetry = time.monotonic() + self.interval_s
+        next_sweep = time.monotonic()  # abandoned partial transfers: at start, then daily
         watchdog_every = (self.notifier.watchdog_s or 0) / 2
         next_watchdog = time.monotonic()
         # Each step on its own: one that fails (a full disk, a damaged file) is logged and
@@ -397,6 +401,9 @@ class AgentService:
                 if self._state_dirty.is_set() and self.session.connected.is_set():
                     failed.guard("state", self._publish_state)
                 failed.guard("integrations", self.integrations.tick)
+                if now >= next_sweep:
+                    next_sweep = now + _SWEEP_EVERY_S
+                    failed.guard("transfers", self._sweep_transfers)
                 if now >= next_telemetry:
                     next_telemetry = now + self.interval_s
                     failed.guard("telemetry", self._publish_telemetry)
@@ -407,6 +414,12 @@ class AgentService:
         finally:
             self._shutdown(pump)
         return 0
+
+    def _sweep_transfers(self) -> None:
+        # A partial is swept when a pull of its name starts, or after 14 days idle; a
+        # cancelled deploy of a model never deployed again left up to a whole model on the
+        # state disk, counted against no quota, for as long as the agent ran.
+        sweep(self.layout.transfers, keep=self.layout.transfers)
 
     def wake(self) -> None:
         """Have the main loop look at its `stop` (and everything else) now; thread-safe."""

@@ -14,12 +14,16 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.delivery.partial import ABANDONED_S
 from edge_agent.delivery.pull import pull
 from edge_agent.paths import Layout
 from edge_agent.store.release import save_public_key
 from edge_agent.store.store import ModelStore
+from tests.agent_kit import InProcessAgent, write_config
 from tests.broker import FAST, AfterFrames, Fleet, device_session
 
 WINDOW = 4  # the broadcast window: at most this many frames are in flight to a device
@@ -112,3 +116,29 @@ def test_puller_killed_mid_transfer_resumes(fleet: Fleet, tmp_path: Path) -> Non
     assert stats.resumed + stats.stored == fleet.chunks  # nothing fetched again
     assert stats.duplicates <= WINDOW, f"{stats.duplicates} chunks were sent twice"
     print(f"puller kill: resumed {stats.resumed}/{fleet.chunks}, {stats.duplicates} sent twice")
+
+
+def test_the_agent_sweeps_abandoned_partials_at_start(broker: LocalBroker, tmp_path: Path) -> None:
+    # A cancelled deploy of a model never deployed again left its partial (up to a whole
+    # model, on no quota) until a pull of that name: the agent now sweeps at start, and
+    # daily, what sat idle for ABANDONED_S. A fresh one stays, to be resumed.
+    state = tmp_path / "state"
+    transfers = state / "transfers"
+    old = transfers / "gone-3-0123456789abcdef"
+    fresh = transfers / "orient-1-fedcba9876543210"
+    for folder in (old, fresh):
+        folder.mkdir(parents=True)
+        (folder / "m.onnx.part").write_bytes(b"\0" * 4096)
+    idle = time.time() - ABANDONED_S - 3600
+    for path in (old / "m.onnx.part", old):
+        os.utime(path, (idle, idle))
+    config = write_config(tmp_path / "agent.toml", port=broker.port, state=state)
+    agent = InProcessAgent(config)
+    try:
+        deadline = time.monotonic() + 20
+        while old.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not old.exists()
+        assert (fresh / "m.onnx.part").exists()
+    finally:
+        agent.close()
