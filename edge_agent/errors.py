@@ -51,7 +51,7 @@ CODES: dict[str, str] = {
     "command.expired": "The command arrived after its expires_at.",
     "command.too_large": "The command payload is over the size limit.",
     "command.cancelled": "The command was cancelled before it finished.",
-    "command.busy": "A conflicting job is already running.",
+    "command.busy": "A conflicting job is already running, or the agent runs all it may.",
     "command.timeout": "The console got no final answer in time; the command expires then.",
     "pipeline.not_found": "No running pipeline has that id.",
     "pipeline.exists": "A pipeline with that id is already running.",

@@ -40,7 +40,7 @@ from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.comms.base import Message
 from edge_agent.comms.session import MqttSession, Will, connect
 from edge_agent.comms.settings import BrokerSettings
-from edge_agent.config.agent import load_agent_config
+from edge_agent.config.agent import AgentConfig, load_agent_config
 from edge_agent.fleet.publish import publish_release, release_for_file
 from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.server import FleetServer
@@ -385,7 +385,13 @@ def photo_pipelines(
     layout = Layout(cache=cache, state=folder / "state")
     pool = TrackedPool(Catalog(default_models_dir(), cache, ModelStore(layout)))
     pipelines = Pipelines(
-        pool, layout, AgentRecords(layout.state), "all", lambda pipeline, result: None, on_event
+        pool,
+        layout,
+        AgentRecords(layout.state),
+        "all",
+        lambda pipeline, result: None,
+        on_event,
+        max_running=AgentConfig.model_fields["max_pipelines"].default,
     )
     spec = {
         "id": "cam",

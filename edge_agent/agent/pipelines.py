@@ -110,6 +110,7 @@ class Pipelines:
         policy: Which results to publish.
         emit_result: Queues results.
         emit_event: Queues events.
+        max_running: Pipelines held at most, failed ones included (`max_pipelines`).
     """
 
     def __init__(
@@ -120,9 +121,12 @@ class Pipelines:
         policy: ResultsPolicy,
         emit_result: EmitResult,
         emit_event: EmitEvent,
+        *,
+        max_running: int,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
+        self.max_running = max_running
         self.layout = layout
         self.records = records
         self.policy = policy
@@ -146,6 +150,14 @@ class Pipelines:
                     f"pipeline {spec.id} is already running",
                     "stop it first, or use swap_model to change its model",
                     code="pipeline.exists",
+                )
+            if len(self._running) >= self.max_running:
+                raise EdgeAgentError(
+                    f"the agent holds {len(self._running)} pipelines, its most "
+                    f"(max_pipelines = {self.max_running})",
+                    "stop one with stop_pipeline (failed ones count too), or raise "
+                    "max_pipelines in the agent's config",
+                    code="command.busy",
                 )
             entry = self._running[spec.id] = _Running(spec)
         try:
@@ -400,13 +412,20 @@ class Pipelines:
         return swapped
 
     def restore(self) -> list[str]:
-        """Start every pipeline the record holds; failures are reported, not raised."""
-        started = []
+        """Start every pipeline the record holds; failures are reported, not raised.
+
+        Past `max_running`, the rest are not started and are forgotten: kept, they would
+        come back before any pipeline started later, which would then be the one left out.
+        """
+        started, over = [], []
         for pipeline_id, data in self.records.record.pipelines.items():
             try:
                 self.start(data, persist=False)
                 started.append(pipeline_id)
             except EdgeAgentError as exc:
+                if exc.code == "command.busy":
+                    over.append(pipeline_id)
+                    continue  # said once for all of them, below
                 log_event(
                     log,
                     logging.ERROR,
@@ -416,7 +435,41 @@ class Pipelines:
                     detail=str(exc),
                 )
                 self._event("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
+        if over:
+            log_event(
+                log,
+                logging.ERROR,
+                "pipelines_not_restored",
+                pipelines=",".join(over),
+                max_pipelines=self.max_running,
+                fix="raise max_pipelines in the agent's config, then send start_pipeline "
+                "for these again",
+            )
+            for pipeline_id in over:
+                self._event(
+                    "pipeline_failed",
+                    pipeline_id,
+                    code="command.busy",
+                    detail=f"not restored: over max_pipelines ({self.max_running})",
+                )
+            self._forget(over)
         return started
+
+    def _forget(self, ids: list[str]) -> None:
+        with self._record_lock:
+            kept = {k: v for k, v in self.records.record.pipelines.items() if k not in ids}
+            try:
+                self.records.update(pipelines=kept)
+            except OSError as exc:
+                # A full or read-only state disk: they are tried, and refused, again at the
+                # next start. Said, not fatal.
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "pipelines_not_forgotten",
+                    error=str(exc),
+                    pipelines=",".join(ids),
+                )
 
     # --- reading -----------------------------------------------------------------------------
     def _get(self, pipeline_id: str) -> _Running:

@@ -132,6 +132,7 @@ class AgentService:
             config.results,
             self._emit_result,
             self._emit_event,
+            max_running=config.max_pipelines,
         )
         self.models = ModelOps(
             self.store,
