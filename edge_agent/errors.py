@@ -64,7 +64,9 @@ CODES: dict[str, str] = {
 class EdgeAgentError(Exception):
     """A problem the operator can fix, with the fix and a stable machine-readable code."""
 
-    def __init__(self, problem: str, fix: str = "", code: str = "error") -> None:
+    def __init__(
+        self, problem: str, fix: str = "", code: str = "error", field: str | None = None
+    ) -> None:
         super().__init__(problem)
         if code not in CODES:
             # A typo in a code is a bug in edge-agent, caught by the first test that raises it.
@@ -72,6 +74,9 @@ class EdgeAgentError(Exception):
         self.problem = problem
         self.fix = fix
         self.code = code
+        self.field = field
+        """The dotted place of the wrong value in what was given (`args.spec.sinks.0.path`),
+        when one is: a command's error answer names it."""
 
     def __str__(self) -> str:
         return f"{self.problem}; {self.fix}" if self.fix else self.problem

@@ -221,12 +221,14 @@ def write_config(
     results: str = "detections",
     trusted_keys: list[Path] | None = None,
     extra: str = "",
+    cache: Path | None = None,
 ) -> Path:
+    """An agent.toml; `cache` defaults to the shared model cache."""
     keys = ", ".join(json.dumps(str(k)) for k in trusted_keys or [])
     path.write_text(
         f'device_id = "{device}"\n'
         f'state_dir = "{state}"\n'
-        f'cache_dir = "{cache_dir()}"\n'
+        f'cache_dir = "{cache or cache_dir()}"\n'
         f"trusted_keys = [{keys}]\n"
         f"telemetry_interval_s = {telemetry_s}\n"
         f'results = "{results}"\n'

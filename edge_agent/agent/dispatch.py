@@ -330,7 +330,7 @@ class Dispatcher:
             code=error.code,
             detail=str(error),
         )
-        body = ErrorBody(code=error.code, message=str(error), field=field or None)
+        body = ErrorBody(code=error.code, message=str(error), field=field or error.field)
         return Response(id=command_id, status="error", error=body, **self._base())
 
     def _send(self, response: Response) -> None:

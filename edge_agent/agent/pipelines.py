@@ -17,8 +17,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,6 +32,7 @@ from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
 from edge_agent.paths import Layout
+from edge_agent.pipelines.confine import refuse_protected
 from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.pipelines.vision import VisionPipeline
@@ -111,6 +113,8 @@ class Pipelines:
         emit_result: Queues results.
         emit_event: Queues events.
         max_running: Pipelines held at most, failed ones included (`max_pipelines`).
+        protected: Files and folders no pipeline may name, besides the layout's own
+            (`Layout.owned`): the files the agent's config names, the reference models.
     """
 
     def __init__(
@@ -123,10 +127,12 @@ class Pipelines:
         emit_event: EmitEvent,
         *,
         max_running: int,
+        protected: Sequence[Path] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
         self.max_running = max_running
+        self.protected = (*layout.owned(), *protected)
         self.layout = layout
         self.records = records
         self.policy = policy
@@ -144,6 +150,8 @@ class Pipelines:
     def start(self, data: dict[str, Any], persist: bool = True) -> PipelineState:
         """Build and start a pipeline from a spec; raises if the id runs or the spec is bad."""
         spec = parse_spec(data)
+        # Before anything is opened: a sink is created as it opens.
+        refuse_protected(spec, self.protected, code="command.invalid", field_prefix="args.spec.")
         with self._lock:
             if spec.id in self._running:
                 raise EdgeAgentError(

@@ -252,6 +252,18 @@ class AgentConfig(BaseModel):
         """Where this agent keeps its cache and state."""
         return Layout.from_env(env, cache=self.cache_dir, state=self.state_dir)
 
+    def named_files(self) -> list[Path]:
+        """The files this config has the agent read or write besides its own folders:
+        trusted keys, the password file, TLS files, the metrics textfile."""
+        tls = self.mqtt.tls
+        files = [
+            *self.trusted_keys,
+            self.mqtt.password_file,
+            *((tls.ca_file, tls.cert_file, tls.key_file) if tls is not None else ()),
+            self.integrations.prometheus.textfile,
+        ]
+        return [path for path in files if path is not None]
+
     def config_hash(self) -> str:
         """A short digest of the effective config (secrets excluded), for `state`."""
         text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
