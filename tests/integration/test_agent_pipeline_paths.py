@@ -6,7 +6,8 @@ failed, across restarts; the file was made even when the start then failed, sinc
 were opened before the model was looked up. A snapshot sink deletes the oldest JPEGs of
 whatever folder it is given. Such a start is now answered command.invalid, naming the
 field, before anything is made, whatever the spelling (a symlink, '..'), and a record
-holding one does not bring it back. A real agent (on a thread) over a real mosquitto;
+holding one does not bring it back; a start refused for its model or its source makes no
+sink file either. A real agent (on a thread) over a real mosquitto;
 the store's model is text-orientation, published as `orient` by the `fleet` fixture.
 """
 
@@ -216,6 +217,50 @@ def test_a_path_in_the_agents_own_folders_is_refused_before_anything_is_made(
         assert error["code"] == "command.invalid", error
         assert error.get("field") == f"args.spec.{field}", error
         assert watcher.ok("list_pipelines") == {"pipelines": []}
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize(
+    ("model", "source", "code"),
+    [
+        (MISSING, None, "model.not_found"),
+        ("face-blazeface", {"type": "file", "path": "gone.mp4"}, "source.unreachable"),
+        ("face-blazeface", {"type": "wav", "path": "speech.wav"}, "model.incompatible"),
+    ],
+    ids=["missing-model", "missing-video", "audio-for-an-image-model"],
+)
+def test_a_start_refused_for_its_model_or_source_makes_no_sink_file(
+    broker: LocalBroker,
+    tmp_path: Path,
+    watcher: Watcher,
+    photos: Path,
+    model: str,
+    source: dict[str, str] | None,
+    code: str,
+) -> None:
+    # Sinks were opened first: every refused start left its files and folders behind.
+    config = write_config(
+        tmp_path / "agent.toml", port=broker.port, device=DEVICE, state=tmp_path / "state"
+    )
+    agent = InProcessAgent(config)
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        if source is not None:
+            source = {**source, "path": str(tmp_path / source["path"])}
+        spec = {
+            "id": "cam",
+            "model": {"name": model},
+            "source": source or {"type": "folder", "path": str(photos)},
+            "sinks": [
+                {"type": "jsonl", "path": str(tmp_path / "out" / "r.jsonl")},
+                {"type": "snapshot", "folder": str(tmp_path / "out" / "snapshots")},
+                {"type": "capture", "folder": str(tmp_path / "out" / "frames")},
+            ],
+        }
+        (tmp_path / "out").mkdir()
+        assert _refused(watcher, spec)["code"] == code
+        assert list((tmp_path / "out").iterdir()) == []
     finally:
         agent.close()
 
