@@ -23,8 +23,8 @@ from edge_agent.pipelines.sources import FileSourceSpec, FolderSourceSpec
 from edge_agent.pipelines.spec import PipelineSpec
 
 _FIX = (
-    "name a path outside edge-agent's own folders (a capture sink without a folder keeps "
-    "its frames in the pipeline's captures folder)"
+    "name a path outside it: beside it in the state folder, or elsewhere (a capture sink "
+    "without a folder keeps its frames in the pipeline's own captures folder)"
 )
 
 

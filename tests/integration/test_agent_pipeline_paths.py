@@ -53,6 +53,13 @@ def photos(tmp_path: Path, astronaut: npt.NDArray[np.uint8]) -> Path:
     return folder
 
 
+def _agent(broker: LocalBroker, tmp_path: Path, **config: Any) -> InProcessAgent:
+    """An agent with its state in `tmp_path`; `config` as `write_config` takes it."""
+    path = tmp_path / "agent.toml"
+    write_config(path, port=broker.port, device=DEVICE, state=tmp_path / "state", **config)
+    return InProcessAgent(path)
+
+
 def _refused(watcher: Watcher, spec: dict[str, Any]) -> dict[str, Any]:
     answer = watcher.final(watcher.send("start_pipeline", {"spec": spec}), timeout=60)
     assert answer["status"] == "error", answer
@@ -75,15 +82,7 @@ def test_a_sink_in_a_store_version_is_refused_and_the_version_serves_on(
     public = tmp_path / "fleet.pub"
     save_public_key(fleet.key.public_key(), public)
     state = tmp_path / "state"
-    config = write_config(
-        tmp_path / "agent.toml",
-        port=broker.port,
-        device=DEVICE,
-        state=state,
-        results="all",
-        trusted_keys=[public],
-    )
-    agent = InProcessAgent(config)
+    agent = _agent(broker, tmp_path, results="all", trusted_keys=[public])
     try:
         watcher.wait_state(lambda s: s["online"])
         deployed = watcher.final(watcher.send("deploy_model", {"name": "orient"}), timeout=90)
@@ -188,15 +187,7 @@ def test_a_path_in_the_agents_own_folders_is_refused_before_anything_is_made(
 ) -> None:
     key = tmp_path / "fleet.pub"
     save_public_key(generate_key().public_key(), key)
-    config = write_config(
-        tmp_path / "agent.toml",
-        port=broker.port,
-        device=DEVICE,
-        state=tmp_path / "state",
-        cache=tmp_path / "cache",
-        trusted_keys=[key],
-    )
-    agent = InProcessAgent(config)
+    agent = _agent(broker, tmp_path, cache=tmp_path / "cache", trusted_keys=[key])
     try:
         watcher.wait_state(lambda s: s["online"])
         watcher.ok("ping")  # the command log is made: what follows must change nothing
@@ -240,10 +231,7 @@ def test_a_start_refused_for_its_model_or_source_makes_no_sink_file(
     code: str,
 ) -> None:
     # Sinks were opened first: every refused start left its files and folders behind.
-    config = write_config(
-        tmp_path / "agent.toml", port=broker.port, device=DEVICE, state=tmp_path / "state"
-    )
-    agent = InProcessAgent(config)
+    agent = _agent(broker, tmp_path)
     try:
         watcher.wait_state(lambda s: s["online"])
         if source is not None:
@@ -282,14 +270,7 @@ def test_a_recorded_pipeline_with_a_sink_in_the_store_is_not_restored(
     }
     AgentRecords(tmp_path / "state" / "agent").update(pipelines={"cam": spec})
     caplog.set_level(logging.INFO, logger="edge_agent.agent.pipelines")
-    config = write_config(
-        tmp_path / "agent.toml",
-        port=broker.port,
-        device=DEVICE,
-        state=tmp_path / "state",
-        cache=tmp_path / "cache",
-    )
-    agent = InProcessAgent(config)
+    agent = _agent(broker, tmp_path, cache=tmp_path / "cache")
     try:
         watcher.wait_state(lambda s: s["online"])
         event = watcher.wait_event(lambda e: e["pipeline"] == "cam")
