@@ -51,7 +51,7 @@ CODES: dict[str, str] = {
     "command.expired": "The command arrived after its expires_at.",
     "command.too_large": "The command payload is over the size limit.",
     "command.cancelled": "The command was cancelled before it finished.",
-    "command.busy": "A conflicting job is already running.",
+    "command.busy": "A conflicting job is already running, or the agent runs all it may.",
     "command.interrupted": "The agent stopped (a crash, a power cut) before the command ended.",
     "command.timeout": "The console got no final answer in time; the command expires then.",
     "pipeline.not_found": "No running pipeline has that id.",
@@ -65,7 +65,9 @@ CODES: dict[str, str] = {
 class EdgeAgentError(Exception):
     """A problem the operator can fix, with the fix and a stable machine-readable code."""
 
-    def __init__(self, problem: str, fix: str = "", code: str = "error") -> None:
+    def __init__(
+        self, problem: str, fix: str = "", code: str = "error", field: str | None = None
+    ) -> None:
         super().__init__(problem)
         if code not in CODES:
             # A typo in a code is a bug in edge-agent, caught by the first test that raises it.
@@ -73,6 +75,9 @@ class EdgeAgentError(Exception):
         self.problem = problem
         self.fix = fix
         self.code = code
+        self.field = field
+        """The dotted place of the wrong value in what was given (`args.spec.sinks.0.path`),
+        when one is: a command's error answer names it."""
 
     def __str__(self) -> str:
         return f"{self.problem}; {self.fix}" if self.fix else self.problem

@@ -105,9 +105,14 @@ class Layout:
         return self.cache / "tmp"
 
     # --- state: must survive --------------------------------------------------------------
+    @property
+    def all_captures(self) -> Path:
+        """Every pipeline's capture reservoir (`captures`)."""
+        return self.state / "captures"
+
     def captures(self, pipeline: str) -> Path:
         """A pipeline's capture reservoir, the data calibration runs on."""
-        return self.state / "captures" / pipeline
+        return self.all_captures / pipeline
 
     @property
     def calibrated(self) -> Path:
@@ -134,11 +139,40 @@ class Layout:
         """The agent's own records: command answers, running pipelines, seq counters."""
         return self.state / "agent"
 
+    @property
+    def all_regions(self) -> Path:
+        """Every camera's learned grid (`regions`)."""
+        return self.state / "regions"
+
     def regions(self, pipeline: str) -> Path:
         """A camera's learned object-size grid for the regions detection mode."""
-        return self.state / "regions" / f"{pipeline}.json"
+        return self.all_regions / f"{pipeline}.json"
 
     @property
     def state_tmp(self) -> Path:
         """Scratch space on the state's file system, so a finished file renames into place."""
         return self.state / "tmp"
+
+    # --- both -------------------------------------------------------------------------------
+    def owned(self) -> tuple[Path, ...]:
+        """Every file and folder above: the whole cache, and each part of the state.
+
+        No pipeline may name a path inside one (`pipelines.confine`). The state folder
+        itself is not one: under systemd's sandbox it is the one place a pipeline's sinks
+        can write, and it holds nothing of edge-agent's but these parts.
+        """
+        outbox = self.outbox
+        # sqlite keeps the outbox's log and index beside it while it is open.
+        beside = (outbox.with_name(outbox.name + end) for end in ("-wal", "-shm", "-journal"))
+        return (
+            self.cache,
+            self.all_captures,
+            self.calibrated,
+            self.store,
+            self.transfers,
+            outbox,
+            *beside,
+            self.agent,
+            self.all_regions,
+            self.state_tmp,
+        )

@@ -40,7 +40,7 @@ from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.comms.base import Message
 from edge_agent.comms.session import MqttSession, Will, connect
 from edge_agent.comms.settings import BrokerSettings
-from edge_agent.config.agent import load_agent_config
+from edge_agent.config.agent import AgentConfig, load_agent_config
 from edge_agent.fleet.publish import publish_release, release_for_file
 from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.server import FleetServer
@@ -221,12 +221,14 @@ def write_config(
     results: str = "detections",
     trusted_keys: list[Path] | None = None,
     extra: str = "",
+    cache: Path | None = None,
 ) -> Path:
+    """An agent.toml; `cache` defaults to the shared model cache."""
     keys = ", ".join(json.dumps(str(k)) for k in trusted_keys or [])
     path.write_text(
         f'device_id = "{device}"\n'
         f'state_dir = "{state}"\n'
-        f'cache_dir = "{cache_dir()}"\n'
+        f'cache_dir = "{cache or cache_dir()}"\n'
         f"trusted_keys = [{keys}]\n"
         f"telemetry_interval_s = {telemetry_s}\n"
         f'results = "{results}"\n'
@@ -385,7 +387,13 @@ def photo_pipelines(
     layout = Layout(cache=cache, state=folder / "state")
     pool = TrackedPool(Catalog(default_models_dir(), cache, ModelStore(layout)))
     pipelines = Pipelines(
-        pool, layout, AgentRecords(layout.state), "all", lambda pipeline, result: None, on_event
+        pool,
+        layout,
+        AgentRecords(layout.state),
+        "all",
+        lambda pipeline, result: None,
+        on_event,
+        max_running=AgentConfig.model_fields["max_pipelines"].default,
     )
     spec = {
         "id": "cam",

@@ -387,10 +387,11 @@ class Dispatcher:
         )
         # Bounded: a message quotes what was wrong, and a key of 250 KB named in it made a
         # 500 KB answer, stored with its id and logged, 10,000 of them kept.
+        where = field or error.field
         body = ErrorBody(
             code=error.code,
             message=_clip(str(error), MAX_ERROR_CHARS),
-            field=_clip(field, MAX_FIELD_CHARS) if field else None,
+            field=_clip(where, MAX_FIELD_CHARS) if where else None,
         )
         return Response(id=command_id, status="error", error=body, **self._base())
 

@@ -17,8 +17,9 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,6 +32,7 @@ from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
 from edge_agent.paths import Layout
+from edge_agent.pipelines.confine import refuse_protected
 from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.pipelines.vision import VisionPipeline
@@ -110,6 +112,9 @@ class Pipelines:
         policy: Which results to publish.
         emit_result: Queues results.
         emit_event: Queues events.
+        max_running: Pipelines held at most, failed ones included (`max_pipelines`).
+        protected: Files and folders no pipeline may name, besides the layout's own
+            (`Layout.owned`): the files the agent's config names, the reference models.
     """
 
     def __init__(
@@ -120,9 +125,14 @@ class Pipelines:
         policy: ResultsPolicy,
         emit_result: EmitResult,
         emit_event: EmitEvent,
+        *,
+        max_running: int,
+        protected: Sequence[Path] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pool = pool
+        self.max_running = max_running
+        self.protected = (*layout.owned(), *protected)
         self.layout = layout
         self.records = records
         self.policy = policy
@@ -140,12 +150,22 @@ class Pipelines:
     def start(self, data: dict[str, Any], persist: bool = True) -> PipelineState:
         """Build and start a pipeline from a spec; raises if the id runs or the spec is bad."""
         spec = parse_spec(data)
+        # Before anything is opened: a sink is created as it opens.
+        refuse_protected(spec, self.protected, code="command.invalid", field_prefix="args.spec.")
         with self._lock:
             if spec.id in self._running:
                 raise EdgeAgentError(
                     f"pipeline {spec.id} is already running",
                     "stop it first, or use swap_model to change its model",
                     code="pipeline.exists",
+                )
+            if len(self._running) >= self.max_running:
+                raise EdgeAgentError(
+                    f"the agent holds {len(self._running)} pipelines, its most "
+                    f"(max_pipelines = {self.max_running})",
+                    "stop one with stop_pipeline (failed ones count too), or raise "
+                    "max_pipelines in the agent's config",
+                    code="command.busy",
                 )
             entry = self._running[spec.id] = _Running(spec)
         try:
@@ -400,13 +420,20 @@ class Pipelines:
         return swapped
 
     def restore(self) -> list[str]:
-        """Start every pipeline the record holds; failures are reported, not raised."""
-        started = []
+        """Start every pipeline the record holds; failures are reported, not raised.
+
+        Past `max_running`, the rest are not started and are forgotten: kept, they would
+        come back before any pipeline started later, which would then be the one left out.
+        """
+        started, over = [], []
         for pipeline_id, data in self.records.record.pipelines.items():
             try:
                 self.start(data, persist=False)
                 started.append(pipeline_id)
             except EdgeAgentError as exc:
+                if exc.code == "command.busy":
+                    over.append(pipeline_id)
+                    continue  # said once for all of them, below
                 log_event(
                     log,
                     logging.ERROR,
@@ -416,7 +443,41 @@ class Pipelines:
                     detail=str(exc),
                 )
                 self._event("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
+        if over:
+            log_event(
+                log,
+                logging.ERROR,
+                "pipelines_not_restored",
+                pipelines=",".join(over),
+                max_pipelines=self.max_running,
+                fix="raise max_pipelines in the agent's config, then send start_pipeline "
+                "for these again",
+            )
+            for pipeline_id in over:
+                self._event(
+                    "pipeline_failed",
+                    pipeline_id,
+                    code="command.busy",
+                    detail=f"not restored: over max_pipelines ({self.max_running})",
+                )
+            self._forget(over)
         return started
+
+    def _forget(self, ids: list[str]) -> None:
+        with self._record_lock:
+            kept = {k: v for k, v in self.records.record.pipelines.items() if k not in ids}
+            try:
+                self.records.update(pipelines=kept)
+            except OSError as exc:
+                # A full or read-only state disk: they are tried, and refused, again at the
+                # next start. Said, not fatal.
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "pipelines_not_forgotten",
+                    error=str(exc),
+                    pipelines=",".join(ids),
+                )
 
     # --- reading -----------------------------------------------------------------------------
     def _get(self, pipeline_id: str) -> _Running:

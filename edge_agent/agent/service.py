@@ -145,6 +145,8 @@ class AgentService:
             config.results,
             self._emit_result,
             self._emit_event,
+            max_running=config.max_pipelines,
+            protected=[*config.named_files(), self.catalog.models_dir],
         )
         self.models = ModelOps(
             self.store,

@@ -170,8 +170,11 @@ def writes_stdout(path: Path | None) -> bool:
 def check_outputs(spec: PipelineSpec, places: Layout) -> None:
     """Every folder the pipeline will write to, checked before the model is compiled."""
     from edge_agent.pipelines.capture import CaptureSinkSpec
+    from edge_agent.pipelines.confine import refuse_protected
     from edge_agent.pipelines.sinks import JsonLinesSinkSpec
 
+    # A sink in the store damages it as surely from here as from a command.
+    refuse_protected(spec, places.owned(), code="config.invalid", writes_only=True)
     require_writable(places.cache, "model cache", "--cache-dir")
     for sink in spec.sinks:
         if isinstance(sink, JsonLinesSinkSpec):

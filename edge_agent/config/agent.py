@@ -219,6 +219,16 @@ class AgentConfig(BaseModel):
     max_command_bytes: int = Field(
         default=256 * 1024, ge=1024, description="Larger command payloads are refused."
     )
+    # Each pipeline holds about four threads and over a megabyte even while its camera
+    # refuses connections (100 held 404 threads and 138 MB), and all are restored at every
+    # start. A box of a few cores serves about a dozen live streams well: 32 leaves room
+    # for failed ones waiting for a retry, and bounds what commands can pile up.
+    max_pipelines: int = Field(
+        default=32,
+        ge=1,
+        description="Pipelines the agent runs at most (failed ones count until stopped); a "
+        "start_pipeline past it is refused command.busy, and a restart restores no more.",
+    )
     mqtt: MqttConfig = Field(description="The broker.")
     integrations: IntegrationsConfig = Field(
         default_factory=IntegrationsConfig,
@@ -241,6 +251,18 @@ class AgentConfig(BaseModel):
     def layout(self, env: Mapping[str, str]) -> Layout:
         """Where this agent keeps its cache and state."""
         return Layout.from_env(env, cache=self.cache_dir, state=self.state_dir)
+
+    def named_files(self) -> list[Path]:
+        """The files this config has the agent read or write besides its own folders:
+        trusted keys, the password file, TLS files, the metrics textfile."""
+        tls = self.mqtt.tls
+        files = [
+            *self.trusted_keys,
+            self.mqtt.password_file,
+            *((tls.ca_file, tls.cert_file, tls.key_file) if tls is not None else ()),
+            self.integrations.prometheus.textfile,
+        ]
+        return [path for path in files if path is not None]
 
     def config_hash(self) -> str:
         """A short digest of the effective config (secrets excluded), for `state`."""

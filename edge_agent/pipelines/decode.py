@@ -238,6 +238,13 @@ def require_utf8_path(path: Path) -> None:
 IMAGE_UNDECODABLE = "not an image OpenCV decodes (another format, or corrupt)"
 IMAGE_TOO_LARGE = "too large for OpenCV to decode (over 2^30 pixels, or 2^20 on a side)"
 
+MAX_IMAGE_FILE_BYTES = 64 << 20
+"""The largest image file read. A camera's JPEG is a few MB, and a 4K frame stored raw
+(BMP, 8-bit TIFF) 25 MB, 50 MB at 16 bits: a file past this is not a frame, and reading
+it whole held all of it in memory (a 1 GiB file in a folder source took the agent to
+1.2 GB, and again after every restart, since the pipeline is restored)."""
+IMAGE_FILE_TOO_LARGE = f"over {MAX_IMAGE_FILE_BYTES >> 20} MiB, larger than any camera image"
+
 
 class _UndecodableError(Exception):
     """Raised inside the stderr hold so that what the codec printed is dropped."""
@@ -274,6 +281,40 @@ def decode_image(
         # it allows: a 40000 x 40000 PNG is 1.5 MB on disk. That is a bad file like any other.
         return None, IMAGE_TOO_LARGE if "CV_IO_MAX_IMAGE" in str(exc) else IMAGE_UNDECODABLE
     return np.asarray(image, dtype=np.uint8), ""
+
+
+def read_image_file(
+    path: Path, decode: Callable[[Image], Image | None] | None = None
+) -> tuple[Image | None, str]:
+    """Read and decode one image file, never more than `MAX_IMAGE_FILE_BYTES` of it.
+
+    Args:
+        path: the file.
+        decode: as for `decode_image`.
+
+    Returns:
+        The image and '', or None and why (`decode_image`'s reasons, `IMAGE_FILE_TOO_LARGE`,
+        or why it cannot be read). Never raises for a bad file: a folder skips it.
+    """
+    try:
+        with path.open("rb") as file:
+            # The size of the file opened, not of whatever the name points at by now.
+            size = os.fstat(file.fileno()).st_size
+            if size > MAX_IMAGE_FILE_BYTES:
+                return None, IMAGE_FILE_TOO_LARGE
+            # One byte past the size tells a file that grew since (one still being
+            # written; some in /proc say 0 and read on for gigabytes): that one is read
+            # again, up to the limit only. Asking for the limit every time would allocate
+            # it every time.
+            data = np.fromfile(file, dtype=np.uint8, count=size + 1)
+            if data.size > size:
+                file.seek(0)
+                data = np.fromfile(file, dtype=np.uint8, count=MAX_IMAGE_FILE_BYTES + 1)
+    except OSError as exc:
+        return None, f"cannot read it: {exc.strerror or exc}"
+    if data.size > MAX_IMAGE_FILE_BYTES:
+        return None, IMAGE_FILE_TOO_LARGE
+    return decode_image(data, decode)
 
 
 def hw_in_use(cap: cv2.VideoCapture, asked: bool) -> tuple[str, str]:

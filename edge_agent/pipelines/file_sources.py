@@ -22,9 +22,9 @@ from edge_agent.pipelines.decode import (
     Decoding,
     JpegDecoder,
     MinSize,
-    decode_image,
     is_packet,
     open_capture,
+    read_image_file,
     read_packets,
     require_utf8_path,
 )
@@ -206,18 +206,9 @@ class FileSource:
         self._video.close()
 
 
-def _load_image(path: Path, decoder: JpegDecoder) -> tuple[Image | None, str]:
-    """Decode one image file; on failure, None and why, in words an operator can act on."""
-    try:
-        data = np.fromfile(path, dtype=np.uint8)
-    except OSError as exc:
-        return None, f"cannot read it: {exc.strerror or exc}"
-    # The decoder reduces JPEGs only; any other format decodes whole as before.
-    return decode_image(data, decoder.decode)
-
-
 class FolderSource:
-    """The images of a folder in name order; unreadable files are skipped and counted."""
+    """The images of a folder in name order; unreadable files, and files too large to be
+    a camera's image, are skipped and counted."""
 
     def __init__(
         self,
@@ -289,7 +280,8 @@ class FolderSource:
             file = self._files[self._pos]
             self._pos += 1
             start = time.perf_counter()
-            image, reason = _load_image(file, self._decoder)
+            # The decoder reduces JPEGs only; any other format decodes whole.
+            image, reason = read_image_file(file, self._decoder.decode)
             if image is None:
                 self._skipped += 1
                 log_event(

@@ -21,7 +21,7 @@ from edge_agent.paths import Layout
 from edge_agent.pipelines.active import ActiveModel
 from edge_agent.pipelines.audio import AudioPipeline, vad_config
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec, open_audio_source
-from edge_agent.pipelines.base import Event, FrameSource, Sink
+from edge_agent.pipelines.base import AudioSource, Event, FrameSource, Sink
 from edge_agent.pipelines.detect import Detector
 from edge_agent.pipelines.events import EventTracker
 from edge_agent.pipelines.guard import GuardedSink, guard_sinks
@@ -83,15 +83,9 @@ class PipelineHandle:
         self._held: list[CompiledModel] = []
         self._closed = False  # set by close(), under _lock
         self.sinks: list[GuardedSink] = []
+        # Sinks are opened last, once the model and the source are: opening one makes its
+        # file or folder, and a start refused for its model or its source must leave none.
         try:
-            captures = self.layout.captures(spec.id)
-            for sink_spec in spec.sinks:
-                sink = _open_sink(sink_spec, captures)
-                name = sink_name(sink_spec)
-                self.sinks.append(GuardedSink(sink, name, spec.id, self._sink_failed))
-            extra = list(extra_sinks or [])
-            names = [f"{type(s).__name__}#{i}" for i, s in enumerate(extra)]
-            self.sinks += guard_sinks(extra, spec.id, self._sink_failed, names)
             model, resolved = pool.acquire(
                 spec.model.name, spec.model.backend, runtime_options(spec.model, pool)
             )
@@ -108,6 +102,7 @@ class PipelineHandle:
                     )
                 head = vad_config(resolved.manifest)
                 audio = open_audio_source(source_spec, head.sample_rate, head.window)
+                self._open_sinks(extra_sinks, audio)
                 self.pipeline: VisionPipeline | AudioPipeline = AudioPipeline(
                     spec.id,
                     audio,
@@ -123,14 +118,16 @@ class PipelineHandle:
                 detector = Detector(
                     spec.detect, spec.zones, spec.masks, self.layout.regions(spec.id)
                 )
+                opened = None
                 if frames is None:
                     # Sized for the first model: a hot swap to a larger input keeps the
                     # decode scale (results stay in camera pixels, detail may be lost).
-                    frames = open_source(
+                    frames = opened = open_source(
                         source_spec,
                         on_state=self._source_state,
                         min_size=detector.min_size(active.image),
                     )
+                self._open_sinks(extra_sinks, opened)
                 self.pipeline = VisionPipeline(
                     spec.id,
                     frames,
@@ -145,6 +142,26 @@ class PipelineHandle:
         except BaseException:
             self.close()
             raise
+
+    def _open_sinks(
+        self, extra_sinks: Sequence[Sink] | None, opened: FrameSource | AudioSource | None
+    ) -> None:
+        """Open the spec's sinks, then guard them and the extra ones into `sinks`; `opened`
+        (a source this handle opened) is closed when a sink cannot be: no pipeline owns it
+        yet."""
+        captures = self.layout.captures(self.spec.id)
+        try:
+            for sink_spec in self.spec.sinks:
+                sink = _open_sink(sink_spec, captures)
+                name = sink_name(sink_spec)
+                self.sinks.append(GuardedSink(sink, name, self.spec.id, self._sink_failed))
+        except BaseException:
+            if opened is not None:
+                opened.close()
+            raise
+        extra = list(extra_sinks or [])
+        names = [f"{type(s).__name__}#{i}" for i, s in enumerate(extra)]
+        self.sinks += guard_sinks(extra, self.spec.id, self._sink_failed, names)
 
     def run(self) -> PipelineStats:
         """Run until the source ends or `stop()`; the summary of the run."""

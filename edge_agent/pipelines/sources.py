@@ -95,7 +95,8 @@ class FileSourceSpec(BaseModel):
 
 
 class FolderSourceSpec(BaseModel):
-    """A folder of images, read in name order as if they were a video."""
+    """A folder of images, read in name order as if they were a video. A file that is not
+    an image, or is over 64 MiB (`decode.MAX_IMAGE_FILE_BYTES`), is skipped and counted."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -21,7 +21,7 @@ from edge_agent.audio.wav import WavError, read_wav, to_mono
 from edge_agent.catalog.manifest import AudioInput, Manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout, is_safe_name
-from edge_agent.pipelines.decode import decode_image, require_utf8_path
+from edge_agent.pipelines.decode import read_image_file, require_utf8_path
 from edge_agent.quantize.recipe import Recipe, load_recipe
 
 if TYPE_CHECKING:
@@ -120,11 +120,7 @@ def load_clips(path: Path, rate: int) -> list[npt.NDArray[np.float32]]:
 def _read_image(path: Path) -> npt.NDArray[np.uint8] | None:
     # Bytes decoded as a folder source decodes them: cv2.imread segfaults on a name that is
     # not UTF-8 and raises on an oversized image, where a bad file should only be passed over.
-    try:
-        data = np.fromfile(path, dtype=np.uint8)
-    except OSError:
-        return None
-    return decode_image(data)[0]
+    return read_image_file(path)[0]
 
 
 def _video_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:

@@ -10,16 +10,21 @@ exit 2, or, in a folder or a calibration set, one skipped image.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import subprocess
+import tracemalloc
 import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import pytest
 
+from edge_agent.pipelines.decode import IMAGE_FILE_TOO_LARGE
 from edge_agent.pipelines.file_sources import FolderSource
 from edge_agent.quantize.data import load_frames
 from tests.cli_kit import edge_agent_cli, one_line_error
@@ -158,6 +163,73 @@ def test_calibration_passes_over_oversized_images(tmp_path: Path) -> None:
     frames = load_frames(tmp_path, 10)
     assert len(frames) == 2
     assert all(f.shape == (512, 512, 3) for f in frames)
+
+
+def sparse(path: Path, size: int) -> Path:
+    """A file of `size` bytes that takes no disk: what a runaway recorder, or anyone with
+    write access to the folder, can leave among the images."""
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
+def peak_bytes(work: Callable[[], Any]) -> int:
+    """The most memory Python and numpy held at once while `work` ran."""
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def skip_reasons(caplog: pytest.LogCaptureFixture) -> dict[str, str]:
+    skipped = [vars(r)["fields"] for r in caplog.records if r.getMessage() == "image_skipped"]
+    return {Path(fields["path"]).name: fields["reason"] for fields in skipped}
+
+
+def folder_frames(folder: Path) -> tuple[list[str], int]:
+    source = FolderSource(folder)
+    names = []
+    while (frame := source.read()) is not None:
+        names.append(Path(frame.source or "").name)
+    return names, source.skipped
+
+
+def test_a_folder_skips_a_huge_file_without_reading_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It used to be read whole: 1 GiB of memory for a file no camera writes, and again at
+    # every restart of an agent that restores the pipeline.
+    sparse(tmp_path / "a.jpg", 1 << 30)
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
+    caplog.set_level(logging.WARNING, logger="edge_agent.pipelines.file_sources")
+    found: list[tuple[list[str], int]] = []
+    peak = peak_bytes(lambda: found.append(folder_frames(tmp_path)))
+    assert found == [(["b.jpg"], 1)]
+    assert skip_reasons(caplog) == {"a.jpg": IMAGE_FILE_TOO_LARGE}
+    assert peak < 64 << 20, f"{peak >> 20} MiB held to read one 512 x 512 JPEG"
+
+
+def test_a_folder_reads_no_more_than_the_limit_of_a_file_longer_than_it_says(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # /proc/self/pagemap is a regular file of size 0 that reads on for gigabytes: what a
+    # file growing between its size check and its read looks like, every time.
+    (tmp_path / "a.jpg").symlink_to("/proc/self/pagemap")
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
+    caplog.set_level(logging.WARNING, logger="edge_agent.pipelines.file_sources")
+    assert folder_frames(tmp_path) == (["b.jpg"], 1)
+    assert skip_reasons(caplog) == {"a.jpg": IMAGE_FILE_TOO_LARGE}
+
+
+def test_calibration_passes_over_a_huge_file_without_reading_it(tmp_path: Path) -> None:
+    sparse(tmp_path / "a.jpg", 1 << 30)
+    (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
+    found: list[int] = []
+    peak = peak_bytes(lambda: found.append(len(load_frames(tmp_path, 10))))
+    assert found == [1]
+    assert peak < 64 << 20, f"{peak >> 20} MiB held to read one 512 x 512 JPEG"
 
 
 def test_calibration_refuses_a_video_named_in_another_encoding(tmp_path: Path) -> None:

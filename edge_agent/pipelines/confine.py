@@ -1,0 +1,113 @@
+"""Paths a pipeline may not name: where edge-agent keeps its own data.
+
+A spec names files it writes (jsonl, snapshot and capture sinks) and reads (file,
+folder and WAV sources), and over MQTT whoever may command the box writes the spec. A
+jsonl sink in a store version folder made the store take that version for corrupt, for
+every pipeline on it and across restarts; a snapshot sink deletes the oldest JPEGs of
+the folder it is given. `refuse_protected` is asked before anything is opened, with
+every path resolved as the kernel will open it (symlinks, '..'), so no spelling of a
+protected path gets past it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+from edge_agent.errors import EdgeAgentError
+from edge_agent.pipelines.audio_sources import WavSourceSpec
+from edge_agent.pipelines.capture import CaptureSinkSpec
+from edge_agent.pipelines.sinks import JsonLinesSinkSpec
+from edge_agent.pipelines.sources import FileSourceSpec, FolderSourceSpec
+from edge_agent.pipelines.spec import PipelineSpec
+
+_FIX = (
+    "name a path outside it: beside it in the state folder, or elsewhere (a capture sink "
+    "without a folder keeps its frames in the pipeline's own captures folder)"
+)
+
+
+def spec_paths(spec: PipelineSpec) -> list[tuple[str, Path, bool]]:
+    """Every path the spec names, as (its field, the path, whether it is written)."""
+    found: list[tuple[str, Path, bool]] = []
+    for i, sink in enumerate(spec.sinks):
+        if isinstance(sink, JsonLinesSinkSpec):
+            if sink.path is not None:
+                found.append((f"sinks.{i}.path", sink.path, True))
+        elif isinstance(sink, CaptureSinkSpec):
+            if sink.folder is not None:
+                found.append((f"sinks.{i}.folder", sink.folder, True))
+        else:
+            found.append((f"sinks.{i}.folder", sink.folder, True))
+    if isinstance(spec.source, FileSourceSpec | FolderSourceSpec | WavSourceSpec):
+        found.append(("source.path", spec.source.path, False))
+    return found
+
+
+def _real(path: Path) -> Path:
+    # realpath, not Path.resolve: a symlink loop is left as it is (nothing can open it)
+    # rather than raised as a RuntimeError.
+    return Path(os.path.realpath(path))
+
+
+def refuse_protected(
+    spec: PipelineSpec,
+    protected: Iterable[Path],
+    *,
+    code: str,
+    field_prefix: str = "",
+    writes_only: bool = False,
+) -> None:
+    """Refuse a spec that names a path inside a protected file or folder.
+
+    Args:
+        spec: The pipeline.
+        protected: What no pipeline may name (`Layout.owned`, files the config names).
+        code: The error's code, as the caller reports a bad spec (`command.invalid`).
+        field_prefix: Where the spec sits in what was given (`args.spec.`), for the
+            error's field.
+        writes_only: Check the sinks only (the local CLI: reading is the user's own
+            business there).
+
+    Raises:
+        EdgeAgentError: `code`, naming the field, the path and what it is inside.
+    """
+    roots = [_real(p) for p in protected]
+    for field, given, writes in spec_paths(spec):
+        if writes_only and not writes:
+            continue
+        path = _real(given)
+        inside = next((root for root in roots if path.is_relative_to(root)), None)
+        if inside is not None:
+            raise EdgeAgentError(
+                f"{field_prefix}{field} {given} is inside {inside}, which edge-agent keeps "
+                "its own data in",
+                _FIX,
+                code=code,
+                field=f"{field_prefix}{field}",
+            )
+    source = spec.source
+    if writes_only or not isinstance(source, FolderSourceSpec):
+        return
+    # A folder source reads what its pattern matches, which may lie below the folder or
+    # (with '..') beside it.
+    field = f"{field_prefix}source.pattern"
+    if ".." in PurePosixPath(source.pattern).parts:
+        raise EdgeAgentError(
+            f"{field} {source.pattern!r} climbs out of the folder with '..'",
+            "name the folder the images are in, and a pattern within it",
+            code=code,
+            field=field,
+        )
+    folder = _real(source.path)
+    if "/" in source.pattern or "**" in source.pattern:
+        below = next((root for root in roots if root.is_relative_to(folder)), None)
+        if below is not None:
+            raise EdgeAgentError(
+                f"{field} {source.pattern!r} reaches below {source.path}, into {below}, "
+                "which edge-agent keeps its own data in",
+                "name a folder that holds only images, or a pattern without '/' and '**'",
+                code=code,
+                field=field,
+            )

@@ -1,0 +1,119 @@
+"""The agent runs at most `max_pipelines` pipelines, and restores no more at a restart.
+
+There was no limit: 100 start_pipeline commands naming a camera that refuses connections
+were all answered ok, held 404 threads and 138 MB, were recorded, and came back at every
+start. Past the cap a start is now refused command.busy, and a record holding more than
+the cap restores the first ones only and says which it left out. A real agent (on a
+thread) over a real mosquitto, with face-blazeface and a stream nothing listens for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_agent.agent.records import AgentRecords
+from edge_agent.comms.local_broker import LocalBroker, free_port
+from tests.agent_kit import InProcessAgent, Watcher, write_config
+
+DEVICE = "cap-dev"
+CAP = 3
+
+
+@pytest.fixture
+def watcher(broker: LocalBroker) -> Iterator[Watcher]:
+    running = Watcher(broker.port, DEVICE)
+    yield running
+    running.close()
+
+
+def _config(broker: LocalBroker, tmp_path: Path) -> Path:
+    return write_config(
+        tmp_path / "agent.toml",
+        port=broker.port,
+        device=DEVICE,
+        state=tmp_path / "state",
+        extra=f"max_pipelines = {CAP}",
+    )
+
+
+def _spec(pipeline: str, port: int) -> dict[str, Any]:
+    """A pipeline on a camera that refuses connections: it starts, and waits for it."""
+    return {
+        "id": pipeline,
+        "model": {"name": "face-blazeface"},
+        "source": {"type": "stream", "url": f"http://127.0.0.1:{port}/cam"},
+    }
+
+
+def _recorded(tmp_path: Path) -> list[str]:
+    record = json.loads((tmp_path / "state" / "agent" / "agent.json").read_text())
+    return list(record["pipelines"])
+
+
+def _listed(watcher: Watcher) -> list[str]:
+    return [p["id"] for p in watcher.ok("list_pipelines")["pipelines"]]
+
+
+def test_a_start_past_the_cap_is_refused_busy_until_one_is_stopped(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher
+) -> None:
+    port = free_port()
+    agent = InProcessAgent(_config(broker, tmp_path))
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        for i in range(CAP):
+            watcher.ok("start_pipeline", {"spec": _spec(f"cam{i}", port)}, timeout=60)
+
+        answer = watcher.final(watcher.send("start_pipeline", {"spec": _spec("cam9", port)}))
+        assert answer["status"] == "error", answer
+        assert answer["error"]["code"] == "command.busy", answer
+        assert "max_pipelines" in answer["error"]["message"], answer
+        assert "stop one" in answer["error"]["message"], answer
+        # Refused whole: not running, not listed, not recorded to come back at a restart.
+        assert _listed(watcher) == ["cam0", "cam1", "cam2"]
+        assert _recorded(tmp_path) == ["cam0", "cam1", "cam2"]
+
+        # A stop makes room.
+        watcher.ok("stop_pipeline", {"id": "cam1"})
+        watcher.ok("start_pipeline", {"spec": _spec("cam9", port)}, timeout=60)
+        assert sorted(_listed(watcher)) == ["cam0", "cam2", "cam9"]
+    finally:
+        agent.close()
+
+
+def test_a_record_past_the_cap_restores_the_first_and_names_the_rest(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What an agent of before the cap (or with a higher one) left in its record.
+    port = free_port()
+    ids = [f"cam{i}" for i in range(CAP + 2)]
+    AgentRecords(tmp_path / "state" / "agent").update(
+        pipelines={pipeline: _spec(pipeline, port) for pipeline in ids}
+    )
+    caplog.set_level(logging.INFO, logger="edge_agent.agent.pipelines")
+    agent = InProcessAgent(_config(broker, tmp_path))
+    try:
+        watcher.wait_state(lambda s: s["online"] and len(s["pipelines"]) >= CAP, timeout=60)
+        assert _listed(watcher) == ids[:CAP]
+        left_out = [
+            vars(r)["fields"] for r in caplog.records if r.getMessage() == "pipelines_not_restored"
+        ]
+        assert [(f["pipelines"], f["max_pipelines"]) for f in left_out] == [
+            (",".join(ids[CAP:]), CAP)
+        ]
+        last = ids[-1]
+        watcher.wait_event(lambda e: e["pipeline"] == last, what="the last one's event")
+        busy = [e for e in watcher.events() if e.get("code") == "command.busy"]
+        assert [(e["kind"], e["pipeline"]) for e in busy] == [
+            ("pipeline_failed", pipeline) for pipeline in ids[CAP:]
+        ]
+        # Forgotten: kept, they would come back before a pipeline started after them.
+        assert _recorded(tmp_path) == ids[:CAP]
+    finally:
+        agent.close()

@@ -1,0 +1,299 @@
+"""A pipeline may not name a path inside the agent's own folders.
+
+A start_pipeline could name its sinks and sources anywhere. A jsonl sink in a store
+version folder made the store take that version for corrupt, so every pipeline on it
+failed, across restarts; the file was made even when the start then failed, since sinks
+were opened before the model was looked up. A snapshot sink deletes the oldest JPEGs of
+whatever folder it is given. Such a start is now answered command.invalid, naming the
+field, before anything is made, whatever the spelling (a symlink, '..'), and a record
+holding one does not bring it back; a start refused for its model or its source makes no
+sink file either. A real agent (on a thread) over a real mosquitto;
+the store's model is text-orientation, published as `orient` by the `fleet` fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from edge_agent.agent.records import AgentRecords
+from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.store.release import generate_key, save_public_key
+from tests.agent_kit import InProcessAgent, Watcher, write_config
+from tests.broker import Fleet
+from tests.cli_kit import edge_agent_cli, one_line_error
+
+DEVICE = "paths-dev"
+MISSING = "no-such-model"
+"""The model of the refused starts: a refusal must come before the model is looked up
+(and no model need be fetched into their cache of their own)."""
+
+
+@pytest.fixture
+def watcher(broker: LocalBroker) -> Iterator[Watcher]:
+    running = Watcher(broker.port, DEVICE)
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def photos(tmp_path: Path, astronaut: npt.NDArray[np.uint8]) -> Path:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(3):
+        cv2.imwrite(str(folder / f"{i}.jpg"), astronaut)
+    return folder
+
+
+def _agent(broker: LocalBroker, tmp_path: Path, **config: Any) -> InProcessAgent:
+    """An agent with its state in `tmp_path`; `config` as `write_config` takes it."""
+    path = tmp_path / "agent.toml"
+    write_config(path, port=broker.port, device=DEVICE, state=tmp_path / "state", **config)
+    return InProcessAgent(path)
+
+
+def _refused(watcher: Watcher, spec: dict[str, Any]) -> dict[str, Any]:
+    answer = watcher.final(watcher.send("start_pipeline", {"spec": spec}), timeout=60)
+    assert answer["status"] == "error", answer
+    error: dict[str, Any] = answer["error"]
+    return error
+
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every file and folder below `folder`, with the files' bytes (sqlite's excepted:
+    the agent writes those all the time)."""
+    return {
+        str(p.relative_to(folder)): None if p.is_dir() or ".sqlite" in p.name else p.read_bytes()
+        for p in folder.rglob("*")
+    }
+
+
+def test_a_sink_in_a_store_version_is_refused_and_the_version_serves_on(
+    broker: LocalBroker, fleet: Fleet, tmp_path: Path, watcher: Watcher, photos: Path
+) -> None:
+    public = tmp_path / "fleet.pub"
+    save_public_key(fleet.key.public_key(), public)
+    state = tmp_path / "state"
+    agent = _agent(broker, tmp_path, results="all", trusted_keys=[public])
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        deployed = watcher.final(watcher.send("deploy_model", {"name": "orient"}), timeout=90)
+        assert deployed["status"] == "ok", deployed
+        version = state / "store" / "models" / "orient" / "versions" / "1"
+        before = sorted(p.name for p in version.iterdir())
+        spec: dict[str, Any] = {
+            "id": "scans",
+            "model": {"name": "orient"},
+            "source": {"type": "folder", "path": str(photos)},
+            "sinks": [{"type": "jsonl", "path": str(version / "r.jsonl")}],
+        }
+        error = _refused(watcher, spec)
+        assert sorted(p.name for p in version.iterdir()) == before
+        assert error["code"] == "command.invalid", error
+        assert error.get("field") == "args.spec.sinks.0.path", error
+        assert f"inside {state / 'store'}" in error["message"], error
+
+        # The version is whole: a pipeline on it runs, with its sink where the state folder
+        # has room for a user's files (beside the agent's own parts, not inside them).
+        spec["sinks"] = [{"type": "jsonl", "path": str(state / "scans.jsonl")}]
+        assert watcher.ok("start_pipeline", {"spec": spec}, timeout=60)["status"] == "running"
+        watcher.wait_event(
+            lambda e: e["kind"] == "pipeline_stopped" and e["pipeline"] == "scans", timeout=60
+        )
+        lines = (state / "scans.jsonl").read_text().splitlines()
+        assert [json.loads(line)["frame"] for line in lines] == [0, 1, 2]
+    finally:
+        agent.close()
+
+
+def _snapshot_in_a_store_version(tmp: Path) -> tuple[dict[str, Any], str]:
+    folder = tmp / "state" / "store" / "models" / "orient" / "versions" / "1"
+    return {"sinks": [{"type": "snapshot", "folder": str(folder)}]}, "sinks.1.folder"
+
+
+def _jsonl_in_the_records_through_a_symlink(tmp: Path) -> tuple[dict[str, Any], str]:
+    (tmp / "results").symlink_to(tmp / "state" / "agent", target_is_directory=True)
+    return {"sinks": [{"type": "jsonl", "path": str(tmp / "results" / "r.jsonl")}]}, (
+        "sinks.1.path"
+    )
+
+
+def _capture_in_the_transfers_through_dotdot(tmp: Path) -> tuple[dict[str, Any], str]:
+    folder = tmp / "elsewhere" / ".." / "state" / "transfers" / "frames"
+    return {"sinks": [{"type": "capture", "folder": str(folder)}]}, "sinks.1.folder"
+
+
+def _jsonl_on_the_outbox_log(tmp: Path) -> tuple[dict[str, Any], str]:
+    return {"sinks": [{"type": "jsonl", "path": str(tmp / "state" / "outbox.sqlite-wal")}]}, (
+        "sinks.1.path"
+    )
+
+
+def _jsonl_in_the_compile_cache(tmp: Path) -> tuple[dict[str, Any], str]:
+    (tmp / "cache" / "compiled").mkdir(parents=True)
+    return {"sinks": [{"type": "jsonl", "path": str(tmp / "cache" / "compiled" / "r.jsonl")}]}, (
+        "sinks.1.path"
+    )
+
+
+def _jsonl_on_a_trusted_key(tmp: Path) -> tuple[dict[str, Any], str]:
+    return {"sinks": [{"type": "jsonl", "path": str(tmp / "fleet.pub")}]}, "sinks.1.path"
+
+
+def _folder_source_in_the_records(tmp: Path) -> tuple[dict[str, Any], str]:
+    return {"source": {"type": "folder", "path": str(tmp / "state" / "agent")}}, "source.path"
+
+
+def _folder_source_reaching_down_into_the_state(tmp: Path) -> tuple[dict[str, Any], str]:
+    return {"source": {"type": "folder", "path": str(tmp), "pattern": "**/*.json"}}, (
+        "source.pattern"
+    )
+
+
+def _folder_source_climbing_out(tmp: Path) -> tuple[dict[str, Any], str]:
+    source = {"type": "folder", "path": str(tmp / "photos"), "pattern": "../state/agent/*"}
+    return {"source": source}, "source.pattern"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        _snapshot_in_a_store_version,
+        _jsonl_in_the_records_through_a_symlink,
+        _capture_in_the_transfers_through_dotdot,
+        _jsonl_on_the_outbox_log,
+        _jsonl_in_the_compile_cache,
+        _jsonl_on_a_trusted_key,
+        _folder_source_in_the_records,
+        _folder_source_reaching_down_into_the_state,
+        _folder_source_climbing_out,
+    ],
+    ids=lambda case: case.__name__.strip("_"),
+)
+def test_a_path_in_the_agents_own_folders_is_refused_before_anything_is_made(
+    broker: LocalBroker,
+    tmp_path: Path,
+    watcher: Watcher,
+    photos: Path,
+    case: Callable[[Path], tuple[dict[str, Any], str]],
+) -> None:
+    key = tmp_path / "fleet.pub"
+    save_public_key(generate_key().public_key(), key)
+    agent = _agent(broker, tmp_path, cache=tmp_path / "cache", trusted_keys=[key])
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        watcher.ok("ping")  # the command log is made: what follows must change nothing
+        changes, field = case(tmp_path)
+        before = _tree(tmp_path)
+        spec = {
+            "id": "cam",
+            "model": {"name": MISSING},
+            "source": changes.get("source", {"type": "folder", "path": str(photos)}),
+            # A sink outside comes first: a refused start makes none of its files either.
+            "sinks": [
+                {"type": "jsonl", "path": str(tmp_path / "ok.jsonl")},
+                *changes.get("sinks", []),
+            ],
+        }
+        error = _refused(watcher, spec)
+        assert _tree(tmp_path) == before
+        assert error["code"] == "command.invalid", error
+        assert error.get("field") == f"args.spec.{field}", error
+        assert watcher.ok("list_pipelines") == {"pipelines": []}
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize(
+    ("model", "source", "code"),
+    [
+        (MISSING, None, "model.not_found"),
+        ("face-blazeface", {"type": "file", "path": "gone.mp4"}, "source.unreachable"),
+        ("face-blazeface", {"type": "wav", "path": "speech.wav"}, "model.incompatible"),
+    ],
+    ids=["missing-model", "missing-video", "audio-for-an-image-model"],
+)
+def test_a_start_refused_for_its_model_or_source_makes_no_sink_file(
+    broker: LocalBroker,
+    tmp_path: Path,
+    watcher: Watcher,
+    photos: Path,
+    model: str,
+    source: dict[str, str] | None,
+    code: str,
+) -> None:
+    # Sinks were opened first: every refused start left its files and folders behind.
+    agent = _agent(broker, tmp_path)
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        if source is not None:
+            source = {**source, "path": str(tmp_path / source["path"])}
+        spec = {
+            "id": "cam",
+            "model": {"name": model},
+            "source": source or {"type": "folder", "path": str(photos)},
+            "sinks": [
+                {"type": "jsonl", "path": str(tmp_path / "out" / "r.jsonl")},
+                {"type": "snapshot", "folder": str(tmp_path / "out" / "snapshots")},
+                {"type": "capture", "folder": str(tmp_path / "out" / "frames")},
+            ],
+        }
+        (tmp_path / "out").mkdir()
+        assert _refused(watcher, spec)["code"] == code
+        assert list((tmp_path / "out").iterdir()) == []
+    finally:
+        agent.close()
+
+
+def test_a_recorded_pipeline_with_a_sink_in_the_store_is_not_restored(
+    broker: LocalBroker,
+    tmp_path: Path,
+    watcher: Watcher,
+    photos: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What an agent of before this check may have recorded.
+    store = tmp_path / "state" / "store"
+    spec = {
+        "id": "cam",
+        "model": {"name": MISSING},
+        "source": {"type": "folder", "path": str(photos)},
+        "sinks": [{"type": "snapshot", "folder": str(store / "models" / "orient")}],
+    }
+    AgentRecords(tmp_path / "state" / "agent").update(pipelines={"cam": spec})
+    caplog.set_level(logging.INFO, logger="edge_agent.agent.pipelines")
+    agent = _agent(broker, tmp_path, cache=tmp_path / "cache")
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        event = watcher.wait_event(lambda e: e["pipeline"] == "cam")
+        assert (event["kind"], event["code"]) == ("pipeline_failed", "command.invalid"), event
+        failed = [
+            vars(r)["fields"] for r in caplog.records if r.getMessage() == "pipeline_restore_failed"
+        ]
+        assert [(f["pipeline"], f["code"]) for f in failed] == [("cam", "command.invalid")]
+        assert not store.exists()
+        assert watcher.ok("list_pipelines") == {"pipelines": []}
+    finally:
+        agent.close()
+
+
+def test_the_local_cli_refuses_a_sink_in_its_store_too(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    folder = state / "store" / "models" / "orient" / "versions" / "1"
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        'id = "scans"\n[model]\nname = "text-orientation"\n'
+        f'[source]\ntype = "folder"\npath = "{tmp_path}"\n'
+        f'[[sinks]]\ntype = "snapshot"\nfolder = "{folder}"\n'
+    )
+    proc = edge_agent_cli("--state-dir", str(state), "run-pipeline", str(spec))
+    assert one_line_error(proc, "sinks.0.folder", "keeps its own data") == "config.invalid"
+    assert not state.exists()
