@@ -22,7 +22,7 @@ from typing import Any, Literal
 from edge_agent.comms.base import Communicator, Message, Unsubscribe
 from edge_agent.fleet.console import Interrupted, Replies, expiry_seconds, new_command, parse
 from edge_agent.protocol import agent as msg
-from edge_agent.protocol.topics import Topics
+from edge_agent.protocol.topics import FANIN_QOS, Topics
 
 
 def accept_state(held: msg.State | None, new: msg.State) -> bool:
@@ -53,17 +53,6 @@ class DeviceRecord:
         """Unix seconds of the newest thing the device said (its own clock)."""
         times = [m.ts for m in (self.state, self.telemetry) if m is not None]
         return max(times) if times else None
-
-
-FANIN_QOS = 0
-"""What the console subscribes with to what every device sends (state, telemetry,
-answers). A broker holds back QoS 1 deliveries to one client past a few in flight
-and queues a bounded number more, then drops the rest: mosquitto's defaults (20 and
-1,000) let 1,020 of a 5,000-box fleet's retained states through, and dropped final
-answers of a group deploy, which then read as time-outs. At QoS 0 it writes them
-straight to the connection: the devices still publish at QoS 1, so only a lost
-console connection can lose one, and then the subscription's retained states come
-again when it is made anew."""
 
 
 class Roster:

@@ -38,7 +38,7 @@ from edge_agent.protocol.delivery import (
     bit,
     decode_bits,
 )
-from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, Topics
+from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, FANIN_QOS, Topics
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,14 @@ class FleetServer:
 
     def start(self) -> None:
         self.comm.subscribe(self.topics.servers_filter, self.on_presence, qos=1)
-        self.comm.subscribe(self.topics.control_filter, self.on_control, qos=1)
-        self.comm.subscribe(self.topics.repair_shared(self.share_group), self.on_repair, qos=1)
+        # Joins, acks and repair requests come from the whole fleet at once: at QoS 0, as
+        # the console follows the fleet (`FANIN_QOS`), or the broker drops what is
+        # past its queue for this one client. The devices publish at QoS 1, and ask again
+        # (rejoin, resend) what a lost connection drops.
+        self.comm.subscribe(self.topics.control_filter, self.on_control, qos=FANIN_QOS)
+        self.comm.subscribe(
+            self.topics.repair_shared(self.share_group), self.on_repair, qos=FANIN_QOS
+        )
         self.announce()
 
     def announce(self) -> None:

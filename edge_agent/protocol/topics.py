@@ -24,6 +24,17 @@ def check_prefix(value: str) -> str:
     return value.rstrip("/")
 
 
+FANIN_QOS = 0
+"""What the fleet side subscribes with to what every device sends: states, telemetry and
+answers (the console), joins, acks and repair requests (`serve`). A broker holds back
+QoS 1 deliveries to one client past a few in flight and queues a bounded number more,
+then drops the rest: mosquitto's defaults (20 and 1,000) let 1,020 of a 5,000-box
+fleet's retained states through, and dropped final answers of a group deploy, which
+then read as time-outs. At QoS 0 it writes them straight to the connection. The
+devices still publish at QoS 1, so only a lost connection can lose one; the retained
+states come again when the subscription is made anew, and devices rejoin and resend."""
+
+
 @dataclass(frozen=True, slots=True)
 class Topics:
     """Topic names below `prefix` (default edge/v1)."""

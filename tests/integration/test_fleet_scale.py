@@ -12,14 +12,23 @@ import json
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.comms.base import Message
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
+from edge_agent.delivery.chunks import ChunkMap
+from edge_agent.fleet.publish import publish_release
+from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.roster import send_group
+from edge_agent.fleet.server import FleetServer
+from edge_agent.protocol.delivery import Join, bitmap, encode_bits
 from edge_agent.protocol.topics import Topics
+from edge_agent.store.release import generate_key
+from tests.broker import TOPICS, signed_release
 from tests.integration.test_fleet_console import as_json, fleet_cli
 
 FLEET = 2500
@@ -146,3 +155,41 @@ def test_forget_clears_a_retired_devices_state_and_only_that(broker: LocalBroker
     assert forced.returncode == 0, forced.stderr
     status = fleet_cli(broker, "status", "--json")
     assert as_json(status) == []
+
+
+def test_serve_hears_every_join_of_a_fleet_at_once(
+    broker: LocalBroker, tmp_path: Path, resolve: Callable[[str], ResolvedModel]
+) -> None:
+    # A deploy to a group: every box joins the broadcast within a moment. At QoS 1 the
+    # broker dropped what was past its queue for `serve` (about 1,020), and the rest
+    # waited out their idle time to join again.
+    model = resolve("text-orientation")
+    signed = signed_release(model, generate_key())
+    repo = Repo(tmp_path / "repo")
+    session = connect(BrokerSettings(port=broker.port))
+    boxes = [connect(BrokerSettings(port=broker.port)) for _ in range(50)]
+    try:
+        server = FleetServer(session, repo, instance="s1")  # not run: nothing is sent
+        server.start()
+        publish_release(session, TOPICS, repo, signed, model.path.parent)
+        chunks = ChunkMap(signed.release)
+        everything = encode_bits(bitmap(len(chunks), range(len(chunks))))
+        control = TOPICS.control("orient", 1)
+        for i in range(FLEET):
+            join = Join(device_id=f"box-{i:05d}", release_id=chunks.id, chunks=len(chunks),
+                        missing=everything)  # fmt: skip
+            boxes[i % len(boxes)].publish(control, join.model_dump_json().encode())
+        assert all(box.flush(60.0) for box in boxes)
+        deadline = time.monotonic() + 30.0
+        joined = 0
+        while time.monotonic() < deadline:
+            broadcast = server.broadcasts.get(("orient", 1))
+            joined = broadcast.stats.joins if broadcast is not None else 0
+            if joined == FLEET:
+                break
+            time.sleep(0.1)
+        assert joined == FLEET
+    finally:
+        for box in boxes:
+            box.stop()
+        session.stop()
