@@ -156,11 +156,23 @@ class Outbox:
                 "check that the state directory is writable and not full",
                 code="path.unwritable",
             ) from None
-        self._bytes = self._sum_bytes()
+        # Bytes waiting by priority, kept as rows come and go: making room over the quota
+        # once summed the evictable rows on every put, 26 ms at 16 MB and about 90 ms at
+        # the 64 MB default, on the pipelines' threads, through a whole outage.
+        self._held: dict[Priority, int] = dict.fromkeys(Priority, 0)
+        self._recount()
 
-    def _sum_bytes(self) -> int:
-        (total,) = self._db.execute("SELECT COALESCE(SUM(size), 0) FROM messages").fetchone()
-        return int(total)
+    @property
+    def _bytes(self) -> int:
+        return sum(self._held.values())
+
+    def _recount(self) -> None:
+        """Read the bytes waiting by priority from the file (at open, and after a rollback)."""
+        held = dict.fromkeys(Priority, 0)
+        rows = self._db.execute("SELECT priority, SUM(size) FROM messages GROUP BY priority")
+        for priority, total in rows.fetchall():
+            held[Priority(priority)] = int(total)
+        self._held = held
 
     def put(
         self,
@@ -203,26 +215,25 @@ class Outbox:
             )
             self._db.execute("COMMIT")
         except _DroppedError:
-            # Keep the evictions and the drop count: they happened.
+            # Keep the evictions and the drop count: they happened (and are counted).
             self._db.execute("COMMIT")
-            self._bytes = self._sum_bytes()
             return None
         except BaseException:
             self._undo()
             raise
-        self._bytes += size
+        self._held[priority] += size
         seq = cursor.lastrowid
         assert seq is not None
         return seq
 
     def _undo(self) -> None:
         # sqlite has already rolled back a COMMIT the disk refused: a second ROLLBACK would
-        # raise and hide the first error. The running byte count is read again either way.
+        # raise and hide the first error. The running byte counts are read again either way.
         if self._db.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
         with contextlib.suppress(sqlite3.Error):
-            self._bytes = self._sum_bytes()
+            self._recount()
 
     def _write_failed(self, what: str, exc: sqlite3.Error) -> None:
         self.refusing = True
@@ -244,26 +255,30 @@ class Outbox:
         # then results, oldest first; answers and events only when nothing else is left.
         if self._bytes + size <= self.quota_bytes:
             return
-        (evictable,) = self._db.execute(
-            "SELECT COALESCE(SUM(size), 0) FROM messages WHERE priority >= ?", (int(priority),)
-        ).fetchone()
+        evictable = sum(held for p, held in self._held.items() if p >= priority)
         if self._bytes - evictable + size > self.quota_bytes:
             # Even dropping everything cheaper would not make room: the new message is the drop,
             # and nothing is evicted for nothing.
             self._count_drop(priority)
             raise _DroppedError
-        while self._bytes + size > self.quota_bytes:
-            row = self._db.execute(
-                "SELECT seq, size, priority FROM messages ORDER BY priority DESC, seq ASC LIMIT 1"
-            ).fetchone()
-            if row is None or row[2] < priority:
-                # Everything left is worth more than the new message: it is the drop.
-                self._count_drop(priority)
-                raise _DroppedError
-            seq, dropped_size, dropped_priority = row
-            self._db.execute("DELETE FROM messages WHERE seq = ?", (seq,))
-            self._bytes -= dropped_size
-            self._count_drop(Priority(dropped_priority))
+        # The cheapest first, oldest first within each: one priority at a time, so each
+        # lookup walks the (priority, seq) index instead of sorting the table.
+        for cheapest in sorted((p for p in Priority if p >= priority), reverse=True):
+            while self._bytes + size > self.quota_bytes:
+                row = self._db.execute(
+                    "SELECT seq, size FROM messages WHERE priority = ? ORDER BY seq LIMIT 1",
+                    (int(cheapest),),
+                ).fetchone()
+                if row is None:
+                    break
+                self._db.execute("DELETE FROM messages WHERE seq = ?", (row[0],))
+                self._held[cheapest] -= row[1]
+                self._count_drop(cheapest)
+        if self._bytes + size > self.quota_bytes:
+            # Only if the counts were off (they come from the file again): the new one drops.
+            self._recount()
+            self._count_drop(priority)
+            raise _DroppedError
 
     def _count_drop(self, priority: Priority) -> None:
         self._db.execute(
@@ -293,9 +308,11 @@ class Outbox:
             marks = ",".join("?" * len(seqs))
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-                (freed,) = self._db.execute(
-                    f"SELECT COALESCE(SUM(size), 0) FROM messages WHERE seq IN ({marks})", seqs
-                ).fetchone()
+                freed = self._db.execute(
+                    f"SELECT priority, SUM(size) FROM messages WHERE seq IN ({marks})"
+                    " GROUP BY priority",
+                    seqs,
+                ).fetchall()
                 self._db.execute(f"DELETE FROM messages WHERE seq IN ({marks})", seqs)
                 self._db.execute("COMMIT")
             except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
@@ -305,7 +322,8 @@ class Outbox:
                 self._undo()
                 self._write_failed("ack", exc)
                 return
-            self._bytes -= freed
+            for priority, size in freed:
+                self._held[Priority(priority)] -= int(size)
 
     def stats(self) -> OutboxStats:
         """Depth, bytes, the drop counters and the oldest message's age."""
