@@ -459,6 +459,10 @@ class AgentService:
             self._wake.clear()
             return True
         self._urgent.clear()
+        # Answers first: after an outage the backlog (up to the quota, 190,000 results at
+        # 64 MB) drains at the broker's pace, and an answer at its end kept a console
+        # waiting past its timeout for a command the box had already run.
+        ahead = self.outbox.peek_critical("/resp", _PUMP_BATCH, after=sent.upto)
         batch = self.outbox.peek(_PUMP_BATCH, after=sent.upto)
         if not batch:
             self._wake.wait(_PUMP_IDLE_S)  # a put wakes it
@@ -472,10 +476,17 @@ class AgentService:
             # Results and telemetry only: let more gather, unless an answer comes.
             self._urgent.wait(_GATHER_S)
             batch += self.outbox.peek(_PUMP_BATCH - len(batch), after=batch[-1].seq)
-        for queued in batch:
+        early = {queued.seq for queued in ahead}
+        for queued in ahead:
             self.session.publish(queued.topic, queued.payload, qos=queued.qos, retain=queued.retain)
-            sent.upto = queued.seq
             sent.in_flight.append(queued.seq)
+        for queued in batch:
+            sent.upto = queued.seq
+            if queued.seq not in early:
+                self.session.publish(
+                    queued.topic, queued.payload, qos=queued.qos, retain=queued.retain
+                )
+                sent.in_flight.append(queued.seq)
         return True
 
     def _feed_watchdog(self) -> None:

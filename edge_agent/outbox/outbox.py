@@ -7,7 +7,8 @@ rewrites a payload). It is the one owner of "what gets published, and when it
 is dropped":
 
 - order: one sequence over every message, so a result never overtakes the
-  event it caused;
+  event it caused (command answers may go ahead of a backlog, `peek_critical`:
+  they answer a console waiting now, and nothing they say depends on results);
 - what is dropped over the quota: telemetry first (the next interval says it
   again), then results, and command answers and events only when nothing else
   is left to drop. Every drop is counted by priority, and the counts survive
@@ -298,6 +299,21 @@ class Outbox:
         return [
             Queued(seq, topic, bytes(payload), qos, bool(retain), Priority(priority), created)
             for seq, topic, payload, qos, retain, priority, created in rows
+        ]
+
+    def peek_critical(self, suffix: str, limit: int = 100, after: int = 0) -> list[Queued]:
+        """The oldest critical messages after `after` whose topic ends with `suffix` (`/resp`):
+        what may go ahead of a backlog. Walks the (priority, seq) index, not the backlog."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, topic, payload, qos, retain, priority, created_at FROM messages"
+                " WHERE priority = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (int(Priority.CRITICAL), after, limit),
+            ).fetchall()
+        return [
+            Queued(seq, topic, bytes(payload), qos, bool(retain), Priority(priority), created)
+            for seq, topic, payload, qos, retain, priority, created in rows
+            if topic.endswith(suffix)
         ]
 
     def ack(self, seqs: list[int]) -> None:

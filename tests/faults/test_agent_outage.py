@@ -19,10 +19,15 @@ import pytest
 
 from edge_agent.clips import WalkVideo, write_walk
 from edge_agent.comms.local_broker import LocalBroker
-from tests.agent_kit import AgentProcess, Watcher, write_config
+from edge_agent.comms.session import connect
+from edge_agent.comms.settings import BrokerSettings
+from edge_agent.outbox import Outbox, Priority
+from tests.agent_kit import PREFIX, AgentProcess, InProcessAgent, Watcher, write_config
 
 DEVICE = "outage-dev"
 OUTAGE_S = 30.0
+BACKLOG = 20_000
+"""Results an outage left: enough that draining them takes a while, even on loopback."""
 """As long as the issue asks; the agent's reconnect backoff is capped at 1 s here, so
 the length only adds buffered telemetry, not behaviour, but it is the figure promised."""
 
@@ -117,3 +122,39 @@ def test_results_and_telemetry_made_while_the_broker_is_down_arrive_in_order(
         watcher.close()
     stopped = json.loads(watcher.on("state")[-1].payload)
     assert stopped["online"] is False
+
+
+def test_an_answer_goes_ahead_of_the_backlog_an_outage_left(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    # A box back from an outage holds up to its quota of results (190,000 at 64 MB) and
+    # drains them at the broker's pace; an answer queued behind them all kept the console
+    # waiting past its timeout for a command the box had already run.
+    state = tmp_path / "state"
+    backlog = Outbox(state / "outbox.sqlite")
+    topic = f"{PREFIX}/dev-1/results/cam"
+    for frame in range(BACKLOG):
+        backlog.put(topic, json.dumps({"frame": frame}).encode(), Priority.RESULT)
+    backlog.close()
+    # One stream of everything the box sends, in the broker's order; at QoS 0, so the
+    # broker's queue for a QoS 1 subscriber does not drop part of the burst.
+    seen: list[str] = []
+    stream = connect(BrokerSettings(port=broker.port))
+    stream.subscribe(f"{PREFIX}/dev-1/#", lambda m: seen.append(m.topic.rsplit("/", 1)[-1]), qos=0)
+    watcher = Watcher(broker.port, "dev-1")
+    agent = InProcessAgent(config=write_config(tmp_path / "agent.toml", port=broker.port,
+                                               state=state))  # fmt: skip
+    try:
+        watcher.wait_state(lambda s: s["online"], timeout=30)
+        ping = watcher.send("ping")
+        watcher.final(ping)
+        deadline = time.monotonic() + 60
+        while seen.count("cam") < BACKLOG and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert seen.count("cam") == BACKLOG  # the backlog still arrives whole
+        answered = seen.index("resp")
+        assert seen[:answered].count("cam") < BACKLOG // 10, f"{answered} messages came first"
+    finally:
+        watcher.close()
+        stream.stop()
+        agent.close()
