@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 
 from edge_agent.errors import EdgeAgentError
-from edge_agent.logs import error_text, log_crash, log_event
+from edge_agent.logs import Throttle, error_text, log_crash, log_event
 from edge_agent.pipelines.active import ActiveModel
 from edge_agent.pipelines.base import Event, Frame, FrameResult, FrameSource, Sink, SourceError
 from edge_agent.pipelines.detect import Detector
@@ -47,6 +47,9 @@ from edge_agent.runtime.base import CompiledModel, Tensors
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 
 log = logging.getLogger(__name__)
+
+_FRAME_FAILED_LOG_S = 60.0
+"""A pipeline's frames failing in its head are logged at most this often (with a count)."""
 
 OnRetire = Callable[[CompiledModel], None]
 """Called, off the hot path, with a model that no frame will use again."""
@@ -103,6 +106,10 @@ class VisionPipeline:
         self._left = False
         self._emitter_crashed = False
         self._stalled: EdgeAgentError | None = None  # set once, by the emitter
+        # A head that fails on every frame fails 30 times a second, for as long as it runs:
+        # the first is logged, then a line a minute with how many since.
+        self._failed_said = Throttle(_FRAME_FAILED_LOG_S)
+        self._failed_unsaid = 0
 
     def request_swap(self, active: ActiveModel) -> None:
         """Run `active` from the next frame on; thread-safe, returns at once.
@@ -379,15 +386,19 @@ class VisionPipeline:
             self._emit(*item)
         except Exception as exc:
             failed = True
-            log_event(
-                log,
-                logging.WARNING,
-                "frame_failed",
-                pipeline=self.name,
-                model=item[0].active.label,
-                frame=item[0].frame.index,
-                error=error_text(exc),
-            )
+            self._failed_unsaid += 1  # the emitter's thread alone
+            if self._failed_said.ready():
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "frame_failed",
+                    pipeline=self.name,
+                    model=item[0].active.label,
+                    frame=item[0].frame.index,
+                    failures=self._failed_unsaid,
+                    error=error_text(exc),
+                )
+                self._failed_unsaid = 0
         self._settle(lost=failed)
 
     def _emit(self, item: InFlight, finished: float) -> None:

@@ -261,7 +261,9 @@ def test_a_head_that_raises_counts_failures_and_stops_in_time(
     assert stats.frames == 0
     assert stats.frame_failures > 0
     failed = [r for r in caplog.records if r.getMessage() == "frame_failed"]
-    assert failed
+    # Said once, not per frame: a head failing at 30 FPS for a week wrote 18 M lines.
+    assert len(failed) == 1
+    assert stats.frame_failures > 1
     assert all(r.exc_info is None for r in failed)
 
 
