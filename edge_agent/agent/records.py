@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 import os
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edge_agent.logs import log_event
+from edge_agent.sqlite_files import open_sqlite
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +117,13 @@ class CommandLog:
     """
 
     def __init__(self, path: Path, keep: int = 10_000) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._keep = keep
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute(
+        self._db = open_sqlite(
+            path,
             "CREATE TABLE IF NOT EXISTS answers ("
             " n INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,"
-            " answer BLOB, ts REAL NOT NULL)"
+            " answer BLOB, ts REAL NOT NULL)",
         )
 
     def claim(self, command_id: str) -> tuple[bool, bytes | None]:

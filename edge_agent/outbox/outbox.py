@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import Throttle, log_event
+from edge_agent.sqlite_files import open_sqlite
 
 log = logging.getLogger(__name__)
 
@@ -145,12 +146,9 @@ class Outbox:
         self.refusing = False
         """Whether the last write failed: the disk is refusing the outbox just now."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # check_same_thread=False: the lock above serialises every use.
-            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
+            # A damaged file is set aside for a new one (`open_sqlite`): the lock above
+            # serialises every use.
+            self._db = open_sqlite(path, _SCHEMA)
         except (OSError, sqlite3.Error) as exc:
             raise EdgeAgentError(
                 f"cannot open the outbox at {path}: {exc}",

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.outbox import Outbox, Priority
 from edge_agent.paths import Layout
 from edge_agent.store.store import ModelStore
 from tests.agent_kit import InProcessAgent, Watcher, write_config
@@ -109,4 +110,37 @@ def test_a_damaged_store_file_still_lets_the_box_come_online(
         said = [r for r in caplog.records if "store_damaged" in r.getMessage()]
         assert len(said) == 1, [r.getMessage() for r in said]
     finally:
+        agent.close()
+
+
+def test_damaged_sqlite_files_are_set_aside_and_the_agent_starts(
+    broker: LocalBroker, tmp_path: Path
+) -> None:
+    # Another program's file at the command log's path, and an outbox whose pages were
+    # damaged after it was written (a bad sector): each raised out of the start, and
+    # systemd restarted the agent into the same error until its start limit.
+    state = tmp_path / "state"
+    agent_dir = state / "agent"
+    agent_dir.mkdir(parents=True)
+    (agent_dir / "commands.sqlite").write_bytes(b"not a database, " * 512)
+    outbox = Outbox(state / "outbox.sqlite")
+    for i in range(3000):
+        outbox.put("edge/v1/x/results/cam", b"r" * 200 + str(i).encode(), Priority.RESULT)
+    outbox.close()
+    with (state / "outbox.sqlite").open("r+b") as damaged:
+        damaged.seek(8 * 4096)
+        damaged.write(b"\xff" * 4096 * 4)
+    config = write_config(tmp_path / "agent.toml", port=broker.port, state=state)
+    watcher = Watcher(broker.port, "dev-1")
+    agent = InProcessAgent(config)
+    try:
+        watcher.wait_state(lambda s: s["online"], timeout=30)
+        assert watcher.ok("ping")["pong"] is True
+        assert watcher.ok("get_status")["outbox"]["depth"] == 0
+        assert [p.name.split(".damaged-")[0] for p in agent_dir.glob("*.damaged-*")] == [
+            "commands.sqlite"
+        ]
+        assert len(list(state.glob("outbox.sqlite.damaged-*"))) == 1
+    finally:
+        watcher.close()
         agent.close()

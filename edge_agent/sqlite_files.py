@@ -1,0 +1,72 @@
+"""Opening the agent's sqlite files (the outbox, the command log) so that a damaged one
+never keeps the service down.
+
+A file that is not a database, or whose pages are malformed (a bad sector, a copy cut
+short, another program's file at that path), raised out of the agent's start: systemd
+restarted it into the same error until its start limit, and the box ran nothing until
+someone ran `systemctl reset-failed`. Both files hold what can be lost before the box's
+service can: the command log is a cache of answers, and the outbox's messages are worth
+less than every message after them. So the file is kept aside for the operator, said
+once at ERROR, and a new one is made. A file that cannot be opened at all (a read-only
+or full disk, permissions) is not damaged, and still raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import time
+from pathlib import Path
+
+from edge_agent.logs import log_event
+
+log = logging.getLogger(__name__)
+
+
+def open_sqlite(path: Path, schema: str) -> sqlite3.Connection:
+    """Connect to `path` in WAL mode (synchronous=NORMAL) with `schema` applied.
+
+    Raises:
+        sqlite3.OperationalError, OSError: the file cannot be opened or written at all.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _open(path, schema)
+    except sqlite3.OperationalError:
+        raise
+    except sqlite3.DatabaseError as exc:  # not a database, or malformed
+        aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+        path.replace(aside)
+        for end in ("-wal", "-shm"):  # a log of pages that belong to the damaged file
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(path.name + end).replace(aside.with_name(aside.name + end))
+        log_event(
+            log,
+            logging.ERROR,
+            "sqlite_damaged",
+            path=str(path),
+            kept_as=aside.name,
+            detail=str(exc),
+            fix="nothing to do: a new file was made; the old one is kept for a post-mortem",
+        )
+        return _open(path, schema)
+
+
+def _open(path: Path, schema: str) -> sqlite3.Connection:
+    # isolation_level=None: callers run their own BEGIN/COMMIT. check_same_thread=False:
+    # callers serialise every use under their own lock.
+    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(schema)
+        # Pages the header does not show as bad: read them all once, at start (about a
+        # second for a full 64 MB outbox on an SD card).
+        (verdict,) = db.execute("PRAGMA quick_check(1)").fetchone()
+        if verdict != "ok":
+            raise sqlite3.DatabaseError(f"quick_check: {verdict}")
+    except BaseException:
+        db.close()
+        raise
+    return db
