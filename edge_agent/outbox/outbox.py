@@ -6,6 +6,8 @@ the timestamp it was made at (the payload carries it; the outbox never
 rewrites a payload). It is the one owner of "what gets published, and when it
 is dropped":
 
+- a retained message replaces any older retained one on its topic still waiting
+  (it says what is so now; the broker would keep only the last one anyway);
 - order: one sequence over every message, so a result never overtakes the
   event it caused (command answers may go ahead of a backlog, `peek_critical`:
   they answer a console waiting now, and nothing they say depends on results);
@@ -109,6 +111,7 @@ CREATE TABLE IF NOT EXISTS messages (
     size INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_priority ON messages (priority, seq);
+CREATE INDEX IF NOT EXISTS retained_by_topic ON messages (topic) WHERE retain = 1;
 CREATE TABLE IF NOT EXISTS dropped (
     priority INTEGER PRIMARY KEY,
     count INTEGER NOT NULL
@@ -206,6 +209,8 @@ class Outbox:
     ) -> int | None:
         self._db.execute("BEGIN IMMEDIATE")
         try:
+            if retain:
+                self._supersede(topic)
             self._make_room(size, priority)
             cursor = self._db.execute(
                 "INSERT INTO messages (topic, payload, qos, retain, priority, created_at, size)"
@@ -224,6 +229,18 @@ class Outbox:
         seq = cursor.lastrowid
         assert seq is not None
         return seq
+
+    def _supersede(self, topic: str) -> None:
+        # Inside the caller's transaction. A retained message says what is so now, and the
+        # broker keeps only the last one per topic: older ones still waiting are worth
+        # nothing. Sent, a day's outage replayed every occupancy change of the day to Home
+        # Assistant as if it were happening now, firing its automations hundreds of times.
+        rows = self._db.execute(
+            "SELECT seq, size, priority FROM messages WHERE topic = ? AND retain = 1", (topic,)
+        ).fetchall()
+        for seq, size, priority in rows:
+            self._db.execute("DELETE FROM messages WHERE seq = ?", (seq,))
+            self._held[Priority(priority)] -= size
 
     def _undo(self) -> None:
         # sqlite has already rolled back a COMMIT the disk refused: a second ROLLBACK would

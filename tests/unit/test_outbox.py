@@ -156,3 +156,23 @@ def test_a_put_over_a_full_quota_reads_no_more_than_it_evicts(tmp_path: Path) ->
     reopened = Outbox(tmp_path / "o.sqlite", quota_bytes=200 * 1000)
     assert reopened.stats().bytes == on_disk
     reopened.close()
+
+
+def test_a_retained_message_replaces_the_older_ones_on_its_topic(tmp_path: Path) -> None:
+    # Home Assistant's occupancy through a day's outage: every change was sent after the
+    # reconnect as if it happened then. Only what is so now is worth sending.
+    outbox = Outbox(tmp_path / "o.sqlite")
+    for i in range(50):
+        outbox.put("ha/door/state", b"ON" if i % 2 == 0 else b"OFF", Priority.CRITICAL, retain=True)
+        outbox.put("edge/r", f"result {i}".encode(), Priority.RESULT)
+        outbox.put("ha/yard/state", b"ON", Priority.CRITICAL, retain=True)
+    outbox.put("ha/door/state", b"not retained", Priority.CRITICAL)  # a plain one stays
+    waiting = outbox.peek(1000)
+    door = [(q.payload, q.retain) for q in waiting if q.topic == "ha/door/state"]
+    assert door == [(b"OFF", True), (b"not retained", False)]
+    assert [q.payload for q in waiting if q.topic == "ha/yard/state"] == [b"ON"]
+    assert len([q for q in waiting if q.topic == "edge/r"]) == 50
+    (on_disk,) = outbox._db.execute("SELECT SUM(size) FROM messages").fetchone()
+    assert outbox.stats().bytes == on_disk
+    assert outbox.stats().dropped_critical == 0  # replaced, not dropped
+    outbox.close()
