@@ -255,6 +255,9 @@ def write_atomically(path: Path, text: str) -> None:
         with tmp.open("w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
+            # Readable by node_exporter, another user: the unit's UMask=0027 made it 0640.
+            # Metrics hold nothing secret (no credentials, no results).
+            os.fchmod(handle.fileno(), 0o644)
             os.fsync(handle.fileno())
         tmp.replace(path)
     except BaseException:

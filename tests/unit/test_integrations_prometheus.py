@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import socket
 import urllib.error
@@ -234,6 +235,12 @@ def test_textfile_is_replaced_atomically_and_leaves_no_temporary(tmp_path: Path)
     write_atomically(path, "new\n")
     assert path.read_text() == "new\n"
     assert path.stat().st_ino != before  # a new file renamed over, not rewritten in place
+    umask = os.umask(0o027)  # the unit's
+    try:
+        write_atomically(path, "newer\n")
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644  # node_exporter runs as another user
     assert [p.name for p in tmp_path.iterdir()] == ["edge_agent.prom"]
 
 
