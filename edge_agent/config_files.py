@@ -7,10 +7,12 @@ bad field, and what to do.
 
 from __future__ import annotations
 
+import copy
 import json
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
@@ -70,3 +72,49 @@ def read_secret(path: Path, what: str, fix: str, code: str) -> SecretStr:
             code=code,
         ) from None
     return SecretStr(lines[0] if lines else "")
+
+
+def drop_unknown_fields(
+    validate: Callable[[Any], Model], data: Any, rounds: int = 20
+) -> tuple[Model, list[str]]:
+    """Validate a record this process wrote, or a newer edge-agent did: fields this version
+    does not know are dropped (and named), every other error still raises.
+
+    Messages and configs stay strict (`extra="forbid"`): a typo there must be an error.
+    A record on disk is different: after a downgrade, a field a newer version wrote (a
+    spec's `reduced_decode`, once) failed every pipeline at restore, and a new top-level
+    field set the whole of agent.json aside. What a newer version meant by such a field
+    is lost; the rest of the record is not.
+
+    Returns:
+        The model, and the dotted places of the fields dropped.
+
+    Raises:
+        ValidationError: any error other than an unknown field.
+    """
+    data = copy.deepcopy(data)
+    dropped: list[str] = []
+    for _ in range(rounds):
+        try:
+            return validate(data), dropped
+        except ValidationError as exc:
+            unknown = [e["loc"] for e in exc.errors() if e["type"] == "extra_forbidden"]
+            if len(unknown) < len(exc.errors()) or not all(_pop(data, loc) for loc in unknown):
+                raise
+            dropped += [".".join(str(part) for part in loc) for loc in unknown]
+    return validate(data), dropped
+
+
+def _pop(data: Any, loc: tuple[int | str, ...]) -> bool:
+    # A loc runs through dict keys and list indices, and through a tagged union's tag
+    # (`source.stream.x`), which is no key of the data: such a part is passed over.
+    node = data
+    for part in loc[:-1]:
+        is_key = isinstance(node, dict) and part in node
+        is_index = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if is_key or is_index:
+            node = node[part]
+    if isinstance(node, dict) and loc and loc[-1] in node:
+        del node[loc[-1]]
+        return True
+    return False

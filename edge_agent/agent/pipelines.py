@@ -28,7 +28,7 @@ from edge_agent.agent.loaded import TrackedPool
 from edge_agent.agent.records import AgentRecords
 from edge_agent.agent.sink import AgentSink, EmitEvent, EmitResult, ResultsPolicy
 from edge_agent.catalog.manifest import ImageInput
-from edge_agent.config_files import first_error
+from edge_agent.config_files import drop_unknown_fields, first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
 from edge_agent.paths import Layout
@@ -428,7 +428,7 @@ class Pipelines:
         started, over = [], []
         for pipeline_id, data in self.records.record.pipelines.items():
             try:
-                self.start(data, persist=False)
+                self.start(self._as_known(pipeline_id, data), persist=False)
                 started.append(pipeline_id)
             except EdgeAgentError as exc:
                 if exc.code == "command.busy":
@@ -462,6 +462,27 @@ class Pipelines:
                 )
             self._forget(over)
         return started
+
+    @staticmethod
+    def _as_known(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
+        """A recorded spec without the fields a newer edge-agent wrote (after a downgrade,
+        every restore failed on them); any other error is left for `start` to report."""
+        try:
+            spec, dropped = drop_unknown_fields(
+                lambda d: PipelineSpec.model_validate({"sinks": [], **d}), data
+            )
+        except ValidationError:
+            return data
+        if dropped:
+            log_event(
+                log,
+                logging.WARNING,
+                "pipeline_restore_fields_dropped",
+                pipeline=pipeline_id,
+                fields=",".join(dropped),
+                detail="written by a newer edge-agent; this one does not know them",
+            )
+        return spec.model_dump(mode="json")
 
     def _forget(self, ids: list[str]) -> None:
         with self._record_lock:

@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.config_files import drop_unknown_fields
 from edge_agent.logs import log_event
 from edge_agent.sqlite_files import open_sqlite
 
@@ -70,10 +71,13 @@ class AgentRecords:
 
     def _load(self) -> AgentRecord:
         try:
-            return AgentRecord.model_validate_json(self.path.read_bytes())
+            # Fields a newer edge-agent wrote (before a downgrade) are dropped, not fatal.
+            record, dropped = drop_unknown_fields(
+                AgentRecord.model_validate, json.loads(self.path.read_bytes())
+            )
         except FileNotFoundError:
             return AgentRecord()
-        except (OSError, ValidationError) as exc:
+        except (OSError, ValueError) as exc:  # ValidationError, JSONDecodeError are ValueErrors
             # A damaged record must not stop the agent: keep it aside for the operator and
             # start clean (the pipelines then wait for the fleet; seq stays monotonic, below).
             aside = self.path.with_suffix(f".damaged-{int(time.time())}")
@@ -88,6 +92,16 @@ class AgentRecords:
                 detail=str(exc).splitlines()[0],
             )
             return AgentRecord()
+        if dropped:
+            log_event(
+                log,
+                logging.WARNING,
+                "agent_record_fields_dropped",
+                path=str(self.path),
+                fields=",".join(dropped),
+                detail="written by a newer edge-agent; this one does not know them",
+            )
+        return record
 
     def update(self, **changes: Any) -> AgentRecord:
         """Apply `changes` and persist; returns the new record."""

@@ -144,3 +144,42 @@ def test_damaged_sqlite_files_are_set_aside_and_the_agent_starts(
     finally:
         watcher.close()
         agent.close()
+
+
+def test_a_record_a_newer_agent_wrote_restores_what_this_one_knows(
+    broker: LocalBroker, tmp_path: Path, camera: str
+) -> None:
+    # A downgrade: agent.json has a field this version does not know at its top, and a
+    # pipeline spec has one in its source and in a sink. The whole record was set aside
+    # (pipelines and telemetry interval lost) or every restore failed on the extras.
+    state = tmp_path / "state"
+    (state / "agent").mkdir(parents=True)
+    spec = {
+        "id": "gate",
+        "model": {"name": "text-orientation"},
+        "source": {"type": "stream", "url": camera, "newer_source_option": True},
+        "sinks": [{"type": "jsonl", "path": str(tmp_path / "out.jsonl"), "rotate": "daily"}],
+        "newer_pipeline_option": 3,
+    }
+    record = {"seq": 5, "telemetry_interval_s": 2.0, "pipelines": {"gate": spec},
+              "newer_record_field": {"x": 1}}  # fmt: skip
+    (state / "agent" / "agent.json").write_text(json.dumps(record))
+    config = write_config(tmp_path / "agent.toml", port=broker.port, state=state)
+    watcher = Watcher(broker.port, "dev-1")
+    agent = InProcessAgent(config)
+    try:
+        born = watcher.wait_state(
+            lambda s: [(p["id"], p["status"]) for p in s["pipelines"]] == [("gate", "running")],
+            timeout=60,
+        )
+        assert born["seq"] > 5
+        assert watcher.ok("get_status")["telemetry_interval_s"] == 2.0
+        assert not list((state / "agent").glob("agent.damaged-*"))
+        deadline = time.monotonic() + 30
+        out = tmp_path / "out.jsonl"
+        while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert out.stat().st_size > 0  # the sink the record named runs
+    finally:
+        watcher.close()
+        agent.close()

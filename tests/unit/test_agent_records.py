@@ -5,7 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from edge_agent.agent.records import AgentRecords, CommandLog
+from edge_agent.config_files import drop_unknown_fields
+from edge_agent.pipelines.spec import PipelineSpec
 
 
 def test_a_command_id_runs_once_and_its_answer_is_kept(tmp_path: Path) -> None:
@@ -47,3 +52,20 @@ def test_pipelines_survive_a_restart(tmp_path: Path) -> None:
     assert back.pipelines == {"cam1": {"id": "cam1"}}
     assert back.telemetry_interval_s == 5.0
     assert not list(tmp_path.glob(".agent.json.*.tmp"))
+
+
+def test_only_unknown_fields_are_dropped_from_a_record() -> None:
+    spec = {
+        "id": "gate",
+        "model": {"name": "m", "later": 1},
+        "source": {"type": "stream", "url": "rtsp://cam/1", "later": 2},
+        "sinks": [{"type": "snapshot", "folder": "/tmp/s", "later": 3}],
+        "later": 4,
+    }
+    parsed, dropped = drop_unknown_fields(PipelineSpec.model_validate, spec)
+    assert sorted(dropped) == ["later", "model.later", "sinks.0.snapshot.later",
+                               "source.stream.later"]  # fmt: skip
+    assert parsed.source.url == "rtsp://cam/1"  # type: ignore[union-attr]
+    assert spec["later"] == 4  # the caller's copy is left as it was
+    with pytest.raises(ValidationError):  # a wrong value is still an error
+        drop_unknown_fields(PipelineSpec.model_validate, {**spec, "id": "no spaces allowed"})
