@@ -65,6 +65,10 @@ def _open(path: Path, schema: str) -> sqlite3.Connection:
         # second for a full 64 MB outbox on an SD card).
         (verdict,) = db.execute("PRAGMA quick_check(1)").fetchone()
         if verdict != "ok":
+            if "unable to get the page" in verdict:
+                # A read that failed (EIO on a flaky card), not a page known bad: the file
+                # may be whole, and is not set aside for it.
+                raise sqlite3.OperationalError(f"quick_check: {verdict}")
             raise sqlite3.DatabaseError(f"quick_check: {verdict}")
     except BaseException:
         db.close()

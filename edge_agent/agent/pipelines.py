@@ -422,18 +422,21 @@ class Pipelines:
     def restore(self) -> list[str]:
         """Start every pipeline the record holds; failures are reported, not raised.
 
-        Past `max_running`, the rest are not started and are forgotten: kept, they would
-        come back before any pipeline started later, which would then be the one left out.
+        Past `max_running` in the record's order, the rest are not started and are
+        forgotten: kept, they would come back before any pipeline started later, which
+        would then be the one left out. Which those are depends on the record alone:
+        commands the broker held for the box may start pipelines first, and take slots,
+        but never make a recorded pipeline forgotten.
         """
-        started, over = [], []
-        for pipeline_id, data in self.records.record.pipelines.items():
+        started = []
+        recorded = list(self.records.record.pipelines.items())
+        with self._lock:
+            over = [p for p, _ in recorded[self.max_running :] if p not in self._running]
+        for pipeline_id, data in recorded[: self.max_running]:
             try:
                 self.start(self._as_known(pipeline_id, data), persist=False)
                 started.append(pipeline_id)
             except EdgeAgentError as exc:
-                if exc.code == "command.busy":
-                    over.append(pipeline_id)
-                    continue  # said once for all of them, below
                 log_event(
                     log,
                     logging.ERROR,

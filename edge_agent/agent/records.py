@@ -77,7 +77,8 @@ class AgentRecords:
             )
         except FileNotFoundError:
             return AgentRecord()
-        except (OSError, ValueError) as exc:  # ValidationError, JSONDecodeError are ValueErrors
+        except (OSError, ValueError, RecursionError) as exc:
+            # ValueError: not JSON, or not a record; RecursionError: nested too deep.
             # A damaged record must not stop the agent: keep it aside for the operator and
             # start clean (the pipelines then wait for the fleet; seq stays monotonic, below).
             aside = self.path.with_suffix(f".damaged-{int(time.time())}")

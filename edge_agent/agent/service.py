@@ -105,10 +105,10 @@ def broker_settings(config: AgentConfig) -> BrokerSettings:
 AGENT_MAX_PACKET_BYTES = 16 * 1024 * 1024
 """What the agent takes from the broker on MQTT 5 (3.1.1 has no such limit: the broker's
 `message_size_limit` is the only one there). Its largest honest message is a release's
-manifest, 4.4 MB for a 4 GB model at 64 KiB chunks; commands stop at `max_command_bytes`
-and chunks at 128 KiB. Without it a 100 MB message on a topic the agent follows (the
-broker's own default limit is 256 MB) was copied whole into its memory, 290 MB at the
-peak, before any check could refuse it."""
+manifest, 4.4 MB for a 4 GB model at 64 KiB chunks; commands are answered too large past
+`max_command_bytes` (at most 8 MiB) and chunks stop at 128 KiB. Without it a 100 MB
+message on a topic the agent follows (the broker's own default limit is 256 MB) was
+copied whole into its memory, 290 MB at the peak, before any check could refuse it."""
 
 
 class AgentService:
@@ -462,7 +462,11 @@ class AgentService:
         # Answers first: after an outage the backlog (up to the quota, 190,000 results at
         # 64 MB) drains at the broker's pace, and an answer at its end kept a console
         # waiting past its timeout for a command the box had already run.
-        ahead = self.outbox.peek_critical("/resp", _PUMP_BATCH, after=sent.upto)
+        ahead = [
+            queued
+            for queued in self.outbox.peek_answers(_PUMP_BATCH, after=sent.upto)
+            if queued.seq not in sent.early  # sent, and its ack refused by the disk
+        ]
         batch = self.outbox.peek(_PUMP_BATCH, after=sent.upto)
         if not batch:
             self._wake.wait(_PUMP_IDLE_S)  # a put wakes it
@@ -476,17 +480,18 @@ class AgentService:
             # Results and telemetry only: let more gather, unless an answer comes.
             self._urgent.wait(_GATHER_S)
             batch += self.outbox.peek(_PUMP_BATCH - len(batch), after=batch[-1].seq)
-        early = {queued.seq for queued in ahead}
         for queued in ahead:
             self.session.publish(queued.topic, queued.payload, qos=queued.qos, retain=queued.retain)
             sent.in_flight.append(queued.seq)
+            sent.early.add(queued.seq)
         for queued in batch:
             sent.upto = queued.seq
-            if queued.seq not in early:
+            if queued.seq not in sent.early:
                 self.session.publish(
                     queued.topic, queued.payload, qos=queued.qos, retain=queued.retain
                 )
                 sent.in_flight.append(queued.seq)
+        sent.early = {seq for seq in sent.early if seq > sent.upto}
         return True
 
     def _feed_watchdog(self) -> None:
@@ -591,6 +596,9 @@ class _Sent:
 
     upto: int = 0
     in_flight: list[int] = field(default_factory=list)
+    early: set[int] = field(default_factory=set)
+    """Answers sent ahead of `upto`: not sent again, however long their rows stay (an ack
+    the disk refused leaves them)."""
 
 
 _FAILED_LOG_S = 60.0

@@ -217,7 +217,11 @@ class AgentConfig(BaseModel):
         default=64.0, gt=0, description="Disk the outbox may hold while the broker is away."
     )
     max_command_bytes: int = Field(
-        default=256 * 1024, ge=1024, description="Larger command payloads are refused."
+        default=256 * 1024,
+        ge=1024,
+        le=8 * 1024 * 1024,
+        description="Larger command payloads are refused (answered command.too_large; over "
+        "16 MiB the broker drops them for the agent on MQTT 5).",
     )
     # Each pipeline holds about four threads and over a megabyte even while its camera
     # refuses connections (100 held 404 threads and 138 MB), and all are restored at every

@@ -244,8 +244,9 @@ class Bars:
             if now - self._summarised < 0.25:  # a sum over the group: not per answer
                 return
             self._summarised = now
-            mean = sum(p.fraction for p in self._latest.values()) / len(self._latest)
-            self._progress.update(self._tasks["*"], completed=mean, description=self._summary())
+            self._progress.update(
+                self._tasks["*"], completed=self._mean(), description=self._summary()
+            )
             return
         if key not in self._tasks:
             self._tasks[key] = self._progress.add_task(progress.stage, total=1.0, key=key)
@@ -256,9 +257,11 @@ class Bars:
     def _summary(self) -> str:
         """'1200 transfer, 3800 install' and the mean: where the group is."""
         stages = Counter(p.stage for p in self._latest.values())
-        mean = sum(p.fraction for p in self._latest.values()) / len(self._latest)
         counts = ", ".join(f"{n} {stage}" for stage, n in sorted(stages.items()))
-        return f"{counts} ({mean:.0%} on average)"
+        return f"{counts} ({self._mean():.0%} on average)"
+
+    def _mean(self) -> float:
+        return sum(p.fraction for p in self._latest.values()) / len(self._latest)
 
     def close(self) -> None:
         if self._progress is not None:

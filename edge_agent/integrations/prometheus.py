@@ -122,8 +122,9 @@ FORGET_AFTER_S = 3600.0
 names its pipelines afresh (a job a day, a camera per shift) would otherwise add three
 series per id for the life of the process: the text grows with every id ever run, and
 Prometheus scrapes and stores all of it. An hour outlasts a live source's longest retry
-wait (5 minutes), so a camera that comes back keeps its counters; one that comes back
-later starts them at 0, which Prometheus reads as a counter reset, as after a restart."""
+wait (5 minutes), so a camera that comes back keeps its counters; one forgotten starts
+them at 0 when it comes back, which Prometheus reads as a counter reset, as after a
+restart."""
 
 
 @dataclass(slots=True)
@@ -141,8 +142,13 @@ class Totals:
 
     def add(self, telemetry: Telemetry) -> None:
         now = self.clock()
-        # Forgotten before this interval counts, so an id back after the hour starts at 0.
-        gone = [p for p, at in self.seen.items() if now - at > self.forget_after_s]
+        # Never one in this interval: at a telemetry interval of an hour (the longest
+        # set_telemetry allows), every id would be forgotten just before it was counted.
+        gone = [
+            p
+            for p, at in self.seen.items()
+            if now - at > self.forget_after_s and p not in telemetry.pipelines
+        ]
         for pipeline in gone:
             for counts in (self.seen, self.frames, self.dropped, self.sink_failures):
                 counts.pop(pipeline, None)

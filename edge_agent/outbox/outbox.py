@@ -9,7 +9,7 @@ is dropped":
 - a retained message replaces any older retained one on its topic still waiting
   (it says what is so now; the broker would keep only the last one anyway);
 - order: one sequence over every message, so a result never overtakes the
-  event it caused (command answers may go ahead of a backlog, `peek_critical`:
+  event it caused (command answers may go ahead of a backlog, `peek_answers`:
   they answer a console waiting now, and nothing they say depends on results);
 - what is dropped over the quota: telemetry first (the next interval says it
   again), then results, and command answers and events only when nothing else
@@ -112,6 +112,7 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_priority ON messages (priority, seq);
 CREATE INDEX IF NOT EXISTS retained_by_topic ON messages (topic) WHERE retain = 1;
+CREATE INDEX IF NOT EXISTS answers_by_seq ON messages (seq) WHERE substr(topic, -5) = '/resp';
 CREATE TABLE IF NOT EXISTS dropped (
     priority INTEGER PRIMARY KEY,
     count INTEGER NOT NULL
@@ -311,25 +312,19 @@ class Outbox:
                 " WHERE seq > ? ORDER BY seq LIMIT ?",
                 (after, limit),
             ).fetchall()
-        return [
-            Queued(seq, topic, bytes(payload), qos, bool(retain), Priority(priority), created)
-            for seq, topic, payload, qos, retain, priority, created in rows
-        ]
+        return _queued(rows)
 
-    def peek_critical(self, suffix: str, limit: int = 100, after: int = 0) -> list[Queued]:
-        """The oldest critical messages after `after` whose topic ends with `suffix` (`/resp`):
-        what may go ahead of a backlog. Walks the (priority, seq) index, not the backlog."""
+    def peek_answers(self, limit: int = 100, after: int = 0) -> list[Queued]:
+        """The oldest command answers (topics ending `/resp`) after `after`: what may go
+        ahead of a backlog. Found through their own index: behind a day's events and
+        results, a scan of the critical rows would not reach them."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT seq, topic, payload, qos, retain, priority, created_at FROM messages"
-                " WHERE priority = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (int(Priority.CRITICAL), after, limit),
+                " WHERE substr(topic, -5) = '/resp' AND seq > ? ORDER BY seq LIMIT ?",
+                (after, limit),
             ).fetchall()
-        return [
-            Queued(seq, topic, bytes(payload), qos, bool(retain), Priority(priority), created)
-            for seq, topic, payload, qos, retain, priority, created in rows
-            if topic.endswith(suffix)
-        ]
+        return _queued(rows)
 
     def ack(self, seqs: list[int]) -> None:
         """Forget messages the broker has acknowledged."""
@@ -383,6 +378,13 @@ class Outbox:
         """Close the database; safe to call twice."""
         with self._lock, contextlib.suppress(sqlite3.Error):
             self._db.close()
+
+
+def _queued(rows: list[tuple[int, str, bytes, int, int, int, float]]) -> list[Queued]:
+    return [
+        Queued(seq, topic, bytes(payload), qos, bool(retain), Priority(priority), created)
+        for seq, topic, payload, qos, retain, priority, created in rows
+    ]
 
 
 class _DroppedError(Exception):

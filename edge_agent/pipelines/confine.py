@@ -11,6 +11,7 @@ protected path gets past it.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
@@ -101,6 +102,24 @@ def refuse_protected(
             field=field,
         )
     folder = _real(source.path)
+    # A pattern without '/' still matches the files beside a protected one in this folder
+    # (`outbox.sqlite*` in the state folder).
+    named = next(
+        (
+            root
+            for root in roots
+            if root.parent == folder and fnmatch.fnmatchcase(root.name, source.pattern)
+        ),
+        None,
+    )
+    if named is not None:
+        raise EdgeAgentError(
+            f"{field} {source.pattern!r} in {source.path} matches {named.name}, which "
+            "edge-agent keeps its own data in",
+            "name a folder that holds only images, or a pattern that matches only them",
+            code=code,
+            field=field,
+        )
     if "/" in source.pattern or "**" in source.pattern:
         below = next((root for root in roots if root.is_relative_to(folder)), None)
         if below is not None:

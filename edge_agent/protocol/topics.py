@@ -30,9 +30,10 @@ answers (the console), joins, acks and repair requests (`serve`). A broker holds
 QoS 1 deliveries to one client past a few in flight and queues a bounded number more,
 then drops the rest: mosquitto's defaults (20 and 1,000) let 1,020 of a 5,000-box
 fleet's retained states through, and dropped final answers of a group deploy, which
-then read as time-outs. At QoS 0 it writes them straight to the connection. The
-devices still publish at QoS 1, so only a lost connection can lose one; the retained
-states come again when the subscription is made anew, and devices rejoin and resend."""
+then read as time-outs. At QoS 0 it sends them without waiting for acknowledgements, as
+fast as the client reads (one that falls far behind can still lose some past the
+broker's `max_queued_messages`). The devices still publish at QoS 1; the retained states
+come again when the subscription is made anew, and devices rejoin and resend."""
 
 
 @dataclass(frozen=True, slots=True)

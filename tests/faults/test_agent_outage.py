@@ -133,8 +133,11 @@ def test_an_answer_goes_ahead_of_the_backlog_an_outage_left(
     state = tmp_path / "state"
     backlog = Outbox(state / "outbox.sqlite")
     topic = f"{PREFIX}/dev-1/results/cam"
+    events = f"{PREFIX}/dev-1/events"
     for frame in range(BACKLOG):
         backlog.put(topic, json.dumps({"frame": frame}).encode(), Priority.RESULT)
+        if frame % 40 == 0:  # a day's events are critical too, and come before the answer
+            backlog.put(events, json.dumps({"frame": frame}).encode(), Priority.CRITICAL)
     backlog.close()
     # One stream of everything the box sends, in the broker's order; at QoS 0, so the
     # broker's queue for a QoS 1 subscriber does not drop part of the burst.

@@ -158,6 +158,11 @@ def _folder_source_reaching_down_into_the_state(tmp: Path) -> tuple[dict[str, An
     )
 
 
+def _folder_source_matching_the_outbox_beside_it(tmp: Path) -> tuple[dict[str, Any], str]:
+    source = {"type": "folder", "path": str(tmp / "state"), "pattern": "outbox.sqlite*"}
+    return {"source": source}, "source.pattern"
+
+
 def _folder_source_climbing_out(tmp: Path) -> tuple[dict[str, Any], str]:
     source = {"type": "folder", "path": str(tmp / "photos"), "pattern": "../state/agent/*"}
     return {"source": source}, "source.pattern"
@@ -174,6 +179,7 @@ def _folder_source_climbing_out(tmp: Path) -> tuple[dict[str, Any], str]:
         _jsonl_on_a_trusted_key,
         _folder_source_in_the_records,
         _folder_source_reaching_down_into_the_state,
+        _folder_source_matching_the_outbox_beside_it,
         _folder_source_climbing_out,
     ],
     ids=lambda case: case.__name__.strip("_"),

@@ -211,11 +211,16 @@ def test_counters_of_pipelines_long_gone_are_forgotten() -> None:
     now[0] += 300.0
     totals.add(interval(camera=1))
     assert totals.frames == {"camera": 30 * 144 * 10 + 1, "job-29": 144 * 5}
-    # Away for over an hour: forgotten, and back from 0, as after a restart.
+    # An hour's interval (the longest there is): what runs is counted on, not forgotten.
     now[0] += 3601.0
     totals.add(interval(camera=7))
-    assert totals.frames == {"camera": 7}
+    assert totals.frames == {"camera": 30 * 144 * 10 + 8}
     assert set(totals.seen) == set(totals.dropped) == set(totals.sink_failures) == {"camera"}
+    # Away for over an hour while others report: forgotten, and back from 0.
+    now[0] += 3601.0
+    totals.add(interval(other=1))
+    totals.add(interval(camera=2))
+    assert totals.frames == {"other": 1, "camera": 2}
 
 
 def test_label_values_and_help_are_escaped() -> None:
