@@ -7,7 +7,9 @@ import itertools
 import json
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -127,6 +129,34 @@ def test_window_paces_to_the_slowest_puller_and_drops_a_stalled_one(tmp_path: Pa
     assert any("fast" in s.done for s in statuses)
 
 
+def _filtered(device: Any, keep: Callable[[Message], bool]) -> None:
+    """Have `device` drop every message `keep` refuses, on each subscription it makes."""
+    real_subscribe = device.subscribe
+
+    def subscribe(topic_filter: str, handler, qos: int = 1):  # type: ignore[no-untyped-def]
+        def maybe(message: Message) -> None:
+            if keep(message):
+                handler(message)
+
+        return real_subscribe(topic_filter, maybe, qos)
+
+    device.subscribe = subscribe
+
+
+def _pull(
+    server: FleetServer, device: Any, partial: PartialTransfer, now: list[float],
+    options: PullerOptions, until_s: float = 100.0,
+) -> Puller:  # fmt: skip
+    """Pull `partial` from `server` on the fake clock `now`, in 50 ms steps."""
+    puller = Puller(device, Topics(), "dev-1", partial, clock=lambda: now[0], options=options)
+    puller.start()
+    while not puller.done.is_set() and now[0] < until_s:
+        now[0] += 0.05
+        server.step(now[0])
+        puller.tick(now[0])
+    return puller
+
+
 def test_pull_over_the_fake_broker_with_loss_repairs_everything(tmp_path: Path) -> None:
     signed, folder = _release(tmp_path, 40 * CHUNK + 123)
     broker = FakeBroker()
@@ -143,33 +173,9 @@ def test_pull_over_the_fake_broker_with_loss_repairs_everything(tmp_path: Path) 
     server.start()
     device = broker.connect("3.1.1")  # 3.1.1: response topic and correlation in the payload
     rng = random.Random(1)
-    real_subscribe = device.subscribe
-
-    def lossy_subscribe(topic_filter: str, handler, qos: int = 1):  # type: ignore[no-untyped-def]
-        def drop(message: Message) -> None:
-            if decode_frame(message.payload) is not None and rng.random() < 0.1:
-                return
-            handler(message)
-
-        return real_subscribe(topic_filter, drop, qos)
-
-    device.subscribe = lossy_subscribe  # type: ignore[method-assign]
+    _filtered(device, lambda m: decode_frame(m.payload) is None or rng.random() >= 0.1)
     partial = PartialTransfer(tmp_path / "pull", signed)
-    puller = Puller(
-        device,
-        Topics(),
-        "dev-1",
-        partial,
-        clock=lambda: now[0],
-        options=PullerOptions(idle_s=0.5, repair_timeout_s=0.5),
-    )
-    puller.start()
-    for _ in range(2000):
-        if puller.done.is_set():
-            break
-        now[0] += 0.05
-        server.step(now[0])
-        puller.tick(now[0])
+    puller = _pull(server, device, partial, now, PullerOptions(idle_s=0.5, repair_timeout_s=0.5))
     assert puller.state == "complete"
     assert puller.stats.repaired > 0  # the loss was repaired, per device
     assert puller.stats.stored - puller.stats.repaired >= 30  # the rest came by broadcast
@@ -191,36 +197,21 @@ def test_every_gap_in_a_long_broadcast_is_rejoined_not_repaired(tmp_path: Path) 
     )
     server.start()
     device = broker.connect()
-    real_subscribe = device.subscribe
     outage_until, received = [0.0], [0]
 
-    def outage_subscribe(topic_filter: str, handler, qos: int = 1):  # type: ignore[no-untyped-def]
-        def gap(message: Message) -> None:
-            if message.topic.endswith("/chunks"):
-                if now[0] < outage_until[0]:
-                    return
-                received[0] += 1
-                if received[0] in (10, 20, 30):  # the link goes for 0.8 s: two idle spells
-                    outage_until[0] = now[0] + 0.8
-            handler(message)
+    def gap(message: Message) -> bool:
+        if not message.topic.endswith("/chunks"):
+            return True
+        if now[0] < outage_until[0]:
+            return False
+        received[0] += 1
+        if received[0] in (10, 20, 30):  # the link goes for 0.8 s: two idle spells
+            outage_until[0] = now[0] + 0.8
+        return True
 
-        return real_subscribe(topic_filter, gap, qos)
-
-    device.subscribe = outage_subscribe  # type: ignore[method-assign]
+    _filtered(device, gap)
     partial = PartialTransfer(tmp_path / "pull", signed)
-    puller = Puller(
-        device,
-        Topics(),
-        "dev-1",
-        partial,
-        clock=lambda: now[0],
-        options=PullerOptions(idle_s=0.5, rejoins=2),
-    )
-    puller.start()
-    while not puller.done.is_set() and now[0] < 60:
-        now[0] += 0.05
-        server.step(now[0])
-        puller.tick(now[0])
+    puller = _pull(server, device, partial, now, PullerOptions(idle_s=0.5, rejoins=2), 60.0)
     assert puller.state == "complete"
     assert puller.stats.rejoins >= 5  # more than one budget's worth
     assert puller.stats.repaired == 0  # every chunk came by the broadcast
