@@ -164,6 +164,10 @@ class CallbackSink:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_SNAPSHOT = re.compile(r"[A-Za-z0-9_.-]+-\d{8}-[A-Za-z0-9_.-]+\.jpg")
+"""A snapshot sink's file name (`SnapshotSink._name`): only these count toward its quota
+and are deleted by it. The quota once took every JPEG in the folder: a sink pointed at a
+folder of someone's photos deleted the photos, oldest first."""
 
 
 def _safe(name: str) -> str:
@@ -182,7 +186,9 @@ class SnapshotSink:
         folder: Where snapshots go; created if missing. May be shared.
         min_interval_s: Stream seconds between two snapshots at least.
         kinds: Event kinds that trigger a snapshot.
-        max_files: JPEGs kept in `folder`; the oldest go first, so the disk never fills.
+        max_files: Snapshots kept in `folder` (files named as this sink names them, of
+            any pipeline); the oldest go first, so the disk never fills. Other files,
+            JPEGs included, are never touched.
     """
 
     def __init__(
@@ -257,7 +263,7 @@ class SnapshotSink:
             jpegs = [
                 (e.stat().st_mtime_ns, e.name, e.path)
                 for e in entries
-                if e.name.endswith(".jpg") and e.is_file() and e.path != str(written)
+                if _SNAPSHOT.fullmatch(e.name) and e.is_file() and e.path != str(written)
             ]
         # The one just written is the newest, whatever the clock says. After the clock
         # stepped back (a box that booted in 1970 and synced later, or the reverse) it

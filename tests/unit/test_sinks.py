@@ -195,7 +195,8 @@ def test_a_snapshot_taken_after_the_clock_stepped_back_is_kept(tmp_path: Path) -
     # synced; or the reverse) carry later mtimes than anything written now. Each new one
     # sorted oldest and was deleted right after it was written, for as long as that lasted.
     future = time.time_ns() + 10 * 365 * 86400 * 10**9
-    for i, name in enumerate(("a-old.jpg", "b-old.jpg")):
+    old = ("door_cam-00000001-appeared-person.jpg", "door_cam-00000002-appeared-person.jpg")
+    for i, name in enumerate(old):
         path = tmp_path / name
         path.write_bytes(b"jpeg")
         os.utime(path, ns=(future + i, future + i))
@@ -253,11 +254,18 @@ def test_snapshot_of_a_reduced_frame_draws_camera_pixel_boxes_where_they_are(
 
 def test_snapshot_quota_deletes_the_oldest(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not a snapshot", encoding="utf-8")
+    # Someone's photos in the same folder, older than any snapshot: never the sink's to
+    # count or delete (the quota once took every JPEG, oldest first).
+    for name in ("holiday.jpg", "IMG_0001.jpg"):
+        (tmp_path / name).write_bytes(b"\xff\xd8 a photo")
+        os.utime(tmp_path / name, (1e9, 1e9))
     sink = SnapshotSink(tmp_path, min_interval_s=0.0, max_files=3)
     for frame in range(6):
         sink.emit(frame_result(frame, frame / 10, [appeared(frame / 10)]))
     assert [p.name for p in _jpegs(tmp_path)] == [
-        f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (3, 4, 5)
+        "IMG_0001.jpg",
+        *(f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (3, 4, 5)),
+        "holiday.jpg",
     ]
     assert sink.written == 6
     assert (tmp_path / "notes.txt").exists()
