@@ -236,7 +236,7 @@ def require_utf8_path(path: Path) -> None:
 
 
 IMAGE_UNDECODABLE = "not an image OpenCV decodes (another format, or corrupt)"
-IMAGE_TOO_LARGE = "too large for OpenCV to decode (over 2^30 pixels, or 2^20 on a side)"
+IMAGE_TOO_LARGE = "too large to decode (over 2^26 pixels, OPENCV_IO_MAX_IMAGE_PIXELS)"
 
 MAX_IMAGE_FILE_BYTES = 64 << 20
 """The largest image file read. A camera's JPEG is a few MB, and a 4K frame stored raw

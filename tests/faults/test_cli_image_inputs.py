@@ -35,14 +35,14 @@ pytestmark = pytest.mark.usefixtures("cache_dir")
 MODEL = "text-orientation"  # a small image model: these are about the input, not the model
 
 
-def oversized_png(path: Path) -> Path:
-    """A 40000 x 40000 PNG header over 8 x 8 pixels of data: OpenCV checks the declared
+def oversized_png(path: Path, side: int = 40000) -> Path:
+    """A `side` x `side` PNG header over 8 x 8 pixels of data: OpenCV checks the declared
     size before it decodes, so this is what a 1.5 MB all-black 40000 x 40000 PNG meets."""
     ok, encoded = cv2.imencode(".png", np.zeros((8, 8), np.uint8))
     assert ok
     data = bytearray(encoded.tobytes())
     assert data[12:16] == b"IHDR"
-    data[16:24] = struct.pack(">II", 40000, 40000)
+    data[16:24] = struct.pack(">II", side, side)
     data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])))
     path.write_bytes(bytes(data))
     return path
@@ -70,6 +70,15 @@ def infer(image: Path, model: str = MODEL) -> subprocess.CompletedProcess[str]:
 
 def test_an_oversized_image_is_one_line_for_infer(tmp_path: Path) -> None:
     proc = infer(oversized_png(tmp_path / "bomb.png"))
+    assert one_line_error(proc, "bomb.png", "too large") == "input.unreadable"
+
+
+def test_an_image_over_the_agents_pixel_limit_is_refused_before_it_is_decoded(
+    tmp_path: Path,
+) -> None:
+    # 9000 x 9000 is under OpenCV's own 2^30, which let it allocate 243 MB for the frame
+    # (32768 x 32768 in a 1 MB PNG: 3 GB); edge-agent holds it to 2^26 pixels.
+    proc = infer(oversized_png(tmp_path / "bomb.png", side=9000))
     assert one_line_error(proc, "bomb.png", "too large") == "input.unreadable"
 
 
