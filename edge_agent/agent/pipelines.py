@@ -328,6 +328,16 @@ class Pipelines:
             if entry is not None:
                 entry.stopping.set()
         if entry is None:
+            recorded = self.records.record.pipelines.get(pipeline_id)
+            if forget and recorded is not None:
+                # Recorded, not running: its restore failed (a model since removed, a spec
+                # this version refuses). Not found, it was tried and refused at every start
+                # with no command able to remove it.
+                self._persist(pipeline_id, None)
+                self._event("pipeline_stopped", pipeline_id, detail="forgotten: not running")
+                model = recorded.get("model")
+                name = model.get("name") if isinstance(model, dict) else None
+                return PipelineState(id=pipeline_id, model=str(name or "-"), status="stopped")
             raise EdgeAgentError(
                 f"no pipeline {pipeline_id!r}",
                 "list them with list_pipelines",

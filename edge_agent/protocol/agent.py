@@ -88,7 +88,7 @@ class StartPipelineArgs(_Strict):
 
 
 class PipelineIdArgs(_Strict):
-    """stop_pipeline: stop a running pipeline and forget it."""
+    """stop_pipeline: stop a running pipeline and forget it (or one recorded that did not start)."""
 
     id: str = Field(pattern=_ID, description="Pipeline id.")
 

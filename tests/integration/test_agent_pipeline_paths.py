@@ -287,6 +287,11 @@ def test_a_recorded_pipeline_with_a_sink_in_the_store_is_not_restored(
         assert [(f["pipeline"], f["code"]) for f in failed] == [("cam", "command.invalid")]
         assert not store.exists()
         assert watcher.ok("list_pipelines") == {"pipelines": []}
+        # Not running, but recorded: stop_pipeline forgets it (it was not found, and so
+        # tried and refused at every start for good).
+        stopped = watcher.ok("stop_pipeline", {"id": "cam"})
+        assert (stopped["id"], stopped["status"]) == ("cam", "stopped")
+        assert AgentRecords(tmp_path / "state" / "agent").record.pipelines == {}
     finally:
         agent.close()
 
