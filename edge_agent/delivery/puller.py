@@ -128,7 +128,6 @@ class Puller:
         # all come back together, again and again.
         self._rng = rng or random.Random()
         self._unanswered = 0
-        self._asked = False
         self._corr = 0
         self._since_sync = 0
         name, version = self.release.name, self.release.version
@@ -162,7 +161,7 @@ class Puller:
                 else:
                     self._to_repair()
             elif self.state == "repair" and now > self._deadline:
-                if self._asked:
+                if self.stats.repair_requests:  # a resend, not the first request
                     self._unanswered += 1
                 self._request()
 
@@ -311,7 +310,6 @@ class Puller:
             correlation_data=None if v5 else base64.b64encode(correlation).decode(),
         )
         self._wanted = set(wanted)
-        self._asked = True
         backoff = 2 ** min(self._unanswered, 16)
         wait = min(self.options.repair_max_s, self.options.repair_timeout_s * backoff)
         self._deadline = self.clock() + wait * self._rng.uniform(1.0, 1.5)

@@ -69,3 +69,11 @@ def test_only_unknown_fields_are_dropped_from_a_record() -> None:
     assert spec["later"] == 4  # the caller's copy is left as it was
     with pytest.raises(ValidationError):  # a wrong value is still an error
         drop_unknown_fields(PipelineSpec.model_validate, {**spec, "id": "no spaces allowed"})
+
+
+def test_a_record_nested_too_deep_to_parse_is_set_aside(tmp_path: Path) -> None:
+    # json.loads raises RecursionError, not a ValueError: it left the agent's start.
+    (tmp_path / "agent.json").write_text("[" * 200_000)
+    records = AgentRecords(tmp_path)
+    assert records.record.pipelines == {}
+    assert list(tmp_path.glob("agent.damaged-*"))
