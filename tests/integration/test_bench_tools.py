@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -323,5 +324,19 @@ def test_pipeline_threads_splits_many_streams_cpu_and_wakes_by_thread(
         assert rows[role][2] >= 0.5, (role, rows[role])
     assert rows["read"][1] > 0, rows
     assert rows["all"][1] >= sum(rows[r][1] for r in ("read", "emit", "play", "infer")), rows
+    assert "CPU flags:" in proc.stdout
+    assert "load average after:" in proc.stdout
+
+
+def test_bench_outbox_fills_the_quota_and_times_puts_at_it() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "bench_outbox.py"), "--quota-mb", "1", "--puts", "50"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "filled to 1.0 of 1 MB" in proc.stdout, proc.stdout
+    medians = re.findall(r"median ([0-9.]+) ms, p95 ([0-9.]+) ms \(50 puts\)", proc.stdout)
+    assert len(medians) == 2, proc.stdout
+    assert all(0 < float(m) <= float(p) for m, p in medians), medians
     assert "CPU flags:" in proc.stdout
     assert "load average after:" in proc.stdout
