@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -65,7 +66,7 @@ def _open(path: Path, schema: str) -> sqlite3.Connection:
         # second for a full 64 MB outbox on an SD card).
         (verdict,) = db.execute("PRAGMA quick_check(1)").fetchone()
         if verdict != "ok":
-            if "unable to get the page" in verdict:
+            if read_failed(verdict):
                 # A read that failed (EIO on a flaky card), not a page known bad: the file
                 # may be whole, and is not set aside for it.
                 raise sqlite3.OperationalError(f"quick_check: {verdict}")
@@ -74,3 +75,22 @@ def _open(path: Path, schema: str) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+_SQLITE_IOERR = 10
+_SQLITE_IOERR_SHORT_READ = 522
+_UNREAD = re.compile(r"unable to get the page\. error code=(\d+)")
+
+
+def read_failed(verdict: str) -> bool:
+    """Whether a quick_check verdict says a page could not be read, rather than that one is bad.
+
+    sqlite writes `Page N: unable to get the page. error code=RC` for any page it could not
+    fetch. An I/O error (RC's primary code SQLITE_IOERR) is the card failing a read, which may
+    pass on the next start. SQLITE_CORRUPT there is damage, and so is a short read: a file
+    shorter than its own pages say, as a copy cut short leaves it.
+    """
+    return any(
+        int(code) & 0xFF == _SQLITE_IOERR and int(code) != _SQLITE_IOERR_SHORT_READ
+        for code in _UNREAD.findall(verdict)
+    )

@@ -602,9 +602,9 @@ class _Sent:
 
 
 _FAILED_LOG_S = 60.0
+"""A step that keeps failing is logged with its traceback at most this often."""
 _CONTESTED_S = 60.0
 """A state this agent did not write is logged at most this often (see _on_state)."""
-"""A step that keeps failing is logged with its traceback at most this often."""
 
 
 class _Failures:

@@ -26,10 +26,10 @@ from tests.agent_kit import PREFIX, AgentProcess, InProcessAgent, Watcher, write
 
 DEVICE = "outage-dev"
 OUTAGE_S = 30.0
-BACKLOG = 20_000
-"""Results an outage left: enough that draining them takes a while, even on loopback."""
 """As long as the issue asks; the agent's reconnect backoff is capped at 1 s here, so
 the length only adds buffered telemetry, not behaviour, but it is the figure promised."""
+BACKLOG = 20_000
+"""Results an outage left: enough that draining them takes a while, even on loopback."""
 
 
 @pytest.fixture
@@ -157,6 +157,58 @@ def test_an_answer_goes_ahead_of_the_backlog_an_outage_left(
         assert seen.count("cam") == BACKLOG  # the backlog still arrives whole
         answered = seen.index("resp")
         assert seen[:answered].count("cam") < BACKLOG // 10, f"{answered} messages came first"
+    finally:
+        watcher.close()
+        stream.stop()
+        agent.close()
+
+
+def test_an_answer_sent_ahead_is_sent_once_while_the_disk_refuses_its_ack(
+    broker: LocalBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An answer goes ahead of the backlog; its row is deleted when the broker acks it. A
+    # disk that refuses that delete leaves the row, and the pump, looking for answers
+    # ahead of where it is in the backlog, found it again every round and sent it again.
+    state = tmp_path / "state"
+    backlog = Outbox(state / "outbox.sqlite")
+    topic = f"{PREFIX}/dev-1/results/cam"
+    for frame in range(2_000):
+        backlog.put(topic, json.dumps({"frame": frame}).encode(), Priority.RESULT)
+    backlog.close()
+    seen: list[str] = []
+    stream = connect(BrokerSettings(port=broker.port))
+    stream.subscribe(f"{PREFIX}/dev-1/#", lambda m: seen.append(m.topic.rsplit("/", 1)[-1]), qos=0)
+    watcher = Watcher(broker.port, "dev-1")
+    agent = InProcessAgent(config=write_config(tmp_path / "agent.toml", port=broker.port,
+                                               state=state))  # fmt: skip
+    outbox = agent.service.outbox
+    acks = outbox.ack
+    refused: list[list[int]] = []
+
+    def ack_on_a_read_only_disk(seqs: list[int]) -> None:
+        # The outbox's own write path, failing as a disk that went read-only does.
+        with outbox._lock:
+            outbox._db.execute("PRAGMA query_only = ON")
+        try:
+            acks(seqs)
+            refused.append(seqs)
+        finally:
+            with outbox._lock:
+                outbox._db.execute("PRAGMA query_only = OFF")
+
+    try:
+        watcher.wait_state(lambda s: s["online"], timeout=30)
+        monkeypatch.setattr(outbox, "ack", ack_on_a_read_only_disk)
+        ping = watcher.send("ping")
+        watcher.final(ping)
+        deadline = time.monotonic() + 60
+        while seen.count("cam") < 2_000 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert seen.count("cam") == 2_000
+        assert len(refused) > 2  # the answer's row stayed through several rounds
+        assert outbox.peek_answers(10), "the disk kept the answer's row"
+        time.sleep(0.5)  # a round or two more, in which it must not go again
+        assert seen.count("resp") == 1
     finally:
         watcher.close()
         stream.stop()

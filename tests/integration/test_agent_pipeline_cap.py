@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 from edge_agent.agent.records import AgentRecords
 from edge_agent.comms.local_broker import LocalBroker, free_port
-from tests.agent_kit import InProcessAgent, Watcher, write_config
+from tests.agent_kit import InProcessAgent, Watcher, photo_pipelines, write_config
 
 DEVICE = "cap-dev"
 CAP = 3
@@ -117,3 +119,21 @@ def test_a_record_past_the_cap_restores_the_first_and_names_the_rest(
         assert _recorded(tmp_path) == ids[:CAP]
     finally:
         agent.close()
+
+
+def test_restore_forgets_by_the_record_alone_not_for_a_command_that_came_first(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # Commands the broker held for the box may start a pipeline before the record is
+    # restored. That one takes a slot, and the last recorded one does not fit this time;
+    # forgetting it for that would let the order commands came in rewrite the record.
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    pipelines.max_running = CAP
+    recorded = [f"cam{i}" for i in range(CAP)]
+    pipelines.records.update(pipelines={p: {**spec, "id": p} for p in recorded})
+    try:
+        pipelines.start({**spec, "id": "early"})
+        assert pipelines.restore() == recorded[: CAP - 1]
+        assert list(pipelines.records.record.pipelines) == [*recorded, "early"]
+    finally:
+        pipelines.close()
