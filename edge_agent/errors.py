@@ -36,6 +36,7 @@ CODES: dict[str, str] = {
     "config.invalid": "A config, spec, manifest or recipe file is invalid.",
     "calibration.failed": "Calibration could not produce or judge a model.",
     "release.invalid": "A model release is malformed.",
+    "release.unsupported": "A release uses fields or a format a newer edge-fleet wrote.",
     "release.signature": "A release is unsigned, wrongly signed or signed by an untrusted key.",
     "release.expired": "A release is past its expires-at.",
     "release.rollback": "A release is older than the installed version of that model.",

@@ -25,10 +25,17 @@ def usage(store: ModelStore) -> int:
 
 
 def evictable(store: ModelStore, pinned: set[Version]) -> list[Version]:
-    """Versions that may go, oldest first within each name: never current or previous."""
+    """Versions that may go, oldest first within each name: never current or previous.
+
+    A name whose state does not read has nothing evictable: which versions serve is
+    unknown, and it must not fail the update of another name (`models verify` names it).
+    """
     out = []
     for name in store.names():
-        state = store.state(name)
+        try:
+            state = store.state(name)
+        except EdgeAgentError:
+            continue
         for version in store.versions(name):
             if version not in (state.current, state.previous) and (name, version) not in pinned:
                 out.append((name, version))
@@ -45,7 +52,7 @@ def check_quota(store: ModelStore, release: Release) -> None:
         return
     blobs = store.root / "blobs"
     new = sum({f.sha256: f.size for f in release.files if not (blobs / f.sha256).exists()}.values())
-    freeable = sum(store.release(n, v).release.total_size for n, v in evictable(store, set()))
+    freeable = sum(_size(store, n, v) for n, v in evictable(store, set()))
     if usage(store) - freeable + new > store.quota_bytes:
         raise EdgeAgentError(
             f"{release.name} v{release.version} needs {new} bytes and the store's quota "
@@ -67,3 +74,12 @@ def evict(store: ModelStore, pinned: set[Version], remove: Callable[[str, int], 
             candidates.remove((name, version))
     while store.quota_bytes is not None and usage(store) > store.quota_bytes and candidates:
         remove(*candidates.pop(0))
+
+
+def _size(store: ModelStore, name: str, version: int) -> int:
+    """A version's bytes, or 0 when its release does not read (damaged, or written by a
+    newer edge-agent): counted as not freeable, so the quota errs toward refusing."""
+    try:
+        return store.release(name, version).release.total_size
+    except EdgeAgentError:
+        return 0

@@ -6,7 +6,12 @@ the model's name and a version that only goes up, when it was made and when it
 stops being valid, and the id of the key that signed it.
 
 Signatures are Ed25519 over the release's canonical JSON (sorted keys, no
-whitespace, UTF-8), the way TUF signs its `signed` object. `verify` guards the
+whitespace, UTF-8), the way TUF signs its `signed` object. A box checks them over
+the release as it was received, canonicalised, never over its own re-serialisation:
+a fleet is never on one version, and a release parsed by a newer edge-agent gains
+the defaults of fields added since it was signed, so its re-serialisation is not
+what was signed. The store and the fleet's repository keep the bytes received, for
+the same reason. `verify` guards the
 two attacks TUF names for a box that can be fed old data:
 - *freeze*: an attacker keeps replaying a release long after the fleet moved on
   -> every release expires (`release.expired`);
@@ -25,13 +30,14 @@ import os
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Any, Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from edge_agent import __version__
 from edge_agent.catalog.manifest import Manifest, load_manifest
 from edge_agent.clock import CLOCK_FLOOR_UTC
 from edge_agent.config_files import first_error
@@ -102,6 +108,15 @@ class Release(_Strict):
         description="Optional health-gate budget: median smoke inference must be at most this.",
     )
     manifest: Manifest = Field(description="How to feed the model and decode its outputs.")
+    _received: bytes | None = PrivateAttr(default=None)
+    """The canonical bytes of this release as it was received (`parse_signed_release`);
+    None for one built here, whose own serialisation is what it is signed over."""
+
+    def __eq__(self, other: object) -> bool:
+        # The same fields are the same release, whichever way they came.
+        if not isinstance(other, Release):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
 
     def file(self, path: str) -> ReleaseFile:
         """The file entry at `path`.
@@ -130,15 +145,31 @@ class SignedRelease(_Strict):
         description="Base64 Ed25519 signature over `canonical_bytes(release)`; None if unsigned.",
     )
 
+    _received: bytes | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SignedRelease):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
     def to_json(self) -> bytes:
-        """Indented JSON for files and messages (the signature covers the release, not this)."""
+        """JSON for files and messages (the signature covers the release, not this): the bytes
+        received, for a release that was; indented JSON for one made here."""
+        if self._received is not None:
+            return self._received
         return self.model_dump_json(indent=2).encode("utf-8")
 
 
 # --- canonical form and hashing -----------------------------------------------------------
 def canonical_bytes(release: Release) -> bytes:
-    """The exact bytes that are signed: sorted keys, no whitespace, UTF-8."""
-    data = release.model_dump(mode="json")
+    """The exact bytes that are signed: sorted keys, no whitespace, UTF-8; for a release that
+    was received, of what was received (see the module's docstring)."""
+    if release._received is not None:
+        return release._received
+    return _canonical(release.model_dump(mode="json"))
+
+
+def _canonical(data: Any) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -418,21 +449,62 @@ def _check_signature(signed: SignedRelease, trusted: dict[str, Ed25519PublicKey]
 
 # --- reading -------------------------------------------------------------------------------
 def parse_signed_release(data: bytes | str) -> SignedRelease:
-    """Parse a signed release from JSON.
+    """Parse a signed release from JSON, keeping what was received for its signature.
+
+    The model is validated from the canonical form of the parsed JSON, the bytes the
+    signature is checked over: a key given twice cannot mean one thing to the check and
+    another to the box.
 
     Raises:
-        EdgeAgentError: release.invalid, naming the first bad field.
+        EdgeAgentError: release.invalid, naming the first bad field; release.unsupported
+            when the release uses fields or a format version this edge-agent does not know.
     """
+    received = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     try:
-        return SignedRelease.model_validate_json(data)
-    except ValidationError as exc:
-        where, message = first_error(exc)
-        raise EdgeAgentError(
-            f"release is invalid at {where}: {message}",
-            "use the signed release JSON that `edge-fleet publish-model` wrote (from its "
-            "repo, or the broker's retained copy), unedited",
-            code="release.invalid",
-        ) from None
+        loaded = json.loads(received)
+        inner = _canonical(loaded["release"]) if isinstance(loaded, dict) else None
+        whole = _canonical(loaded)
+    except (ValueError, RecursionError, KeyError):
+        inner = whole = None  # not JSON, or no release in it: pydantic says which
+    try:
+        signed = SignedRelease.model_validate_json(whole if whole is not None else received)
+    except ValidationError as exc:  # pydantic's parser has its own depth limit
+        raise _invalid(exc) from None
+    assert inner is not None  # pydantic took it, so json did: a dict with a release
+    signed.release._received = inner
+    signed._received = received
+    return signed
+
+
+_PARSE_FIX = (
+    "use the signed release JSON that `edge-fleet publish-model` wrote (from its repo, or "
+    "the broker's retained copy), unedited"
+)
+
+
+def _invalid(exc: ValidationError) -> EdgeAgentError:
+    """release.unsupported when every problem is a field or a format version this edge-agent
+    lacks: a newer edge-fleet published it, and no edit of the release will do."""
+    errors = exc.errors()
+    newer = [
+        e
+        for e in errors
+        if e["type"] == "extra_forbidden"
+        or (e["type"] == "literal_error" and e["loc"][-1:] == ("schema_version",))
+    ]
+    if errors and len(newer) == len(errors):
+        places = ", ".join(".".join(str(p) for p in e["loc"]) for e in newer[:5])
+        return EdgeAgentError(
+            f"the release uses what this edge-agent ({__version__}) does not know: {places}; "
+            "a newer edge-fleet published it",
+            "upgrade edge-agent on this box, or publish the model with the edge-fleet of "
+            "the fleet's oldest agent",
+            "release.unsupported",
+        )
+    where, message = first_error(exc)
+    return EdgeAgentError(
+        f"release is invalid at {where}: {message}", _PARSE_FIX, "release.invalid"
+    )
 
 
 def load_signed_release(path: Path) -> SignedRelease:

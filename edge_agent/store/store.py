@@ -21,6 +21,7 @@ Why this shape:
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import uuid
@@ -31,10 +32,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import Manifest
+from edge_agent.config_files import drop_unknown_fields, first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
@@ -117,6 +119,8 @@ class ModelStore:
         self.keep = keep
         self.quota_bytes = quota_bytes
         self.lock_timeout_s = lock_timeout_s
+        self._newer_said: set[Path] = set()
+        """state.json files whose dropped fields were logged (once each, not per read)."""
 
     # --- reading ---------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -126,13 +130,38 @@ class ModelStore:
         return sorted(p.name for p in folder.iterdir() if is_safe_name(p.name) and p.is_dir())
 
     def state(self, name: str) -> NameState:
+        """Which versions of `name` serve.
+
+        A field a newer edge-agent wrote is dropped (and said once): after a downgrade,
+        a strict read made the name unusable, and every install and activation of any
+        other name failed at its eviction, after it had taken effect.
+
+        Raises:
+            EdgeAgentError: store.corrupt, when the file is not a state.
+        """
         path = self._name_dir(name) / "state.json"
         try:
-            state = NameState.model_validate_json(path.read_bytes())
+            data = json.loads(path.read_bytes())
+            state, dropped = drop_unknown_fields(NameState.model_validate, data)
         except FileNotFoundError:
-            state = NameState()
-        except ValueError as exc:
-            raise EdgeAgentError(f"{path} is corrupt: {exc}", code="store.corrupt") from None
+            state, dropped = NameState(), []
+        except (ValueError, RecursionError) as exc:  # ValidationError is a ValueError
+            if isinstance(exc, ValidationError):
+                where, message = first_error(exc)
+                detail = f"{where}: {message}"
+            else:
+                detail = str(exc) or type(exc).__name__
+            raise EdgeAgentError(f"{path} is corrupt: {detail}", code="store.corrupt") from None
+        if dropped and path not in self._newer_said:
+            self._newer_said.add(path)
+            log_event(
+                log,
+                logging.WARNING,
+                "store_state_fields_dropped",
+                model=name,
+                fields=",".join(dropped),
+                detail="written by a newer edge-agent; this one does not know them",
+            )
         # A crash between a version's rename and the state update leaves `highest` behind.
         return state.model_copy(update={"highest": max([state.highest, *self.versions(name)])})
 
@@ -160,6 +189,8 @@ class ModelStore:
         try:
             return parse_signed_release(data)
         except EdgeAgentError as exc:
+            if exc.code == "release.unsupported":  # installed by a newer edge-agent: whole
+                raise EdgeAgentError(f"{path}: {exc.problem}", exc.fix, exc.code) from None
             raise EdgeAgentError(f"{path}: {exc.problem}", code="store.corrupt") from None
 
     def installed(self, name: str, version: int) -> Release | None:

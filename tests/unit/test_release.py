@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 import stat
@@ -12,6 +14,7 @@ import pytest
 
 from edge_agent.catalog.catalog import default_models_dir
 from edge_agent.catalog.manifest import Manifest, load_manifest
+from edge_agent.delivery.chunks import release_id
 from edge_agent.errors import EdgeAgentError
 from edge_agent.store.release import (
     MAX_CHUNK,
@@ -211,10 +214,60 @@ def test_chunk_size_outside_64_to_128_kib_does_not_parse(release: Release, chunk
     assert _code(lambda: parse_signed_release(json.dumps(data))) == "release.invalid"
 
 
-def test_unknown_fields_do_not_parse(release: Release) -> None:
+def test_fields_a_newer_edge_fleet_wrote_are_refused_as_unsupported_and_named(
+    release: Release,
+) -> None:
+    # A fleet is never on one version: an older box told to upgrade, not to fix the release.
     data = SignedRelease(release=release).model_dump(mode="json")
     data["release"]["trust_me"] = True
+    data["release"]["manifest"]["new_head_option"] = 1
+    with pytest.raises(EdgeAgentError) as info:
+        parse_signed_release(json.dumps(data))
+    assert info.value.code == "release.unsupported"
+    assert "release.trust_me" in info.value.problem
+    assert "release.manifest.new_head_option" in info.value.problem
+    assert "upgrade edge-agent" in info.value.fix
+    data["release"]["schema_version"] = 2
+    assert _code(lambda: parse_signed_release(json.dumps(data))) == "release.unsupported"
+    # With anything else wrong too, it is invalid: a newer edge-fleet would not write that.
+    data["release"]["version"] = 0
     assert _code(lambda: parse_signed_release(json.dumps(data))) == "release.invalid"
+
+
+def _signed_without(release: Release, key: object, field: str) -> bytes:
+    """The JSON an edge-fleet of before `field` existed publishes: signed without it."""
+    raw = sign(release, key).release.model_dump(mode="json")  # type: ignore[arg-type]
+    del raw[field]
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    signature = key.sign(canonical.encode())  # type: ignore[attr-defined]
+    return json.dumps({"release": raw, "signature": base64.b64encode(signature).decode()}).encode()
+
+
+def test_a_release_signed_before_a_field_existed_verifies_and_keeps_its_id(
+    release: Release,
+) -> None:
+    # A box parses it with the field's default filled in; checked over that
+    # re-serialisation, every release retained from before an upgrade read as forged, and
+    # the box and an older fleet server named one release by two ids.
+    key = generate_key()
+    received = _signed_without(release, key, "latency_budget_ms")
+    signed = parse_signed_release(received)
+    assert signed.release.latency_budget_ms is None
+    assert verify(signed, [key.public_key()], NOW, None) == signed.release
+    raw = json.loads(received)["release"]
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert release_id(signed.release) == hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    assert signed.to_json() == received  # what the store and the fleet's repository keep
+
+
+def test_a_key_given_twice_means_the_same_to_the_signature_and_the_box(release: Release) -> None:
+    key = generate_key()
+    text = sign(release, key).to_json().decode()
+    doubled = text.replace('"version": 3,', '"version": 3, "version": 9,', 1)
+    assert doubled != text
+    signed = parse_signed_release(doubled)
+    assert signed.release.version == json.loads(doubled)["release"]["version"] == 9
+    assert _code(lambda: verify(signed, [key.public_key()], NOW, None)) == "release.signature"
 
 
 def test_keys_round_trip_and_the_private_key_is_owner_only(tmp_path: Path) -> None:
