@@ -3,6 +3,8 @@ and every rejection leaving the old version serving and nothing behind."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -363,3 +365,40 @@ def test_move_takes_a_finished_transfer_without_copying(
     assert (serving.version_dir("orient", 3) / "model.bin").stat().st_ino == inode
     assert serving.installed("orient", 3) == signed.release
     assert serving.verify() == []
+
+
+def test_what_a_newer_edge_agent_left_in_the_store_stops_no_other_name(
+    serving: ModelStore,
+    models: Path,
+    orientation: ResolvedModel,
+    key: Ed25519PrivateKey,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # After a downgrade: a state.json with a field this version lacks made `orient`
+    # unreadable, and every install and activation of any other name then failed at its
+    # eviction, after it had taken effect (answered store.corrupt for a change made).
+    state = serving.root / "models" / "orient" / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "pinned": [2]}))
+    caplog.set_level(logging.WARNING, logger="edge_agent.store.store")
+    trusted = [key.public_key()]
+    for version in (1, 2, 3, 4):  # past keep=3: an eviction runs for each
+        signed = release_for("other", version, models / "onnx", orientation.manifest, key)
+        serving.deploy(signed, models / "onnx", None, trusted_keys=trusted)
+    assert serving.state("other").current == 4
+    assert serving.state("orient").current == 2  # read for what this version knows
+    said = [r for r in caplog.records if r.getMessage() == "store_state_fields_dropped"]
+    assert len(said) == 1, "said once, not at every read"
+    # A version a newer edge-agent installed says so, rather than that it is damaged.
+    stored = serving.version_dir("orient", 2) / "release.json"
+    data = json.loads(stored.read_text())
+    data["release"]["new_field"] = 1
+    stored.chmod(0o644)
+    stored.write_text(json.dumps(data))
+    with pytest.raises(EdgeAgentError) as info:
+        serving.release("orient", 2)
+    assert info.value.code == "release.unsupported"
+    assert "new_field" in info.value.problem
+    # Its name's state is still known, and the next name's update still goes through.
+    signed = release_for("other", 5, models / "onnx", orientation.manifest, key)
+    serving.deploy(signed, models / "onnx", None, trusted_keys=trusted)
+    assert serving.state("other").current == 5
