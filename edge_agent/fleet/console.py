@@ -9,6 +9,8 @@ and the demo both talk to devices through this module.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import queue
 import threading
@@ -22,12 +24,15 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from edge_agent.comms.base import Communicator, Message
+from edge_agent.config_files import drop_unknown_fields
 from edge_agent.errors import CODES, EdgeAgentError
+from edge_agent.logs import log_event
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 
 OnProgress = Callable[[msg.Progress], None]
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger(__name__)
 
 
 class Interrupted(Exception):  # noqa: N818 (a signal, not an error)
@@ -82,11 +87,49 @@ def expiry_seconds(timeout: float) -> int:
 
 
 def parse(model: type[M], payload: bytes) -> M | None:
-    """`payload` as `model`, or None when it is not one (a console never dies of a bad message)."""
+    """`payload` as `model`, or None when it is not one (a console never dies of a bad message).
+
+    A fleet mid-upgrade has boxes newer than its console. A field a newer edge-agent added
+    is dropped, and said once: refused whole, such a box's answers were waited for until
+    the timeout, and its state and telemetry left it out of status, watch and group deploys
+    while it ran. Anything else wrong still makes the message unreadable.
+    """
     try:
         return model.model_validate_json(payload)
     except ValidationError:
+        pass
+    try:
+        found, dropped = drop_unknown_fields(model.model_validate, json.loads(payload))
+    except (ValueError, RecursionError):  # ValidationError is a ValueError
         return None
+    _newer.say(model.__name__, dropped)
+    return found
+
+
+class _NewerFields:
+    """Fields a newer edge-agent sent that this console does not know: logged once each."""
+
+    def __init__(self) -> None:
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+
+    def say(self, message: str, dropped: list[str]) -> None:
+        with self._lock:
+            fresh = [f"{message}.{place}" for place in dropped]
+            fresh = [place for place in fresh if place not in self._said]
+            self._said.update(fresh)
+        if fresh:
+            log_event(
+                log,
+                logging.WARNING,
+                "fleet_fields_unknown",
+                fields=",".join(fresh),
+                detail="sent by a newer edge-agent; read without them",
+                fix="upgrade edge-fleet to the version of the fleet's newest agent",
+            )
+
+
+_newer = _NewerFields()
 
 
 class Replies:

@@ -8,9 +8,11 @@ behaviour matters (a clean stop), the same service on a thread elsewhere.
 from __future__ import annotations
 
 import json
+import queue
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,17 @@ import pytest
 
 from edge_agent.clips import write_walk
 from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.comms.session import connect
+from edge_agent.comms.settings import BrokerSettings
 from edge_agent.store.release import generate_key, save_public_key
-from tests.agent_kit import AgentProcess, InProcessAgent, fleet, retained_state, write_config
+from tests.agent_kit import (
+    PREFIX,
+    AgentProcess,
+    InProcessAgent,
+    fleet,
+    retained_state,
+    write_config,
+)
 
 DEVICE = "dock-7"
 
@@ -224,3 +235,51 @@ def test_deploy_to_a_group_collects_every_members_answer(
         finally:
             for running in agents:
                 running.close()
+
+
+def test_a_box_on_a_newer_edge_agent_is_seen_and_answered(broker: LocalBroker) -> None:
+    # A fleet mid-upgrade: the box's messages carry a field this console does not know.
+    # Refused whole, the box was left out of status (and group deploys), and its answer
+    # was waited for until the timeout, as if it had never run the command.
+    box = "new-box"
+    state = {"online": True, "seq": 3, "ts": time.time(), "agent_version": "9.0", "protocol": 2}
+    published = subprocess.run(
+        ["mosquitto_pub", "-p", str(broker.port), "-V", "mqttv5", "-q", "1", "-r",
+         "-t", f"{PREFIX}/{box}/state", "-m", json.dumps(state)],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert published.returncode == 0, published.stderr
+    done = fleet_cli(broker, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    [seen] = as_json(done)
+    assert (seen["device"], seen["online"], seen["agent_version"]) == (box, True, "9.0")
+    assert "State.protocol" in done.stderr
+    assert "upgrade edge-fleet" in done.stderr
+
+    # The newer box answers a ping with a field this console lacks.
+    commands: queue.Queue[bytes] = queue.Queue()
+    newer = connect(BrokerSettings(port=broker.port))
+    try:
+        newer.subscribe(f"{PREFIX}/{box}/cmd", lambda m: commands.put(m.payload), qos=1)
+        while True:  # subscribed once its own probe comes back
+            newer.publish(f"{PREFIX}/{box}/cmd", b"probe", qos=1)
+            try:
+                if commands.get(timeout=0.5) == b"probe":
+                    break
+            except queue.Empty:
+                continue
+        asking = subprocess.Popen(
+            [sys.executable, "-m", "edge_agent.fleet.cli", "cmd", "-p", str(broker.port),
+             box, "ping", "--timeout", "20"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        command = json.loads(commands.get(timeout=20))
+        answer = {"id": command["id"], "status": "ok", "device_id": box, "ts": time.time(),
+                  "result": {"pong": True}, "trace": "abc"}  # fmt: skip
+        newer.publish(f"{PREFIX}/{box}/resp", json.dumps(answer).encode(), qos=1)
+        out, err = asking.communicate(timeout=30)
+    finally:
+        newer.stop()
+    assert asking.returncode == 0, err
+    assert json.loads(out)["result"] == {"pong": True}
+    assert "Response.trace" in err
