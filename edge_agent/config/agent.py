@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from edge_agent import __version__
 from edge_agent.config_files import first_error, read_secret
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout, is_safe_name
@@ -360,10 +361,13 @@ def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
         # Name where the bad value came from: an EDGE_AGENT_* variable overrides the file.
         variable = _env_name(where)
         source = f"${variable}" if variable and env.get(variable) else f"agent config {path}"
+        fix = "see the config reference in the README"
+        if exc.errors()[0]["type"] == "extra_forbidden":
+            # After a downgrade, or a config rolled out ahead of the agent: it says which.
+            message = f"edge-agent {__version__} has no such option (a typo, or a newer one)"
+            fix = f"remove it, or upgrade edge-agent to the version it was written for; {fix}"
         raise EdgeAgentError(
-            f"{source} is invalid at {where}: {message}",
-            "see the config reference in the README",
-            code="config.invalid",
+            f"{source} is invalid at {where}: {message}", fix, code="config.invalid"
         ) from None
     return _with_password(config, env)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from edge_agent import __version__
 from edge_agent.config.agent import load_agent_config
 from edge_agent.errors import EdgeAgentError
 
@@ -101,3 +102,13 @@ def test_a_folder_as_the_config_says_so(tmp_path: Path) -> None:
         load_agent_config(tmp_path, {})
     assert "TOML syntax" not in str(caught.value)
     assert caught.value.code == "config.invalid"
+
+
+def test_an_option_this_version_lacks_says_so_and_how_to_fix_it(tmp_path: Path) -> None:
+    # After a downgrade, or a config rolled out ahead of its agent, the unit restarted ten
+    # times into "Extra inputs are not permitted" and stayed down.
+    with pytest.raises(EdgeAgentError) as info:
+        load_agent_config(_write(tmp_path, "new_option = 1\n" + SMALLEST), {})
+    assert "at new_option" in info.value.problem
+    assert f"edge-agent {__version__} has no such option" in info.value.problem
+    assert "upgrade edge-agent" in info.value.fix
