@@ -300,17 +300,17 @@ class Dispatcher:
                 ),
             )
         else:
-            if job.cancelled:
-                self._finish(
-                    command.id,
-                    error=EdgeAgentError(f"{command.id} was cancelled", code="command.cancelled"),
-                )
-            else:
-                self._finish(command.id, result=result)
+            # Done is done, whatever the flag says: a cancel that came too late (the job had
+            # committed), or a deadline that abandoned it, did not undo what it did.
+            self._finish(command.id, result=result)
 
     def _cancel(self, command: Command, args: BaseModel) -> None:
         target = getattr(args, "id", "")
-        found = self.jobs.cancel(target)
+        try:
+            found = self.jobs.cancel(target)
+        except EdgeAgentError as exc:  # too late: it is changing the store
+            self._finish(command.id, error=exc, field="args.id")
+            return
         if found:
             self._finish(command.id, result={"cancelled": target})
         else:

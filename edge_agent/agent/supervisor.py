@@ -76,7 +76,7 @@ class AgentSupervisor:
         return result
 
     def _cmd_activate_model(self, args: msg.ActivateModelArgs, job: JobContext) -> dict[str, Any]:
-        return self.models.activate(args.name, args.version)
+        return self.models.activate(args.name, args.version, job)
 
     def _cmd_rollback_model(self, args: msg.ModelNameArgs, job: JobContext) -> dict[str, Any]:
         return self.models.rollback(args.name)

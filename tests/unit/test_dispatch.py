@@ -19,7 +19,9 @@ from edge_agent.protocol.agent import MAX_QUEUED_JOBS, Response
 
 
 class _Supervisor:
-    """Counts runs; deploy_model steps through progress and honours cancel."""
+    """Counts runs; deploy_model steps through progress and honours cancel; activate_model
+    commits (its point of no return), then waits for `finish_commit`; calibrate takes
+    `calibrate_s` and never looks at the flag."""
 
     def __init__(self) -> None:
         self.runs: list[str] = []
@@ -27,6 +29,9 @@ class _Supervisor:
         self.hold = threading.Event()
         self.hold.set()
         self.steps, self.step_s = 4, 0.05
+        self.committed = threading.Event()
+        self.finish_commit = threading.Event()
+        self.calibrate_s = 0.0
 
     def run_command(self, kind: str, args: BaseModel, job: JobContext) -> dict[str, Any]:
         self.runs.append(kind)
@@ -46,6 +51,14 @@ class _Supervisor:
                 job.progress("install", step / self.steps)
             job.check()
             return {"installed": getattr(args, "name", "")}
+        if kind == "activate_model":
+            job.commit()
+            self.committed.set()
+            self.finish_commit.wait(5)
+            return {"activated": True}
+        if kind == "calibrate":
+            time.sleep(self.calibrate_s)
+            return {"calibrated": True}
         return {}
 
 
@@ -274,3 +287,46 @@ def test_long_commands_past_the_queue_limit_are_busy_and_may_be_sent_again(
     while harness.final("over").status != "ok" and time.monotonic() < deadline:
         time.sleep(0.02)
     assert harness.final("over").status == "ok"
+
+
+def test_a_cancel_past_the_point_of_no_return_is_refused_and_the_job_says_what_it_did(
+    harness: _Harness,
+) -> None:
+    # Cancel once said ok here and the job's answer said command.cancelled, while the
+    # model it was activating went live all the same.
+    harness.send(_cmd("a1", "activate_model", {"name": "m", "version": 2}))
+    assert harness.supervisor.committed.wait(5)
+    harness.send(_cmd("x1", "cancel", {"id": "a1"}))
+    refused = harness.final("x1")
+    assert refused.error is not None
+    assert (refused.error.code, refused.error.field) == ("command.busy", "args.id")
+    assert "point of no return" in refused.error.message
+    harness.supervisor.finish_commit.set()
+    done = harness.final("a1")
+    assert (done.status, done.result) == ("ok", {"activated": True})
+
+
+def test_a_queued_job_cancelled_before_its_commit_changes_nothing(harness: _Harness) -> None:
+    harness.supervisor.hold.clear()  # a deploy runs ahead; the activate waits behind it
+    harness.send(_cmd("d1", "deploy_model", {"name": "m"}))
+    harness.send(_cmd("a2", "activate_model", {"name": "m", "version": 2}))
+    harness.send(_cmd("x2", "cancel", {"id": "a2"}))
+    assert harness.final("x2").status == "ok"
+    harness.supervisor.hold.set()
+    cancelled = harness.final("a2")
+    assert cancelled.error is not None
+    assert cancelled.error.code == "command.cancelled"
+    assert not harness.supervisor.committed.is_set()
+    assert harness.final("d1").status == "ok"
+
+
+def test_a_job_abandoned_at_its_deadline_that_then_finishes_answers_what_it_did(
+    harness: _Harness,
+) -> None:
+    # Past its deadline the queue moves on and the job is told to stop; one that
+    # finishes all the same did its work, and "cancelled" would hide that.
+    harness.dispatcher.jobs.deadline_s = 0.1
+    harness.supervisor.calibrate_s = 0.4
+    harness.send(_cmd("c1", "calibrate", {"model": "m", "data": "pipeline:cam"}))
+    done = harness.final("c1")
+    assert (done.status, done.result) == ("ok", {"calibrated": True})
