@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -330,3 +331,25 @@ def test_a_job_abandoned_at_its_deadline_that_then_finishes_answers_what_it_did(
     harness.send(_cmd("c1", "calibrate", {"model": "m", "data": "pipeline:cam"}))
     done = harness.final("c1")
     assert (done.status, done.result) == ("ok", {"calibrated": True})
+
+
+def test_a_command_log_that_cannot_be_written_costs_no_command_its_answer(
+    harness: _Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The real failure is a full state disk ("database or disk is full"); query_only
+    # makes the log's own connection refuse every write the same way, and nothing else.
+    harness.supervisor.release.set()
+    harness.supervisor.hold.clear()
+    harness.send(_cmd("inflight", "deploy_model", {"name": "m"}))  # claimed while it could be
+    harness.log._db.execute("PRAGMA query_only = 1")
+    with caplog.at_level(logging.ERROR):
+        harness.send(_cmd("p1", "ping"))
+        harness.send(_cmd("s1", "list_pipelines"))
+        harness.send(_cmd("d1", "deploy_model", {"name": "m"}))
+        harness.supervisor.hold.set()
+        for cid in ("p1", "s1", "d1", "inflight"):  # inflight: its finish fails
+            assert harness.final(cid).status == "ok", cid
+    assert [a for a in harness.answers if a.id == ""] == []
+    # Said once, not once per command: a full disk must not fill the journal too.
+    assert caplog.text.count("command_log_failed") == 1
+    assert "Traceback" not in caplog.text
