@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from edge_agent.agent.jobs import JobContext, Jobs
+from edge_agent.agent.jobs import JobContext, Jobs, stopping_error
 from edge_agent.agent.records import CommandLog
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
@@ -213,6 +213,9 @@ class Dispatcher:
                 field=where,
             )
             return
+        if self._closed.is_set():
+            self._error(command.id, stopping_error(command.id))
+            return
         fresh, stored = self._commands.claim(command.id)
         if not fresh:
             log_event(log, logging.INFO, "command_duplicate", command_id=command.id)
@@ -266,8 +269,7 @@ class Dispatcher:
         if command.type in LONG_COMMANDS:
             waiting = len(self.jobs.running())
             if waiting > MAX_QUEUED_JOBS:
-                self._commands.forget(command.id)
-                self._error(
+                self._refuse(
                     command.id,
                     EdgeAgentError(
                         f"{waiting} long commands are running or waiting",
@@ -277,11 +279,19 @@ class Dispatcher:
                 )
                 return
             self._send(Response(id=command.id, status="accepted", **self._base()))
-            self.jobs.start(
-                command.id, lambda job: self._run(command, args, job), self._progress(command.id)
-            )
+            try:
+                self.jobs.start(
+                    command.id,
+                    lambda job: self._run(command, args, job),
+                    self._progress(command.id),
+                )
+            except EdgeAgentError as exc:  # the agent began to stop since the check above
+                self._refuse(command.id, exc)
         else:
-            self._pool.submit(self._run, command, args, JobContext.detached())
+            try:
+                self._pool.submit(self._run, command, args, JobContext.detached())
+            except RuntimeError:  # the pool was shut down since the check above
+                self._refuse(command.id, stopping_error(command.id))
 
     def _run(self, command: Command, args: BaseModel, job: JobContext) -> None:
         log_event(log, logging.INFO, "command_started", command_id=command.id, type=command.type)
@@ -370,6 +380,12 @@ class Dispatcher:
         self._commands.finish(command_id, stored)
         self._send(response)
 
+    def _refuse(self, command_id: str, error: EdgeAgentError) -> None:
+        # Not run, so not kept: kept claimed, the next start answered it a second time
+        # (command.interrupted), and the same id could never run.
+        self._commands.forget(command_id)
+        self._error(command_id, error)
+
     def _error(self, command_id: str, error: EdgeAgentError, field: str | None = None) -> None:
         # No claim: an envelope we could not read has no id to be idempotent on.
         self._send(self._error_response(command_id, error, field))
@@ -420,7 +436,11 @@ class Dispatcher:
         return value if 0 < len(value) <= 128 and value.isprintable() else ""
 
     def close(self, timeout: float = 5.0) -> None:
-        """Cancel jobs, stop taking work; waits up to `timeout` for running commands."""
+        """Stop taking work, cancel jobs; waits up to `timeout` for running commands.
+
+        Commands that come from now on are answered command.interrupted, not run.
+        """
+        self._closed.set()  # first: a command let in after cancel_all ran uncancelled
         self.jobs.cancel_all()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.jobs.join(timeout)

@@ -100,10 +100,18 @@ class Jobs:
         self._running: _Job | None = None
         self._worker: threading.Thread | None = None
         self._closed = False
+        self._stopping = False
 
     def start(self, job_id: str, run: Callable[[JobContext], None], progress: ProgressFn) -> None:
-        """Queue a job; it runs after those before it."""
+        """Queue a job; it runs after those before it.
+
+        Raises:
+            EdgeAgentError: command.interrupted once `cancel_all` ran (the agent stops):
+                queued then, the job ran uncancelled while the pipelines closed.
+        """
         with self._lock:
+            if self._stopping:
+                raise stopping_error(job_id)
             self._queue.append(_Job(job_id, run, JobContext(progress)))
             self._ensure_worker()
             self._wake.notify_all()
@@ -183,8 +191,9 @@ class Jobs:
             return head + [job.id for job in self._queue]
 
     def cancel_all(self) -> None:
-        """Cancel every job, running and queued (bar a committed one)."""
+        """Cancel every job, running and queued (bar a committed one), and take no more."""
         with self._lock:
+            self._stopping = True
             if self._running is not None:
                 self._running.context.request_cancel()
             for job in self._queue:
@@ -201,3 +210,12 @@ class Jobs:
         with self._lock:
             self._closed = True
             self._wake.notify_all()
+
+
+def stopping_error(command_id: str) -> EdgeAgentError:
+    """The answer to a command that came while the agent stops: not run, not kept."""
+    return EdgeAgentError(
+        f"command {command_id} was not run: the agent is stopping",
+        "send it again once the agent is back (the same id may be used)",
+        code="command.interrupted",
+    )

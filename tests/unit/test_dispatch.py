@@ -353,3 +353,30 @@ def test_a_command_log_that_cannot_be_written_costs_no_command_its_answer(
     # Said once, not once per command: a full disk must not fill the journal too.
     assert caplog.text.count("command_log_failed") == 1
     assert "Traceback" not in caplog.text
+
+
+def test_commands_that_come_while_the_agent_stops_are_answered_once_and_not_run(
+    tmp_path: Path,
+) -> None:
+    h = _Harness(tmp_path)
+    h.supervisor.hold.clear()
+    h.send(_cmd("d0", "deploy_model", {"name": "m"}))  # running when the stop comes
+    closing = threading.Thread(target=h.dispatcher.close, args=(2.0,))
+    closing.start()
+    time.sleep(0.1)  # inside close's wait for the running job
+    h.send(_cmd("d1", "deploy_model", {"name": "m"}))
+    h.send(_cmd("p1", "ping"))
+    h.supervisor.hold.set()
+    closing.join()
+    try:
+        for cid in ("d1", "p1"):
+            answer = h.final(cid)
+            assert answer.error is not None
+            assert answer.error.code == "command.interrupted", cid
+        # Queued after cancel_all, d1 once ran uncancelled while the pipelines closed.
+        assert h.supervisor.runs == ["deploy_model"]
+        assert [a for a in h.answers if a.id == ""] == []
+        # Not left claimed: the next start would answer them a second time.
+        assert h.log.unfinished() == []
+    finally:
+        h.log.close()
