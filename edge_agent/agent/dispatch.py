@@ -13,7 +13,10 @@ included, and nothing in a payload can stop the agent:
   runs ahead, must neither run a stale command nor refuse every fresh one;
 - an unknown type or bad args: `error` naming the field;
 - a short command runs on a small worker pool (a slow compile never delays a
-  ping); a long one (deploy, calibrate) answers `accepted` at once, then
+  ping), the cheap reads (QUICK_COMMANDS) on a lane of their own, so that short
+  commands held up (a rollback waiting on a deploy's store lock) never delay them;
+  past MAX_WAITING_COMMANDS on its lane, a command is refused command.busy, not stored;
+- a long one (deploy, calibrate) answers `accepted` at once, then
   `progress`, then `ok` or `error`, and can be cancelled by id.
 
 Handlers hold no logic: validate, call the supervisor, answer.
@@ -26,12 +29,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from edge_agent.agent.jobs import JobContext, Jobs, stopping_error
+from edge_agent.agent.lanes import Lane
 from edge_agent.agent.records import CommandLog
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
@@ -56,6 +59,11 @@ MAX_ERROR_CHARS = 1000
 """An error answer's message is cut here: enough for any message edge-agent writes, with
 the names and values it quotes; not the whole of a field name a sender made 250 KB."""
 MAX_FIELD_CHARS = 200
+QUICK_COMMANDS = frozenset({"ping", "get_status", "list_models", "list_pipelines", "set_telemetry"})
+"""Reads of memory and small files, and set_telemetry (one small file): their own lane,
+one worker, so nothing slow is ever ahead of them."""
+MAX_WAITING_COMMANDS = 64
+"""Short commands running or waiting on one lane; past it they are refused command.busy."""
 PROGRESS_EVERY_S = 2.0
 """Within one stage, a long command's progress goes out at most this often (each new stage
 at once). A transfer reported every chunk, up to 10 a second per box: a group deploy to
@@ -98,7 +106,8 @@ class Dispatcher:
         self._commands = commands
         self._max_bytes = max_bytes
         self._clock = clock
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cmd")
+        self._pool = Lane("cmd", workers, MAX_WAITING_COMMANDS)
+        self._quick = Lane("cmd-quick", 1, MAX_WAITING_COMMANDS)
         self.jobs = Jobs()
         self._closed = threading.Event()
 
@@ -288,10 +297,21 @@ class Dispatcher:
             except EdgeAgentError as exc:  # the agent began to stop since the check above
                 self._refuse(command.id, exc)
         else:
+            lane = self._quick if command.type in QUICK_COMMANDS else self._pool
             try:
-                self._pool.submit(self._run, command, args, JobContext.detached())
-            except RuntimeError:  # the pool was shut down since the check above
+                taken = lane.submit(lambda: self._run(command, args, JobContext.detached()))
+            except RuntimeError:  # the lane was shut down since the check above
                 self._refuse(command.id, stopping_error(command.id))
+                return
+            if not taken:
+                self._refuse(
+                    command.id,
+                    EdgeAgentError(
+                        f"{lane.limit} commands like {command.type} are running or waiting",
+                        "send it again once some have been answered",
+                        code="command.busy",
+                    ),
+                )
 
     def _run(self, command: Command, args: BaseModel, job: JobContext) -> None:
         log_event(log, logging.INFO, "command_started", command_id=command.id, type=command.type)
@@ -442,7 +462,8 @@ class Dispatcher:
         """
         self._closed.set()  # first: a command let in after cancel_all ran uncancelled
         self.jobs.cancel_all()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
+        self._quick.shutdown()
         self.jobs.join(timeout)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from edge_agent.agent.dispatch import Dispatcher
+from edge_agent.agent.dispatch import MAX_WAITING_COMMANDS, Dispatcher
 from edge_agent.agent.jobs import JobContext, Jobs
 from edge_agent.agent.records import CommandLog
 from edge_agent.errors import EdgeAgentError
@@ -33,6 +33,8 @@ class _Supervisor:
         self.committed = threading.Event()
         self.finish_commit = threading.Event()
         self.calibrate_s = 0.0
+        self.store_lock = threading.Event()  # rollback_model waits on it, as on a deploy's
+        self.store_lock.set()
 
     def run_command(self, kind: str, args: BaseModel, job: JobContext) -> dict[str, Any]:
         self.runs.append(kind)
@@ -57,6 +59,9 @@ class _Supervisor:
             self.committed.set()
             self.finish_commit.wait(5)
             return {"activated": True}
+        if kind == "rollback_model":
+            self.store_lock.wait(10)
+            return {"rolled_back": True}
         if kind == "calibrate":
             time.sleep(self.calibrate_s)
             return {"calibrated": True}
@@ -380,3 +385,30 @@ def test_commands_that_come_while_the_agent_stops_are_answered_once_and_not_run(
         assert h.log.unfinished() == []
     finally:
         h.log.close()
+
+
+def test_ping_and_reads_are_answered_while_slow_short_commands_hold_every_worker(
+    harness: _Harness,
+) -> None:
+    # Rollbacks waiting on the store's lock for a deploy (up to 900 s) once held all four
+    # workers, and ping, get_status and list_* queued behind them.
+    harness.supervisor.store_lock.clear()
+    for i in range(MAX_WAITING_COMMANDS):
+        harness.send(_cmd(f"r{i}", "rollback_model", {"name": "m"}))
+    harness.send(_cmd("p1", "ping"))
+    harness.send(_cmd("l1", "list_pipelines"))
+    assert harness.final("p1", timeout=1.0).status == "ok"
+    assert harness.final("l1", timeout=1.0).status == "ok"
+    # The lane is full: said at once, not queued without end, and not kept.
+    harness.send(_cmd("over", "rollback_model", {"name": "m"}))
+    busy = harness.final("over", timeout=1.0)
+    assert busy.error is not None
+    assert busy.error.code == "command.busy"
+    harness.supervisor.store_lock.set()
+    for i in range(MAX_WAITING_COMMANDS):
+        assert harness.final(f"r{i}").status == "ok"
+    harness.send(_cmd("over", "rollback_model", {"name": "m"}))
+    deadline = time.monotonic() + 5
+    while harness.final("over").status != "ok" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert harness.final("over").status == "ok"
