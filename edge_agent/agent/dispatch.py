@@ -37,7 +37,7 @@ from edge_agent.agent.jobs import JobContext, Jobs, stopping_error
 from edge_agent.agent.lanes import Lane
 from edge_agent.agent.records import CommandLog
 from edge_agent.config_files import first_error
-from edge_agent.errors import EdgeAgentError
+from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.logs import log_crash, log_event
 from edge_agent.protocol.agent import (
     COMMAND_ARGS,
@@ -319,6 +319,10 @@ class Dispatcher:
             result = self._supervisor.run_command(command.type, args, job)
         except EdgeAgentError as exc:
             self._finish(command.id, error=exc)
+        except OSError as exc:
+            # A disk full or read-only, a path refused: the operator's to fix, so said
+            # with its code and fix, not as a bug with a traceback.
+            self._finish(command.id, error=from_os_error(exc))
         except Exception:
             log_crash(log, "command_crashed", command_id=command.id, type=command.type)
             self._finish(

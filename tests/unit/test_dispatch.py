@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -59,6 +60,8 @@ class _Supervisor:
             self.committed.set()
             self.finish_commit.wait(5)
             return {"activated": True}
+        if kind == "remove_model":
+            raise OSError(errno.ENOSPC, "No space left on device", "/state/store/m/3")
         if kind == "rollback_model":
             self.store_lock.wait(10)
             return {"rolled_back": True}
@@ -412,3 +415,13 @@ def test_ping_and_reads_are_answered_while_slow_short_commands_hold_every_worker
     while harness.final("over").status != "ok" and time.monotonic() < deadline:
         time.sleep(0.02)
     assert harness.final("over").status == "ok"
+
+
+def test_a_disk_error_in_a_command_is_answered_with_its_code_and_fix(harness: _Harness) -> None:
+    # Once `internal` ("a bug") with a traceback in the log, for a full disk.
+    harness.send(_cmd("rm", "remove_model", {"name": "m", "version": 3}))
+    answer = harness.final("rm")
+    assert answer.error is not None
+    assert answer.error.code == "path.unwritable"
+    assert "/state/store/m/3" in answer.error.message
+    assert "free space" in answer.error.message
