@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from edge_agent import __version__
 from edge_agent.agent.jobs import JobContext, Jobs, stopping_error
 from edge_agent.agent.lanes import Lane
 from edge_agent.agent.records import CommandLog
@@ -214,7 +215,8 @@ class Dispatcher:
             where, message = first_error(exc)
             self._error(
                 command_id[:128],
-                EdgeAgentError(
+                _unknown_here(exc, "")
+                or EdgeAgentError(
                     f"bad command envelope at {where}: {message}",
                     "see docs/PROTOCOL.md",
                     code="command.invalid",
@@ -251,8 +253,9 @@ class Dispatcher:
             self._finish(
                 command.id,
                 error=EdgeAgentError(
-                    f"unknown command type {command.type!r}",
-                    f"use one of: {', '.join(sorted(COMMAND_ARGS))}",
+                    f"edge-agent {__version__} does not know command type "
+                    f"{_clip(command.type, MAX_FIELD_CHARS)!r} (sent by a newer console?)",
+                    f"upgrade the agent, or use one of: {', '.join(sorted(COMMAND_ARGS))}",
                     code="command.unknown",
                 ),
                 field="type",
@@ -264,7 +267,8 @@ class Dispatcher:
             where, message = first_error(exc, "args.")
             self._finish(
                 command.id,
-                error=EdgeAgentError(
+                error=_unknown_here(exc, "args.")
+                or EdgeAgentError(
                     f"bad arguments for {command.type} at {where}: {message}",
                     "see docs/PROTOCOL.md",
                     code="command.invalid",
@@ -469,6 +473,32 @@ class Dispatcher:
         self._pool.shutdown()
         self._quick.shutdown()
         self.jobs.join(timeout)
+
+
+_NEWER_ONLY = frozenset({"extra_forbidden", "literal_error", "union_tag_invalid"})
+"""Validation errors a newer console causes (a field, a value or a kind this agent does
+not know), as opposed to a wrong type or a value out of range, which is a bug."""
+
+
+def _unknown_here(exc: ValidationError, prefix: str) -> EdgeAgentError | None:
+    """command.invalid worded for an old agent, when every error is one a newer console
+    causes; else None. "Extra inputs are not permitted" left an operator unable to tell
+    an old box from a console bug."""
+    errors = exc.errors()
+    if not errors or any(e["type"] not in _NEWER_ONLY for e in errors):
+        return None
+    first = errors[0]
+    where = prefix + ".".join(str(p) for p in first["loc"])
+    what = _clip(where.rstrip(".") or "(top)", MAX_FIELD_CHARS)
+    if first["type"] == "literal_error":
+        what = f"{what} = {_clip(repr(first['input']), MAX_FIELD_CHARS)}"
+    elif first["type"] == "union_tag_invalid":
+        what = f"{what} of kind {_clip(repr(first.get('ctx', {}).get('tag')), MAX_FIELD_CHARS)}"
+    return EdgeAgentError(
+        f"edge-agent {__version__} does not know {what} (sent by a newer console?)",
+        "upgrade the agent, or leave it out",
+        code="command.invalid",
+    )
 
 
 def _clip(text: str, limit: int) -> str:

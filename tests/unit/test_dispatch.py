@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from edge_agent import __version__
 from edge_agent.agent.dispatch import MAX_WAITING_COMMANDS, Dispatcher
 from edge_agent.agent.jobs import JobContext, Jobs
 from edge_agent.agent.records import CommandLog
@@ -425,3 +426,37 @@ def test_a_disk_error_in_a_command_is_answered_with_its_code_and_fix(harness: _H
     assert answer.error.code == "path.unwritable"
     assert "/state/store/m/3" in answer.error.message
     assert "free space" in answer.error.message
+
+
+@pytest.mark.parametrize(
+    ("command", "code", "field", "named"),
+    [
+        (_cmd("e1", "ping", colour=1), "command.invalid", "colour", "does not know colour"),
+        (
+            _cmd("e2", "deploy_model", {"name": "m", "pin": True}),
+            "command.invalid",
+            "args.pin",
+            "does not know args.pin",
+        ),
+        (_cmd("e3", "reboot"), "command.unknown", "type", "does not know command type 'reboot'"),
+    ],
+)
+def test_what_a_newer_console_sends_is_answered_as_unknown_to_this_version(
+    harness: _Harness, command: dict[str, Any], code: str, field: str, named: str
+) -> None:
+    # "Extra inputs are not permitted" left an operator unable to tell an old box from a
+    # console bug; the code stays, for machines.
+    harness.send(command)
+    answer = harness.final(command["id"])
+    assert answer.error is not None
+    assert (answer.error.code, answer.error.field) == (code, field)
+    assert f"edge-agent {__version__} {named}" in answer.error.message
+    assert "upgrade the agent" in answer.error.message
+
+
+def test_a_wrong_value_is_not_blamed_on_a_newer_console(harness: _Harness) -> None:
+    harness.send(_cmd("w1", "deploy_model", {"name": "m", "version": "newest"}))
+    answer = harness.final("w1")
+    assert answer.error is not None
+    assert answer.error.code == "command.invalid"
+    assert "newer console" not in answer.error.message
