@@ -13,7 +13,10 @@ included, and nothing in a payload can stop the agent:
   runs ahead, must neither run a stale command nor refuse every fresh one;
 - an unknown type or bad args: `error` naming the field;
 - a short command runs on a small worker pool (a slow compile never delays a
-  ping); a long one (deploy, calibrate) answers `accepted` at once, then
+  ping), the cheap reads (QUICK_COMMANDS) on a lane of their own, so that short
+  commands held up (a rollback waiting on a deploy's store lock) never delay them;
+  past MAX_WAITING_COMMANDS on its lane, a command is refused command.busy, not stored;
+- a long one (deploy, calibrate) answers `accepted` at once, then
   `progress`, then `ok` or `error`, and can be cancelled by id.
 
 Handlers hold no logic: validate, call the supervisor, answer.
@@ -26,15 +29,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from edge_agent.agent.jobs import JobContext, Jobs
+from edge_agent import __version__
+from edge_agent.agent.jobs import JobContext, Jobs, stopping_error
+from edge_agent.agent.lanes import Lane
 from edge_agent.agent.records import CommandLog
 from edge_agent.config_files import first_error
-from edge_agent.errors import EdgeAgentError
+from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.logs import log_crash, log_event
 from edge_agent.protocol.agent import (
     COMMAND_ARGS,
@@ -56,6 +60,11 @@ MAX_ERROR_CHARS = 1000
 """An error answer's message is cut here: enough for any message edge-agent writes, with
 the names and values it quotes; not the whole of a field name a sender made 250 KB."""
 MAX_FIELD_CHARS = 200
+QUICK_COMMANDS = frozenset({"ping", "get_status", "list_models", "list_pipelines", "set_telemetry"})
+"""Reads of memory and small files, and set_telemetry (one small file): their own lane,
+one worker, so nothing slow is ever ahead of them."""
+MAX_WAITING_COMMANDS = 64
+"""Short commands running or waiting on one lane; past it they are refused command.busy."""
 PROGRESS_EVERY_S = 2.0
 """Within one stage, a long command's progress goes out at most this often (each new stage
 at once). A transfer reported every chunk, up to 10 a second per box: a group deploy to
@@ -98,7 +107,8 @@ class Dispatcher:
         self._commands = commands
         self._max_bytes = max_bytes
         self._clock = clock
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cmd")
+        self._pool = Lane("cmd", workers, MAX_WAITING_COMMANDS)
+        self._quick = Lane("cmd-quick", 1, MAX_WAITING_COMMANDS)
         self.jobs = Jobs()
         self._closed = threading.Event()
 
@@ -205,13 +215,17 @@ class Dispatcher:
             where, message = first_error(exc)
             self._error(
                 command_id[:128],
-                EdgeAgentError(
+                _unknown_here(exc, "")
+                or EdgeAgentError(
                     f"bad command envelope at {where}: {message}",
                     "see docs/PROTOCOL.md",
                     code="command.invalid",
                 ),
                 field=where,
             )
+            return
+        if self._closed.is_set():
+            self._error(command.id, stopping_error(command.id))
             return
         fresh, stored = self._commands.claim(command.id)
         if not fresh:
@@ -239,8 +253,9 @@ class Dispatcher:
             self._finish(
                 command.id,
                 error=EdgeAgentError(
-                    f"unknown command type {command.type!r}",
-                    f"use one of: {', '.join(sorted(COMMAND_ARGS))}",
+                    f"edge-agent {__version__} does not know command type "
+                    f"{_clip(command.type, MAX_FIELD_CHARS)!r} (sent by a newer console?)",
+                    f"upgrade the agent, or use one of: {', '.join(sorted(COMMAND_ARGS))}",
                     code="command.unknown",
                 ),
                 field="type",
@@ -252,7 +267,8 @@ class Dispatcher:
             where, message = first_error(exc, "args.")
             self._finish(
                 command.id,
-                error=EdgeAgentError(
+                error=_unknown_here(exc, "args.")
+                or EdgeAgentError(
                     f"bad arguments for {command.type} at {where}: {message}",
                     "see docs/PROTOCOL.md",
                     code="command.invalid",
@@ -266,8 +282,7 @@ class Dispatcher:
         if command.type in LONG_COMMANDS:
             waiting = len(self.jobs.running())
             if waiting > MAX_QUEUED_JOBS:
-                self._commands.forget(command.id)
-                self._error(
+                self._refuse(
                     command.id,
                     EdgeAgentError(
                         f"{waiting} long commands are running or waiting",
@@ -277,11 +292,30 @@ class Dispatcher:
                 )
                 return
             self._send(Response(id=command.id, status="accepted", **self._base()))
-            self.jobs.start(
-                command.id, lambda job: self._run(command, args, job), self._progress(command.id)
-            )
+            try:
+                self.jobs.start(
+                    command.id,
+                    lambda job: self._run(command, args, job),
+                    self._progress(command.id),
+                )
+            except EdgeAgentError as exc:  # the agent began to stop since the check above
+                self._refuse(command.id, exc)
         else:
-            self._pool.submit(self._run, command, args, JobContext.detached())
+            lane = self._quick if command.type in QUICK_COMMANDS else self._pool
+            try:
+                taken = lane.submit(lambda: self._run(command, args, JobContext.detached()))
+            except RuntimeError:  # the lane was shut down since the check above
+                self._refuse(command.id, stopping_error(command.id))
+                return
+            if not taken:
+                self._refuse(
+                    command.id,
+                    EdgeAgentError(
+                        f"{lane.limit} commands like {command.type} are running or waiting",
+                        "send it again once some have been answered",
+                        code="command.busy",
+                    ),
+                )
 
     def _run(self, command: Command, args: BaseModel, job: JobContext) -> None:
         log_event(log, logging.INFO, "command_started", command_id=command.id, type=command.type)
@@ -289,6 +323,10 @@ class Dispatcher:
             result = self._supervisor.run_command(command.type, args, job)
         except EdgeAgentError as exc:
             self._finish(command.id, error=exc)
+        except OSError as exc:
+            # A disk full or read-only, a path refused: the operator's to fix, so said
+            # with its code and fix, not as a bug with a traceback.
+            self._finish(command.id, error=from_os_error(exc))
         except Exception:
             log_crash(log, "command_crashed", command_id=command.id, type=command.type)
             self._finish(
@@ -300,17 +338,17 @@ class Dispatcher:
                 ),
             )
         else:
-            if job.cancelled:
-                self._finish(
-                    command.id,
-                    error=EdgeAgentError(f"{command.id} was cancelled", code="command.cancelled"),
-                )
-            else:
-                self._finish(command.id, result=result)
+            # Done is done, whatever the flag says: a cancel that came too late (the job had
+            # committed), or a deadline that abandoned it, did not undo what it did.
+            self._finish(command.id, result=result)
 
     def _cancel(self, command: Command, args: BaseModel) -> None:
         target = getattr(args, "id", "")
-        found = self.jobs.cancel(target)
+        try:
+            found = self.jobs.cancel(target)
+        except EdgeAgentError as exc:  # too late: it is changing the store
+            self._finish(command.id, error=exc, field="args.id")
+            return
         if found:
             self._finish(command.id, result={"cancelled": target})
         else:
@@ -370,6 +408,12 @@ class Dispatcher:
         self._commands.finish(command_id, stored)
         self._send(response)
 
+    def _refuse(self, command_id: str, error: EdgeAgentError) -> None:
+        # Not run, so not kept: kept claimed, the next start answered it a second time
+        # (command.interrupted), and the same id could never run.
+        self._commands.forget(command_id)
+        self._error(command_id, error)
+
     def _error(self, command_id: str, error: EdgeAgentError, field: str | None = None) -> None:
         # No claim: an envelope we could not read has no id to be idempotent on.
         self._send(self._error_response(command_id, error, field))
@@ -420,10 +464,41 @@ class Dispatcher:
         return value if 0 < len(value) <= 128 and value.isprintable() else ""
 
     def close(self, timeout: float = 5.0) -> None:
-        """Cancel jobs, stop taking work; waits up to `timeout` for running commands."""
+        """Stop taking work, cancel jobs; waits up to `timeout` for running commands.
+
+        Commands that come from now on are answered command.interrupted, not run.
+        """
+        self._closed.set()  # first: a command let in after cancel_all ran uncancelled
         self.jobs.cancel_all()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
+        self._quick.shutdown()
         self.jobs.join(timeout)
+
+
+_NEWER_ONLY = frozenset({"extra_forbidden", "literal_error", "union_tag_invalid"})
+"""Validation errors a newer console causes (a field, a value or a kind this agent does
+not know), as opposed to a wrong type or a value out of range, which is a bug."""
+
+
+def _unknown_here(exc: ValidationError, prefix: str) -> EdgeAgentError | None:
+    """command.invalid worded for an old agent, when every error is one a newer console
+    causes; else None. "Extra inputs are not permitted" left an operator unable to tell
+    an old box from a console bug."""
+    errors = exc.errors()
+    if not errors or any(e["type"] not in _NEWER_ONLY for e in errors):
+        return None
+    first = errors[0]
+    where = prefix + ".".join(str(p) for p in first["loc"])
+    what = _clip(where.rstrip(".") or "(top)", MAX_FIELD_CHARS)
+    if first["type"] == "literal_error":
+        what = f"{what} = {_clip(repr(first['input']), MAX_FIELD_CHARS)}"
+    elif first["type"] == "union_tag_invalid":
+        what = f"{what} of kind {_clip(repr(first.get('ctx', {}).get('tag')), MAX_FIELD_CHARS)}"
+    return EdgeAgentError(
+        f"edge-agent {__version__} does not know {what} (sent by a newer console?)",
+        "upgrade the agent, or leave it out",
+        code="command.invalid",
+    )
 
 
 def _clip(text: str, limit: int) -> str:

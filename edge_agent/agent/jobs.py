@@ -6,6 +6,10 @@ that hangs past its deadline is cancelled and abandoned (its thread is a
 daemon and is told to stop at its next check), and the next job starts on a
 fresh worker, so a stuck deployment never blocks the next one (the bug
 Greengrass users report as aws-greengrass-nucleus #1203).
+
+A job that is about to change the store calls `JobContext.commit()`: from then on a
+cancel is refused as too late, because the change goes through whatever the answer
+says. A cancel answered ok while the model still went live told the console a lie.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ class JobContext:
 
     progress: ProgressFn
     _cancel: threading.Event = field(default_factory=threading.Event)
+    _committed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def detached(cls) -> JobContext:
@@ -51,6 +57,24 @@ class JobContext:
         """Raise command.cancelled if cancel was asked for; call between steps."""
         if self._cancel.is_set():
             raise EdgeAgentError("cancelled", code="command.cancelled")
+
+    def commit(self) -> None:
+        """Pass the point of no return: call right before the first lasting change.
+
+        Raises:
+            EdgeAgentError: command.cancelled, if cancel came first (nothing changed yet).
+        """
+        with self._lock:
+            self.check()
+            self._committed = True
+
+    def request_cancel(self) -> bool:
+        """Ask the job to stop; False, and nothing asked, once it has committed."""
+        with self._lock:
+            if self._committed:
+                return False
+            self._cancel.set()
+            return True
 
 
 @dataclass
@@ -76,10 +100,18 @@ class Jobs:
         self._running: _Job | None = None
         self._worker: threading.Thread | None = None
         self._closed = False
+        self._stopping = False
 
     def start(self, job_id: str, run: Callable[[JobContext], None], progress: ProgressFn) -> None:
-        """Queue a job; it runs after those before it."""
+        """Queue a job; it runs after those before it.
+
+        Raises:
+            EdgeAgentError: command.interrupted once `cancel_all` ran (the agent stops):
+                queued then, the job ran uncancelled while the pipelines closed.
+        """
         with self._lock:
+            if self._stopping:
+                raise stopping_error(job_id)
             self._queue.append(_Job(job_id, run, JobContext(progress)))
             self._ensure_worker()
             self._wake.notify_all()
@@ -131,17 +163,26 @@ class Jobs:
                 self._ensure_worker()
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel a queued or running job; False if there is none by that id."""
+        """Cancel a queued or running job; False if there is none by that id.
+
+        Raises:
+            EdgeAgentError: command.busy when the job has passed its point of no return.
+        """
         with self._lock:
-            if self._running is not None and self._running.id == job_id:
-                self._running.context.cancel_event.set()
-                return True
-            for job in self._queue:
-                if job.id == job_id:
-                    # It still runs, to answer its command, but sees the flag at once.
-                    job.context.cancel_event.set()
-                    return True
-        return False
+            # A queued job still runs, to answer its command, but sees the flag at once.
+            jobs = [self._running, *self._queue]
+            job = next((j for j in jobs if j is not None and j.id == job_id), None)
+            if job is None:
+                return False
+            if not job.context.request_cancel():
+                raise EdgeAgentError(
+                    f"command {job_id} is past its point of no return: it is changing the "
+                    "model store, and that change goes through",
+                    "wait for its final answer, then undo it if unwanted (rollback_model, "
+                    "remove_model)",
+                    code="command.busy",
+                )
+            return True
 
     def running(self) -> list[str]:
         """Ids of the running job and the queued ones, in order."""
@@ -150,12 +191,13 @@ class Jobs:
             return head + [job.id for job in self._queue]
 
     def cancel_all(self) -> None:
-        """Cancel every job, running and queued."""
+        """Cancel every job, running and queued (bar a committed one), and take no more."""
         with self._lock:
+            self._stopping = True
             if self._running is not None:
-                self._running.context.cancel_event.set()
+                self._running.context.request_cancel()
             for job in self._queue:
-                job.context.cancel_event.set()
+                job.context.request_cancel()
 
     def join(self, timeout: float) -> None:
         """Stop the worker once the queue is empty, waiting at most `timeout`."""
@@ -168,3 +210,12 @@ class Jobs:
         with self._lock:
             self._closed = True
             self._wake.notify_all()
+
+
+def stopping_error(command_id: str) -> EdgeAgentError:
+    """The answer to a command that came while the agent stops: not run, not kept."""
+    return EdgeAgentError(
+        f"command {command_id} was not run: the agent is stopping",
+        "send it again once the agent is back (the same id may be used)",
+        code="command.interrupted",
+    )

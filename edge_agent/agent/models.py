@@ -100,6 +100,7 @@ class ModelOps:
                 gate=self.gate(),
                 progress=job.progress,
                 cancel=job.cancel_event,
+                commit=job.commit,
             )
         except EdgeAgentError as exc:
             if exc.code == "health.failed":
@@ -118,7 +119,8 @@ class ModelOps:
             "pipelines_swapped": swapped,
         }
 
-    def activate(self, name: str, version: int) -> dict[str, Any]:
+    def activate(self, name: str, version: int, job: JobContext) -> dict[str, Any]:
+        job.commit()  # queued behind a deploy, it may have been cancelled while it waited
         try:
             release = self.store.activate(name, version, self.gate())
         except EdgeAgentError as exc:
@@ -239,6 +241,7 @@ class ModelOps:
                 model=str(path.relative_to(out)),
                 manifest=load_manifest(path.with_suffix(".toml")),
             )
+            job.commit()
             self.store.install(SignedRelease(release=release), out, move=True)
         self._event("calibration_done", name, version, detail=report.mode)
         return {"name": name, "version": version, "report": report.model_dump(mode="json")}

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -25,10 +26,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.config_files import drop_unknown_fields
-from edge_agent.logs import log_event
+from edge_agent.logs import Throttle, log_event
 from edge_agent.sqlite_files import open_sqlite
 
 log = logging.getLogger(__name__)
+
+_UNWRITABLE_SAY_EVERY_S = 60.0
+"""How often a command log that cannot be written is logged while it stays so."""
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -126,14 +130,23 @@ class AgentRecords:
 class CommandLog:
     """Final answers by command id, for idempotency. Thread-safe.
 
+    A log that cannot be read or written (a full or read-only disk, EIO) does not stop a
+    command: it runs without the duplicate check, and its answer is sent all the same.
+    Raised, the error cost every command its answer (ping and stop_pipeline included:
+    each was answered `internal` with no id), and a finish that failed lost the final
+    answer of a command that had run. A duplicate the broker delivers then may run
+    twice; that is the lesser harm, and it is logged (once a minute).
+
     Args:
         path: The sqlite file.
         keep: How many ids to remember.
     """
 
     def __init__(self, path: Path, keep: int = 10_000) -> None:
+        self.path = path
         self._keep = keep
         self._lock = threading.Lock()
+        self._unwritable = Throttle(_UNWRITABLE_SAY_EVERY_S)
         self._db = open_sqlite(
             path,
             "CREATE TABLE IF NOT EXISTS answers ("
@@ -145,22 +158,27 @@ class CommandLog:
         """Record that `command_id` is being run.
 
         Returns:
-            (True, None) the first time: run it. (False, answer) after: do not run it
-            again; `answer` is its stored final answer, or None while it still runs.
+            (True, None) the first time, or when the log cannot be used: run it.
+            (False, answer) after: do not run it again; `answer` is its stored final
+            answer, or None while it still runs.
         """
         with self._lock:
-            row = self._db.execute(
-                "SELECT answer FROM answers WHERE id = ?", (command_id,)
-            ).fetchone()
-            if row is not None:
-                return False, None if row[0] is None else bytes(row[0])
-            self._db.execute(
-                "INSERT INTO answers (id, answer, ts) VALUES (?, NULL, ?)",
-                (command_id, time.time()),
-            )
-            self._db.execute(
-                "DELETE FROM answers WHERE n <= (SELECT MAX(n) FROM answers) - ?", (self._keep,)
-            )
+            try:
+                row = self._db.execute(
+                    "SELECT answer FROM answers WHERE id = ?", (command_id,)
+                ).fetchone()
+                if row is not None:
+                    return False, None if row[0] is None else bytes(row[0])
+                self._db.execute(
+                    "INSERT INTO answers (id, answer, ts) VALUES (?, NULL, ?)",
+                    (command_id, time.time()),
+                )
+                self._db.execute(
+                    "DELETE FROM answers WHERE n <= (SELECT MAX(n) FROM answers) - ?",
+                    (self._keep,),
+                )
+            except (sqlite3.Error, OSError) as exc:
+                self._failed("claim", command_id, exc)
             return True, None
 
     def unfinished(self) -> list[str]:
@@ -172,12 +190,32 @@ class CommandLog:
     def forget(self, command_id: str) -> None:
         """Drop a claim, so the same id may run when it is sent again (after command.busy)."""
         with self._lock:
-            self._db.execute("DELETE FROM answers WHERE id = ?", (command_id,))
+            try:
+                self._db.execute("DELETE FROM answers WHERE id = ?", (command_id,))
+            except (sqlite3.Error, OSError) as exc:
+                self._failed("forget", command_id, exc)
 
     def finish(self, command_id: str, answer: bytes) -> None:
         """Store the final answer of a claimed command."""
         with self._lock:
-            self._db.execute("UPDATE answers SET answer = ? WHERE id = ?", (answer, command_id))
+            try:
+                self._db.execute("UPDATE answers SET answer = ? WHERE id = ?", (answer, command_id))
+            except (sqlite3.Error, OSError) as exc:
+                self._failed("finish", command_id, exc)
+
+    def _failed(self, operation: str, command_id: str, exc: Exception) -> None:
+        if self._unwritable.ready():
+            log_event(
+                log,
+                logging.ERROR,
+                "command_log_failed",
+                operation=operation,
+                command_id=command_id,
+                error=str(exc),
+                path=str(self.path),
+                detail="commands run without the duplicate check until it can be written",
+                fix="free space on the state disk, or check that it is writable",
+            )
 
     def close(self) -> None:
         """Close the database."""

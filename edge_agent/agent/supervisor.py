@@ -19,7 +19,7 @@ from edge_agent.agent.jobs import JobContext
 from edge_agent.agent.models import ModelOps
 from edge_agent.agent.pipelines import Pipelines
 from edge_agent.agent.records import AgentRecords
-from edge_agent.errors import EdgeAgentError
+from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.protocol import agent as msg
 
 
@@ -76,7 +76,7 @@ class AgentSupervisor:
         return result
 
     def _cmd_activate_model(self, args: msg.ActivateModelArgs, job: JobContext) -> dict[str, Any]:
-        return self.models.activate(args.name, args.version)
+        return self.models.activate(args.name, args.version, job)
 
     def _cmd_rollback_model(self, args: msg.ModelNameArgs, job: JobContext) -> dict[str, Any]:
         return self.models.rollback(args.name)
@@ -100,8 +100,19 @@ class AgentSupervisor:
         return self.models.calibrate(args.model, args.data, args.device, args.install_as, job)
 
     def _cmd_set_telemetry(self, args: msg.SetTelemetryArgs, job: JobContext) -> dict[str, Any]:
-        self.records.update(telemetry_interval_s=args.interval_s)
+        # In force first, kept second: written first, a full state disk kept the old
+        # interval too, though nothing about sending telemetry needs that disk.
         self._on_interval(args.interval_s)
+        try:
+            self.records.update(telemetry_interval_s=args.interval_s)
+        except OSError as exc:
+            cause = from_os_error(exc)
+            raise EdgeAgentError(
+                f"the telemetry interval is {args.interval_s:g} s from now on, but it could "
+                f"not be kept for after a restart: {cause.problem}",
+                f"{cause.fix}; send set_telemetry again to keep it",
+                code=cause.code,
+            ) from exc
         return {"interval_s": args.interval_s}
 
     # --- reading ----------------------------------------------------------------------------

@@ -100,9 +100,13 @@ def pull(
     gate: Gate | None = None,
     progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
+    commit: Callable[[], None] | None = None,
     options: PullOptions | None = None,
 ) -> PullResult:
     """Pull `name` (v`version`, or the latest) into the store.
+
+    `commit` is called right before the store changes (install, activate): it raises
+    command.cancelled when cancel came first, and after it a cancel is too late.
 
     Raises:
         EdgeAgentError: release.* (rejected), transfer.failed, transfer.digest,
@@ -111,6 +115,7 @@ def pull(
     topics = topics or Topics()
     options = options or PullOptions()
     report = progress or (lambda stage, fraction: None)
+    commit = commit or (lambda: None)
     report("release", 0.0)
     signed = fetch_release(comm, topics, name, version, options.release_timeout_s)
     release = signed.release
@@ -120,7 +125,7 @@ def pull(
         )
     if store.installed(name, release.version) is not None:
         log.info('event=pull.already_installed name="%s" version=%d', name, release.version)
-        activated = _activate(store, release, activate, gate, report)
+        activated = _activate(store, release, activate, gate, report, commit)
         return PullResult(release, False, activated, 0, PullStats())
     highest = store.state(name).highest
     verify(signed, trusted_keys, datetime.now(UTC), highest or None)
@@ -131,6 +136,7 @@ def pull(
         stats = _transfer(comm, topics, device_id, partial, options, report, cancel)
         files = partial.finish()
         report("install", 0.9)
+        commit()
         store.install(signed, files, trusted_keys=trusted_keys, move=True)
     except EdgeAgentError as exc:
         partial.close()
@@ -138,16 +144,22 @@ def pull(
             partial.discard()  # wrong bytes: the next pull starts clean
         raise
     partial.discard()
-    activated = _activate(store, release, activate, gate, report)
+    activated = _activate(store, release, activate, gate, report, commit)
     report("done", 1.0)
     return PullResult(release, True, activated, partial.count, stats)
 
 
 def _activate(
-    store: ModelStore, release: Release, activate: bool, gate: Gate | None, report: ProgressFn
+    store: ModelStore,
+    release: Release,
+    activate: bool,
+    gate: Gate | None,
+    report: ProgressFn,
+    commit: Callable[[], None],
 ) -> bool:
     if not activate:
         return False
+    commit()  # before the stage is told: a console that sees "activate" knows it is final
     report("activate", 0.95)
     store.activate(release.name, release.version, gate)
     return True

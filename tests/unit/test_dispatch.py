@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -11,7 +13,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from edge_agent.agent.dispatch import Dispatcher
+from edge_agent import __version__
+from edge_agent.agent.dispatch import MAX_WAITING_COMMANDS, Dispatcher
 from edge_agent.agent.jobs import JobContext, Jobs
 from edge_agent.agent.records import CommandLog
 from edge_agent.errors import EdgeAgentError
@@ -19,7 +22,9 @@ from edge_agent.protocol.agent import MAX_QUEUED_JOBS, Response
 
 
 class _Supervisor:
-    """Counts runs; deploy_model steps through progress and honours cancel."""
+    """Counts runs; deploy_model steps through progress and honours cancel; activate_model
+    commits (its point of no return), then waits for `finish_commit`; calibrate takes
+    `calibrate_s` and never looks at the flag."""
 
     def __init__(self) -> None:
         self.runs: list[str] = []
@@ -27,6 +32,11 @@ class _Supervisor:
         self.hold = threading.Event()
         self.hold.set()
         self.steps, self.step_s = 4, 0.05
+        self.committed = threading.Event()
+        self.finish_commit = threading.Event()
+        self.calibrate_s = 0.0
+        self.store_lock = threading.Event()  # rollback_model waits on it, as on a deploy's
+        self.store_lock.set()
 
     def run_command(self, kind: str, args: BaseModel, job: JobContext) -> dict[str, Any]:
         self.runs.append(kind)
@@ -46,6 +56,19 @@ class _Supervisor:
                 job.progress("install", step / self.steps)
             job.check()
             return {"installed": getattr(args, "name", "")}
+        if kind == "activate_model":
+            job.commit()
+            self.committed.set()
+            self.finish_commit.wait(5)
+            return {"activated": True}
+        if kind == "remove_model":
+            raise OSError(errno.ENOSPC, "No space left on device", "/state/store/m/3")
+        if kind == "rollback_model":
+            self.store_lock.wait(10)
+            return {"rolled_back": True}
+        if kind == "calibrate":
+            time.sleep(self.calibrate_s)
+            return {"calibrated": True}
         return {}
 
 
@@ -274,3 +297,166 @@ def test_long_commands_past_the_queue_limit_are_busy_and_may_be_sent_again(
     while harness.final("over").status != "ok" and time.monotonic() < deadline:
         time.sleep(0.02)
     assert harness.final("over").status == "ok"
+
+
+def test_a_cancel_past_the_point_of_no_return_is_refused_and_the_job_says_what_it_did(
+    harness: _Harness,
+) -> None:
+    # Cancel once said ok here and the job's answer said command.cancelled, while the
+    # model it was activating went live all the same.
+    harness.send(_cmd("a1", "activate_model", {"name": "m", "version": 2}))
+    assert harness.supervisor.committed.wait(5)
+    harness.send(_cmd("x1", "cancel", {"id": "a1"}))
+    refused = harness.final("x1")
+    assert refused.error is not None
+    assert (refused.error.code, refused.error.field) == ("command.busy", "args.id")
+    assert "point of no return" in refused.error.message
+    harness.supervisor.finish_commit.set()
+    done = harness.final("a1")
+    assert (done.status, done.result) == ("ok", {"activated": True})
+
+
+def test_a_queued_job_cancelled_before_its_commit_changes_nothing(harness: _Harness) -> None:
+    harness.supervisor.hold.clear()  # a deploy runs ahead; the activate waits behind it
+    harness.send(_cmd("d1", "deploy_model", {"name": "m"}))
+    harness.send(_cmd("a2", "activate_model", {"name": "m", "version": 2}))
+    harness.send(_cmd("x2", "cancel", {"id": "a2"}))
+    assert harness.final("x2").status == "ok"
+    harness.supervisor.hold.set()
+    cancelled = harness.final("a2")
+    assert cancelled.error is not None
+    assert cancelled.error.code == "command.cancelled"
+    assert not harness.supervisor.committed.is_set()
+    assert harness.final("d1").status == "ok"
+
+
+def test_a_job_abandoned_at_its_deadline_that_then_finishes_answers_what_it_did(
+    harness: _Harness,
+) -> None:
+    # Past its deadline the queue moves on and the job is told to stop; one that
+    # finishes all the same did its work, and "cancelled" would hide that.
+    harness.dispatcher.jobs.deadline_s = 0.1
+    harness.supervisor.calibrate_s = 0.4
+    harness.send(_cmd("c1", "calibrate", {"model": "m", "data": "pipeline:cam"}))
+    done = harness.final("c1")
+    assert (done.status, done.result) == ("ok", {"calibrated": True})
+
+
+def test_a_command_log_that_cannot_be_written_costs_no_command_its_answer(
+    harness: _Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The real failure is a full state disk ("database or disk is full"); query_only
+    # makes the log's own connection refuse every write the same way, and nothing else.
+    harness.supervisor.release.set()
+    harness.supervisor.hold.clear()
+    harness.send(_cmd("inflight", "deploy_model", {"name": "m"}))  # claimed while it could be
+    harness.log._db.execute("PRAGMA query_only = 1")
+    with caplog.at_level(logging.ERROR):
+        harness.send(_cmd("p1", "ping"))
+        harness.send(_cmd("s1", "list_pipelines"))
+        harness.send(_cmd("d1", "deploy_model", {"name": "m"}))
+        harness.supervisor.hold.set()
+        for cid in ("p1", "s1", "d1", "inflight"):  # inflight: its finish fails
+            assert harness.final(cid).status == "ok", cid
+    assert [a for a in harness.answers if a.id == ""] == []
+    # Said once, not once per command: a full disk must not fill the journal too.
+    assert caplog.text.count("command_log_failed") == 1
+    assert "Traceback" not in caplog.text
+
+
+def test_commands_that_come_while_the_agent_stops_are_answered_once_and_not_run(
+    tmp_path: Path,
+) -> None:
+    h = _Harness(tmp_path)
+    h.supervisor.hold.clear()
+    h.send(_cmd("d0", "deploy_model", {"name": "m"}))  # running when the stop comes
+    closing = threading.Thread(target=h.dispatcher.close, args=(2.0,))
+    closing.start()
+    time.sleep(0.1)  # inside close's wait for the running job
+    h.send(_cmd("d1", "deploy_model", {"name": "m"}))
+    h.send(_cmd("p1", "ping"))
+    h.supervisor.hold.set()
+    closing.join()
+    try:
+        for cid in ("d1", "p1"):
+            answer = h.final(cid)
+            assert answer.error is not None
+            assert answer.error.code == "command.interrupted", cid
+        # Queued after cancel_all, d1 once ran uncancelled while the pipelines closed.
+        assert h.supervisor.runs == ["deploy_model"]
+        assert [a for a in h.answers if a.id == ""] == []
+        # Not left claimed: the next start would answer them a second time.
+        assert h.log.unfinished() == []
+    finally:
+        h.log.close()
+
+
+def test_ping_and_reads_are_answered_while_slow_short_commands_hold_every_worker(
+    harness: _Harness,
+) -> None:
+    # Rollbacks waiting on the store's lock for a deploy (up to 900 s) once held all four
+    # workers, and ping, get_status and list_* queued behind them.
+    harness.supervisor.store_lock.clear()
+    for i in range(MAX_WAITING_COMMANDS):
+        harness.send(_cmd(f"r{i}", "rollback_model", {"name": "m"}))
+    harness.send(_cmd("p1", "ping"))
+    harness.send(_cmd("l1", "list_pipelines"))
+    assert harness.final("p1", timeout=1.0).status == "ok"
+    assert harness.final("l1", timeout=1.0).status == "ok"
+    # The lane is full: said at once, not queued without end, and not kept.
+    harness.send(_cmd("over", "rollback_model", {"name": "m"}))
+    busy = harness.final("over", timeout=1.0)
+    assert busy.error is not None
+    assert busy.error.code == "command.busy"
+    harness.supervisor.store_lock.set()
+    for i in range(MAX_WAITING_COMMANDS):
+        assert harness.final(f"r{i}").status == "ok"
+    harness.send(_cmd("over", "rollback_model", {"name": "m"}))
+    deadline = time.monotonic() + 5
+    while harness.final("over").status != "ok" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert harness.final("over").status == "ok"
+
+
+def test_a_disk_error_in_a_command_is_answered_with_its_code_and_fix(harness: _Harness) -> None:
+    # Once `internal` ("a bug") with a traceback in the log, for a full disk.
+    harness.send(_cmd("rm", "remove_model", {"name": "m", "version": 3}))
+    answer = harness.final("rm")
+    assert answer.error is not None
+    assert answer.error.code == "path.unwritable"
+    assert "/state/store/m/3" in answer.error.message
+    assert "free space" in answer.error.message
+
+
+@pytest.mark.parametrize(
+    ("command", "code", "field", "named"),
+    [
+        (_cmd("e1", "ping", colour=1), "command.invalid", "colour", "does not know colour"),
+        (
+            _cmd("e2", "deploy_model", {"name": "m", "pin": True}),
+            "command.invalid",
+            "args.pin",
+            "does not know args.pin",
+        ),
+        (_cmd("e3", "reboot"), "command.unknown", "type", "does not know command type 'reboot'"),
+    ],
+)
+def test_what_a_newer_console_sends_is_answered_as_unknown_to_this_version(
+    harness: _Harness, command: dict[str, Any], code: str, field: str, named: str
+) -> None:
+    # "Extra inputs are not permitted" left an operator unable to tell an old box from a
+    # console bug; the code stays, for machines.
+    harness.send(command)
+    answer = harness.final(command["id"])
+    assert answer.error is not None
+    assert (answer.error.code, answer.error.field) == (code, field)
+    assert f"edge-agent {__version__} {named}" in answer.error.message
+    assert "upgrade the agent" in answer.error.message
+
+
+def test_a_wrong_value_is_not_blamed_on_a_newer_console(harness: _Harness) -> None:
+    harness.send(_cmd("w1", "deploy_model", {"name": "m", "version": "newest"}))
+    answer = harness.final("w1")
+    assert answer.error is not None
+    assert answer.error.code == "command.invalid"
+    assert "newer console" not in answer.error.message
