@@ -37,7 +37,7 @@ from edge_agent import __version__
 from edge_agent.agent.jobs import JobContext, Jobs, stopping_error
 from edge_agent.agent.lanes import Lane
 from edge_agent.agent.records import CommandLog
-from edge_agent.config_files import first_error
+from edge_agent.config_files import drop_unknown_fields, first_error
 from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.logs import log_crash, log_event
 from edge_agent.protocol.agent import (
@@ -231,7 +231,7 @@ class Dispatcher:
         if not fresh:
             log_event(log, logging.INFO, "command_duplicate", command_id=command.id)
             if stored is not None:
-                self._send(Response.model_validate_json(stored))
+                self._send(self._stored(command.id, stored))
             else:  # still running: say so; its final answer follows
                 self._send(Response(id=command.id, status="accepted", **self._base()))
             return
@@ -444,6 +444,25 @@ class Dispatcher:
             self._answer(response)
         except Exception:
             log_crash(log, "answer_failed", command_id=response.id)
+
+    def _stored(self, command_id: str, stored: bytes) -> Response:
+        """A duplicate's stored final answer, read for what this version knows: after a
+        downgrade, one a newer edge-agent stored raised, and the console got `internal`
+        with no id and waited for its answer until the timeout."""
+        try:
+            answer, _ = drop_unknown_fields(Response.model_validate, json.loads(stored))
+        except (ValueError, RecursionError):  # ValidationError is a ValueError
+            return Response(
+                id=command_id,
+                status="error",
+                error=ErrorBody(
+                    code="internal",
+                    message="this command id ran once; its stored answer does not read, "
+                    "and it is not run again",
+                ),
+                **self._base(),
+            )
+        return answer
 
     def _base(self) -> dict[str, Any]:
         return {"device_id": self.device_id, "ts": self._clock()}

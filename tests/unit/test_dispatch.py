@@ -197,6 +197,27 @@ def test_a_duplicate_runs_once_and_gets_the_same_answer(harness: _Harness) -> No
     assert [a for a in harness.answers if a.id == "dup"] == [first, first]
 
 
+def test_a_duplicate_whose_answer_a_newer_agent_stored_gets_it_read_for_what_is_known(
+    harness: _Harness,
+) -> None:
+    # After a downgrade the command log holds answers a newer edge-agent stored. One with a
+    # field this version lacks raised, and the duplicate got `internal` with no id.
+    newer = {"id": "old", "status": "ok", "device_id": "dock-7", "ts": 5.0,
+             "result": {"pong": True}, "trace": "t-1"}  # fmt: skip
+    assert harness.log.claim("old") == (True, None)
+    harness.log.finish("old", json.dumps(newer).encode())
+    assert harness.log.claim("bad") == (True, None)
+    harness.log.finish("bad", b"{not json")
+    harness.send(_cmd("old", "ping"))
+    harness.send(_cmd("bad", "ping"))
+    answer = harness.final("old")
+    assert (answer.status, answer.result, answer.ts) == ("ok", {"pong": True}, 5.0)
+    unreadable = harness.final("bad")
+    assert unreadable.error is not None
+    assert "not run again" in unreadable.error.message
+    assert harness.supervisor.runs == []
+
+
 def test_bugs_and_operator_errors_are_answered_and_serving_goes_on(harness: _Harness) -> None:
     harness.send(_cmd("bug", "get_status"))
     harness.send(_cmd("op", "list_models"))
