@@ -369,7 +369,14 @@ class AgentService:
         self.session.subscribe(self._state_topic, self._on_state)
         self._devices()
         self.session.start()
-        restored = self.pipelines.restore()
+        try:
+            restored = self.pipelines.restore()
+        except Exception:
+            # A bug there (OpenVINO's own error on a full cache disk was one) ended the
+            # agent before it came online, and every restart met the same record until
+            # systemd gave up: a box that runs no pipeline still takes commands to mend it.
+            log_crash(log, "pipelines_restore_failed")
+            restored = []
         log_event(log, logging.INFO, "agent_started", device=self.device, restored=len(restored))
         self._state_changed()  # the birth may have gone out before the pipelines were back
         self.notifier.ready(self._status_line())
