@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.config_files import drop_unknown_fields
 from edge_agent.logs import log_event
-from edge_agent.sqlite_files import open_sqlite
+from edge_agent.sqlite_files import open_or_in_memory
 
 log = logging.getLogger(__name__)
 
@@ -134,11 +134,13 @@ class CommandLog:
     def __init__(self, path: Path, keep: int = 10_000) -> None:
         self._keep = keep
         self._lock = threading.Lock()
-        self._db = open_sqlite(
+        self._db, _ = open_or_in_memory(
             path,
             "CREATE TABLE IF NOT EXISTS answers ("
             " n INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,"
             " answer BLOB, ts REAL NOT NULL)",
+            held="answers are remembered in memory until the agent stops: a command sent "
+            "again after a restart may run twice",
         )
 
     def claim(self, command_id: str) -> tuple[bool, bytes | None]:

@@ -43,6 +43,7 @@ from edge_agent.delivery.partial import sweep
 from edge_agent.integrations.hub import Integrations
 from edge_agent.logs import Throttle, log_crash, log_event
 from edge_agent.outbox import Outbox, Priority
+from edge_agent.outbox.outbox import MOVE_EVERY_S
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 from edge_agent.reference import reference_dir
@@ -461,6 +462,13 @@ class AgentService:
             elif self._stop.is_set():
                 return False  # they stay in the outbox for the next start
             return True
+        if not self.outbox.on_disk and time.monotonic() >= sent.next_move:
+            # Tried here, with nothing in flight: the move gives what waits new sequence
+            # numbers, so the pump's place starts over (the file's older messages go first).
+            sent.next_move = time.monotonic() + MOVE_EVERY_S
+            if self.outbox.move_to_disk():
+                sent.upto = 0
+                sent.early.clear()
         if not self.session.connected.is_set():
             self._wake.wait(_PUMP_IDLE_S)  # the connect wakes it
             self._wake.clear()
@@ -587,6 +595,10 @@ class AgentService:
         self.pipelines.close(5.0)
         self._wake.set()
         pump.join(5.0)
+        # The pump has stopped, so nothing holds a sequence number: what waits in memory is
+        # kept if the disk takes it by now.
+        if not pump.is_alive():
+            self.outbox.move_to_disk()
         if self.session.connected.is_set():
             self.session.publish(self._state_topic, self._offline(), qos=1, retain=True)
             self.session.flush(2.0)
@@ -606,6 +618,8 @@ class _Sent:
     early: set[int] = field(default_factory=set)
     """Answers sent ahead of `upto`: not sent again, however long their rows stay (an ack
     the disk refused leaves them)."""
+    next_move: float = 0.0
+    """When an outbox held in memory next tries its file (monotonic)."""
 
 
 _FAILED_LOG_S = 60.0
