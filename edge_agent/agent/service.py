@@ -200,12 +200,16 @@ class AgentService:
     # --- publishing: everything through the outbox ---------------------------------------------
     def _queue(self, topic: str, payload: bytes, priority: Priority, retain: bool = False) -> None:
         queued = self.outbox.put(topic, payload, priority, qos=1, retain=retain)
-        if queued is None and self.outbox.refusing and priority == Priority.CRITICAL:
-            # The state disk refuses the outbox (full, read-only): an answer or event goes
-            # straight to the broker rather than nowhere, if the link is up. It may overtake
-            # results still on disk, and the outbox counts it as refused (not kept to resend).
+        if queued is None and self.outbox.refusing:
+            # The state disk refuses the outbox (full, read-only): the message goes straight
+            # to the broker rather than nowhere, if the link is up. It may overtake messages
+            # still on disk, and the outbox counts it as refused (not kept to resend): those
+            # counts in telemetry are the operator's signal. Results and telemetry go at QoS
+            # 0, held nowhere, as nothing would send them again anyway; dropping them too
+            # left a box with a full disk dark to its console while its link was up.
             if self.session.connected.is_set():
-                self.session.publish(topic, payload, qos=1, retain=retain)
+                qos = 1 if priority == Priority.CRITICAL else 0
+                self.session.publish(topic, payload, qos=qos, retain=retain)
             return
         if priority == Priority.CRITICAL:
             self._urgent.set()
