@@ -35,11 +35,16 @@ def write_atomically(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves the old or the new content."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+    try:
+        with tmp.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except BaseException:
+        # A full disk left the half-written copy behind, taking what little room was left.
+        tmp.unlink(missing_ok=True)
+        raise
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -95,3 +95,12 @@ def test_a_command_log_the_disk_refuses_is_kept_in_memory(
     assert len(said) == 1
     assert "may run twice" in said[0].fields["held"]  # type: ignore[attr-defined]
     log.close()
+
+
+def test_a_record_the_disk_refuses_leaves_the_old_one_and_no_copy(tmp_path: Path) -> None:
+    records = AgentRecords(tmp_path)
+    records.update(seq=5)
+    with files_capped_at(4096), pytest.raises(OSError, match="too large"):  # a full disk
+        records.update(pipelines={"cam": {"pad": "x" * 8192}})
+    assert [p.name for p in tmp_path.iterdir()] == ["agent.json"]
+    assert AgentRecords(tmp_path).record.seq == 5
