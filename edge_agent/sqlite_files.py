@@ -8,7 +8,8 @@ someone ran `systemctl reset-failed`. Both files hold what can be lost before th
 service can: the command log is a cache of answers, and the outbox's messages are worth
 less than every message after them. So the file is kept aside for the operator, said
 once at ERROR, and a new one is made. A file that cannot be opened at all (a read-only
-or full disk, permissions) is not damaged, and still raises.
+or full disk, permissions) is not damaged, and `open_sqlite` raises; `open_or_in_memory`
+holds the tables in memory instead, so the box still comes online.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from edge_agent.logs import log_event
+from edge_agent.logs import error_text, log_event
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,37 @@ def open_sqlite(path: Path, schema: str) -> sqlite3.Connection:
             fix="nothing to do: a new file was made; the old one is kept for a post-mortem",
         )
         return _open(path, schema)
+
+
+def open_or_in_memory(path: Path, schema: str, held: str) -> tuple[sqlite3.Connection, bool]:
+    """`open_sqlite`, or a database in memory with `schema` when the disk refuses the file.
+
+    After a clean stop the -wal and -shm files are gone, and opening a WAL database must
+    make the -shm again: a full disk failed that with `disk I/O error`, a read-only one with
+    `unable to open database file`, and the agent exited at start, again on every restart
+    until systemd's start limit left the box down. Said once at ERROR.
+
+    Args:
+        held: What holding the tables in memory costs, for the log line.
+
+    Returns:
+        The connection, and whether it is the file's.
+    """
+    try:
+        return open_sqlite(path, schema), True
+    except (OSError, sqlite3.OperationalError) as exc:
+        log_event(
+            log,
+            logging.ERROR,
+            "sqlite_in_memory",
+            path=str(path),
+            error=error_text(exc),
+            held=held,
+            fix="free space on the state disk, or check that it is mounted writable",
+        )
+    db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+    db.executescript(schema)
+    return db, False
 
 
 def _open(path: Path, schema: str) -> sqlite3.Connection:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.config_files import drop_unknown_fields
 from edge_agent.logs import Throttle, log_event
-from edge_agent.sqlite_files import open_sqlite
+from edge_agent.sqlite_files import open_or_in_memory
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,16 @@ def write_atomically(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves the old or the new content."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+    try:
+        with tmp.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except BaseException:
+        # A full disk left the half-written copy behind, taking what little room was left.
+        tmp.unlink(missing_ok=True)
+        raise
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -147,11 +152,13 @@ class CommandLog:
         self._keep = keep
         self._lock = threading.Lock()
         self._unwritable = Throttle(_UNWRITABLE_SAY_EVERY_S)
-        self._db = open_sqlite(
+        self._db, _ = open_or_in_memory(
             path,
             "CREATE TABLE IF NOT EXISTS answers ("
             " n INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,"
             " answer BLOB, ts REAL NOT NULL)",
+            held="answers are remembered in memory until the agent stops: a command sent "
+            "again after a restart may run twice",
         )
 
     def claim(self, command_id: str) -> tuple[bool, bytes | None]:

@@ -43,6 +43,7 @@ from edge_agent.delivery.partial import sweep
 from edge_agent.integrations.hub import Integrations
 from edge_agent.logs import Throttle, log_crash, log_event
 from edge_agent.outbox import Outbox, Priority
+from edge_agent.outbox.outbox import MOVE_EVERY_S
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 from edge_agent.reference import reference_dir
@@ -199,12 +200,16 @@ class AgentService:
     # --- publishing: everything through the outbox ---------------------------------------------
     def _queue(self, topic: str, payload: bytes, priority: Priority, retain: bool = False) -> None:
         queued = self.outbox.put(topic, payload, priority, qos=1, retain=retain)
-        if queued is None and self.outbox.refusing and priority == Priority.CRITICAL:
-            # The state disk refuses the outbox (full, read-only): an answer or event goes
-            # straight to the broker rather than nowhere, if the link is up. It may overtake
-            # results still on disk, and the outbox counts it as refused (not kept to resend).
+        if queued is None and self.outbox.refusing:
+            # The state disk refuses the outbox (full, read-only): the message goes straight
+            # to the broker rather than nowhere, if the link is up. It may overtake messages
+            # still on disk, and the outbox counts it as refused (not kept to resend): those
+            # counts in telemetry are the operator's signal. Results and telemetry go at QoS
+            # 0, held nowhere, as nothing would send them again anyway; dropping them too
+            # left a box with a full disk dark to its console while its link was up.
             if self.session.connected.is_set():
-                self.session.publish(topic, payload, qos=1, retain=retain)
+                qos = 1 if priority == Priority.CRITICAL else 0
+                self.session.publish(topic, payload, qos=qos, retain=retain)
             return
         if priority == Priority.CRITICAL:
             self._urgent.set()
@@ -369,7 +374,14 @@ class AgentService:
         self.session.subscribe(self._state_topic, self._on_state)
         self._devices()
         self.session.start()
-        restored = self.pipelines.restore()
+        try:
+            restored = self.pipelines.restore()
+        except Exception:
+            # A bug there (OpenVINO's own error on a full cache disk was one) ended the
+            # agent before it came online, and every restart met the same record until
+            # systemd gave up: a box that runs no pipeline still takes commands to mend it.
+            log_crash(log, "pipelines_restore_failed")
+            restored = []
         log_event(log, logging.INFO, "agent_started", device=self.device, restored=len(restored))
         self._state_changed()  # the birth may have gone out before the pipelines were back
         self.notifier.ready(self._status_line())
@@ -454,6 +466,13 @@ class AgentService:
             elif self._stop.is_set():
                 return False  # they stay in the outbox for the next start
             return True
+        if not self.outbox.on_disk and time.monotonic() >= sent.next_move:
+            # Tried here, with nothing in flight: the move gives what waits new sequence
+            # numbers, so the pump's place starts over (the file's older messages go first).
+            sent.next_move = time.monotonic() + MOVE_EVERY_S
+            if self.outbox.move_to_disk():
+                sent.upto = 0
+                sent.early.clear()
         if not self.session.connected.is_set():
             self._wake.wait(_PUMP_IDLE_S)  # the connect wakes it
             self._wake.clear()
@@ -580,6 +599,10 @@ class AgentService:
         self.pipelines.close(5.0)
         self._wake.set()
         pump.join(5.0)
+        # The pump has stopped, so nothing holds a sequence number: what waits in memory is
+        # kept if the disk takes it by now.
+        if not pump.is_alive():
+            self.outbox.move_to_disk()
         if self.session.connected.is_set():
             self.session.publish(self._state_topic, self._offline(), qos=1, retain=True)
             self.session.flush(2.0)
@@ -599,6 +622,8 @@ class _Sent:
     early: set[int] = field(default_factory=set)
     """Answers sent ahead of `upto`: not sent again, however long their rows stay (an ack
     the disk refused leaves them)."""
+    next_move: float = 0.0
+    """When an outbox held in memory next tries its file (monotonic)."""
 
 
 _FAILED_LOG_S = 60.0

@@ -10,13 +10,16 @@ exactly the verified bytes), and activate behind the health gate if asked.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -44,6 +47,9 @@ class PullOptions:
     stall_s: float = 300.0
     """Give up when no chunk arrived for this long (the partial stays for a resume)."""
     url_timeout_s: float = 30.0
+    keep_free_bytes: int = 64 * 1024 * 1024
+    """Left free on the state disk after the pull: the outbox, the records and the
+    command log live there too, and a box whose state disk fills stops remembering."""
     puller: PullerOptions = field(default_factory=PullerOptions)
 
 
@@ -110,7 +116,8 @@ def pull(
 
     Raises:
         EdgeAgentError: release.* (rejected), transfer.failed, transfer.digest,
-            command.cancelled, store.*, health.failed (with --activate).
+            command.cancelled, store.*, health.failed (with --activate), path.unwritable
+            (the state disk cannot hold the release, or filled during the transfer).
     """
     topics = topics or Topics()
     options = options or PullOptions()
@@ -131,6 +138,7 @@ def pull(
     verify(signed, trusted_keys, datetime.now(UTC), highest or None)
     folder = layout.transfers / f"{name}-{release.version}-{release_id(release)}"
     sweep(layout.transfers, keep=folder)
+    _check_room(release, folder, store.root, options.keep_free_bytes)
     partial = PartialTransfer(folder, signed)
     try:
         stats = _transfer(comm, topics, device_id, partial, options, report, cancel)
@@ -142,11 +150,75 @@ def pull(
         partial.close()
         if exc.code == "transfer.digest":
             partial.discard()  # wrong bytes: the next pull starts clean
+        elif _out_of_space(exc):
+            # Kept for a resume, it held the disk at 100% (the outbox and the store on it)
+            # until a deploy of that name or ABANDONED_S, 14 days.
+            partial.discard()
+            raise EdgeAgentError(
+                exc.problem,
+                "free space on the state disk, then deploy again (the partial transfer "
+                "was removed, so that the disk is not left full)",
+                code=exc.code,
+            ) from exc
         raise
     partial.discard()
     activated = _activate(store, release, activate, gate, report, commit)
     report("done", 1.0)
     return PullResult(release, True, activated, partial.count, stats)
+
+
+def _check_room(release: Release, folder: Path, store_root: Path, keep_free_bytes: int) -> None:
+    """Refuse a pull the disks cannot take, before any of it is transferred.
+
+    The transfer needs what it has yet to receive (its files are sparse: a resumed one holds
+    some blocks already); the store then renames the files in, on the same file system, and
+    copies them across to another.
+
+    Raises:
+        EdgeAgentError: path.unwritable, with the numbers.
+    """
+    transfers = _existing(folder)
+    try:
+        held = sum(f.stat().st_blocks * 512 for f in (folder / "files").rglob("*") if f.is_file())
+    except OSError:
+        held = 0
+    needs = [(transfers, max(0, release.total_size - held))]
+    store = _existing(store_root)
+    if store.stat().st_dev != transfers.stat().st_dev:
+        needs.append((store, release.total_size))
+    for where, size in needs:
+        stat = os.statvfs(where)
+        free = stat.f_bavail * stat.f_frsize
+        if size + keep_free_bytes > free:
+            raise EdgeAgentError(
+                f"{release.name} v{release.version} needs {_mb(size)} on the disk of {where} "
+                f"and {_mb(keep_free_bytes)} left free there, but {_mb(free)} is free",
+                "free space on that disk (remove_model drops versions no longer needed), "
+                "then deploy again",
+                code="path.unwritable",
+            )
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest folder that exists (what statvfs can be asked about)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _mb(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
+def _out_of_space(exc: EdgeAgentError) -> bool:
+    """Whether a pull failed for a disk with no room (or a file it may not grow): no resume
+    can finish there."""
+    cause = exc.__cause__
+    return isinstance(cause, OSError) and cause.errno in (
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EFBIG,
+    )
 
 
 def _activate(

@@ -256,6 +256,7 @@ class Puller:
                 "free space on the state disk, then deploy again (the transfer resumes)",
                 code="transfer.failed",
             )
+            self.error.__cause__ = exc  # pull removes the partial when the disk is full
             self.stop()
             return 0
         if self.partial.complete:

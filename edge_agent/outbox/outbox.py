@@ -27,6 +27,11 @@ message the disk refuses is a drop like one over the quota, counted in memory
 (the counts on disk cannot be written either) and logged at most once a minute;
 an `ack` the disk refuses leaves its messages to be sent again after a restart,
 which at-least-once delivery allows.
+
+A disk that refuses the file at start holds the outbox in memory (`on_disk` False),
+under the same quota, so the box comes online and publishes; `move_to_disk` tries the
+file again and moves what waits there once it opens. Until then a stop or a crash loses
+what waits in memory, which the start's log line says.
 """
 
 from __future__ import annotations
@@ -45,12 +50,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import Throttle, log_event
-from edge_agent.sqlite_files import open_sqlite
+from edge_agent.sqlite_files import open_or_in_memory, open_sqlite
 
 log = logging.getLogger(__name__)
 
 _WRITE_FAILED_LOG_S = 60.0
 """At most one log line this often while the disk keeps refusing writes."""
+MOVE_EVERY_S = 300.0
+"""How often an outbox held in memory should try its file again (`move_to_disk`)."""
 
 
 class Priority(enum.IntEnum):
@@ -149,16 +156,14 @@ class Outbox:
         self._refused_said = Throttle(_WRITE_FAILED_LOG_S)
         self.refusing = False
         """Whether the last write failed: the disk is refusing the outbox just now."""
-        try:
-            # A damaged file is set aside for a new one (`open_sqlite`): the lock above
-            # serialises every use.
-            self._db = open_sqlite(path, _SCHEMA)
-        except (OSError, sqlite3.Error) as exc:
-            raise EdgeAgentError(
-                f"cannot open the outbox at {path}: {exc}",
-                "check that the state directory is writable and not full",
-                code="path.unwritable",
-            ) from None
+        # A damaged file is set aside for a new one (`open_sqlite`), one the disk refuses
+        # is held in memory: the lock above serialises every use.
+        self._db, self.on_disk = open_or_in_memory(
+            path,
+            _SCHEMA,
+            held=f"messages wait in memory (tried on disk again every {MOVE_EVERY_S:.0f} s) "
+            "and are lost if the agent stops or crashes before the disk takes them",
+        )
         # Bytes waiting by priority, kept as rows come and go: making room over the quota
         # once summed the evictable rows on every put, 26 ms at 16 MB and about 90 ms at
         # the 64 MB default, on the pipelines' threads, through a whole outage.
@@ -373,6 +378,65 @@ class Outbox:
             dropped_telemetry=dropped(Priority.TELEMETRY),
             oldest_age_s=max(0.0, self._clock() - oldest) if oldest is not None else 0.0,
         )
+
+    def move_to_disk(self) -> bool:
+        """Held in memory: open the file again and move every waiting message into it.
+
+        The messages keep their order, after any the file held from before, but not their
+        sequence numbers: call it only with no sequence number outstanding (nothing sent
+        and not yet acked, no `peek` cursor to keep).
+
+        Returns:
+            Whether the outbox is on disk now.
+        """
+        if self.on_disk:
+            return True
+        try:
+            disk = open_sqlite(self.path, _SCHEMA)
+        except (OSError, sqlite3.OperationalError):
+            return False  # still refused: the start said so, and every try would say it again
+        with self._lock:
+            try:
+                moved = self._copy_into(disk)
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    disk.close()
+                log_event(log, logging.WARNING, "outbox_move_failed", error=str(exc))
+                return False
+            self._db.close()
+            self._db = disk
+            self.on_disk = True
+            self._recount()
+        log_event(log, logging.WARNING, "outbox_on_disk", path=str(self.path), moved=moved)
+        return True
+
+    def _copy_into(self, disk: sqlite3.Connection) -> int:
+        rows = self._db.execute(
+            "SELECT topic, payload, qos, retain, priority, created_at, size FROM messages"
+            " ORDER BY seq"
+        ).fetchall()
+        disk.execute("BEGIN IMMEDIATE")
+        try:
+            for topic in {row[0] for row in rows if row[3]}:
+                # Newer than any retained message the file kept for that topic.
+                disk.execute("DELETE FROM messages WHERE topic = ? AND retain = 1", (topic,))
+            disk.executemany(
+                "INSERT INTO messages (topic, payload, qos, retain, priority, created_at, size)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            disk.executemany(
+                "INSERT INTO dropped (priority, count) VALUES (?, ?)"
+                " ON CONFLICT(priority) DO UPDATE SET count = count + excluded.count",
+                self._db.execute("SELECT priority, count FROM dropped").fetchall(),
+            )
+            disk.execute("COMMIT")
+        except BaseException:
+            if disk.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    disk.execute("ROLLBACK")
+            raise
+        return len(rows)
 
     def close(self) -> None:
         """Close the database; safe to call twice."""

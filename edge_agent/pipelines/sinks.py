@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -107,27 +108,57 @@ def _label(
 class JsonLinesSink:
     """One JSON object per frame, one per line: to stdout, a stream or a file.
 
+    A file is capped: past `max_bytes` it becomes `<name>.1` (replacing the one before) and
+    a new one starts. Uncapped, a pipeline's file grew until the state disk was full, with
+    the outbox, the records and the model store on it: 100 bytes at 30 frames a second is
+    250 MB a day.
+
     Args:
         stream: Where to write; stdout when neither this nor `path` is given.
         path: File to append to (line-buffered, so a crash loses at most a line).
+        max_bytes: The file's cap; None for none. Not for a device such as /dev/null.
     """
 
-    def __init__(self, stream: TextIO | None = None, path: Path | None = None) -> None:
+    def __init__(
+        self, stream: TextIO | None = None, path: Path | None = None, max_bytes: int | None = None
+    ) -> None:
         if stream is not None and path is not None:
             raise ValueError("give a stream or a path, not both")
         self._owned = path is not None
+        self._path = path
+        self._max_bytes = max_bytes if path is not None and not _is_device(path) else None
+        self._size = 0
         if path is not None:
-            self._stream: TextIO = path.open("a", encoding="utf-8", buffering=1)
+            self._stream: TextIO = self._open(path)
         else:
             self._stream = stream if stream is not None else sys.stdout
         self._closed = False
 
+    def _open(self, path: Path) -> TextIO:
+        stream = path.open("a", encoding="utf-8", buffering=1)
+        self._size = path.stat().st_size
+        return stream
+
     def emit(self, result: FrameResult) -> None:
         """Write the frame's JSON line."""
-        self._stream.write(json.dumps(result.to_json()) + "\n")
+        line = json.dumps(result.to_json()) + "\n"
+        if self._max_bytes is not None and self._path is not None:
+            size = len(line.encode())
+            if self._size and self._size + size > self._max_bytes:
+                self._rotate(self._path)
+            self._size += size
+        self._stream.write(line)
         if not self._owned:
             # A pipe to `jq` or a log shipper should see each frame as it happens.
             self._stream.flush()
+
+    def _rotate(self, path: Path) -> None:
+        # One generation kept: the newest lines and the file before them, never more.
+        self._stream.close()
+        try:
+            path.replace(path.with_name(path.name + ".1"))
+        finally:
+            self._stream = self._open(path)  # appended to as before if the rename failed
 
     def close(self) -> None:
         """Flush, and close the file if this sink opened it.
@@ -143,6 +174,14 @@ class JsonLinesSink:
             self._stream.close()
         else:
             self._stream.flush()
+
+
+def _is_device(path: Path) -> bool:
+    """Whether `path` is there and not a regular file (/dev/null, a FIFO): never rotated."""
+    try:
+        return not stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False  # not there yet: it is made as a file
 
 
 class CallbackSink:
@@ -291,6 +330,12 @@ class JsonLinesSinkSpec(BaseModel):
     path: Path | None = Field(
         default=None, description="File to append to; standard output when unset."
     )
+    max_mb: float = Field(
+        default=64.0,
+        gt=0,
+        description="The file's cap in MB: past it the file becomes <path>.1 (replacing the "
+        "one before) and a new one starts, so it never holds more than twice this.",
+    )
 
 
 _EVENT_KINDS: tuple[str, ...] = get_args(Event.model_fields["kind"].annotation)
@@ -346,7 +391,7 @@ def build_sink(
         capture_to: folder for a capture sink that names none (the pipeline's default).
     """
     if isinstance(spec, JsonLinesSinkSpec):
-        return JsonLinesSink(path=spec.path)
+        return JsonLinesSink(path=spec.path, max_bytes=int(spec.max_mb * 1e6))
     if isinstance(spec, CaptureSinkSpec):
         folder = spec.folder or capture_to
         if folder is None:

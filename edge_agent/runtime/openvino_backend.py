@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import tempfile
 import time
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from openvino.preprocess import ColorFormat, PrePostProcessor
 from edge_agent.catalog.fetch import sha256_file
 from edge_agent.catalog.manifest import ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import Throttle, error_text, log_event
 from edge_agent.quiet import native_stderr_held
 from edge_agent.runtime.base import (
     CompileReport,
@@ -43,9 +45,16 @@ from edge_agent.runtime.precision import combine, precision_note
 from edge_agent.runtime.preprocess import fit_frames, fit_frames_into
 from edge_agent.runtime.runs import Slots, ThreadedModel
 
+log = logging.getLogger(__name__)
+
 _PRECISION = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 # Bumped whenever what `_convert` produces changes, so old cached IRs are not reused.
 _PREPARED_LAYOUT = 4  # 4: a uint8 model's RGB order is swapped on the host
+
+_IR_UNSAVED_LOG_S = 600.0
+# Per cache folder: a full disk fails every compile the same way, and a box restoring many
+# pipelines (or retrying one) must say so without filling the journal.
+_ir_unsaved_said = Throttle(_IR_UNSAVED_LOG_S)
 
 # pyopenvino fills its element type -> numpy dtype table in a C++ function-local static on
 # first use, and running that initialiser runs Python (numpy's dtype parsing), which lets
@@ -168,6 +177,7 @@ class OpenVinoBackend:
 
         Without a cache the model stays in memory: OpenVINO compiles an `ov.Model`
         as well as a file, and a temporary IR would only be one more thing to clean up.
+        So does a cache that cannot take the IR (full, read-only): logged, not raised.
         """
         if options.cache_dir is None:
             return self._convert(path, manifest, options)
@@ -188,14 +198,32 @@ class OpenVinoBackend:
         if xml.is_file() and xml.with_suffix(".bin").is_file():
             touch(xml, xml.with_suffix(".bin"))  # used now: the cache's cap deletes by last use
             return xml
-        folder.mkdir(parents=True, exist_ok=True)
         model = self._convert(path, manifest, options)
-        with tempfile.TemporaryDirectory(dir=folder, prefix=".convert-") as tmp:
-            staged = Path(tmp) / "model.xml"
-            ov.save_model(model, str(staged), compress_to_fp16=False)
-            # The .xml goes last: its presence says the pair is complete.
-            staged.with_suffix(".bin").replace(xml.with_suffix(".bin"))
-            staged.replace(xml)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder, prefix=".convert-") as tmp:
+                staged = Path(tmp) / "model.xml"
+                ov.save_model(model, str(staged), compress_to_fp16=False)
+                # The .xml goes last: its presence says the pair is complete.
+                staged.with_suffix(".bin").replace(xml.with_suffix(".bin"))
+                staged.replace(xml)
+        except (OSError, RuntimeError) as exc:
+            # The IR cache only saves the next start a conversion. A full or read-only cache
+            # disk made this raise (OpenVINO's own `basic_ios::clear: iostream error`), and
+            # since IRs are keyed on the OpenVINO version, every upgrade on a full box failed
+            # every restore at once: the agent exited and systemd gave up on it.
+            if _ir_unsaved_said.ready(str(folder)):
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "ir_cache_unwritable",
+                    folder=str(folder),
+                    model=manifest.name,
+                    error=error_text(exc),
+                    fix="free space on the cache disk or make the folder writable; until "
+                    "then each start converts the model again",
+                )
+            return model
         return xml
 
     def prepared_model(self, path: Path, manifest: Manifest, options: RuntimeOptions) -> ov.Model:

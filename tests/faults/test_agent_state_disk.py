@@ -183,3 +183,46 @@ def test_a_record_a_newer_agent_wrote_restores_what_this_one_knows(
     finally:
         watcher.close()
         agent.close()
+
+
+def test_while_the_disk_refuses_the_outbox_results_and_telemetry_go_straight_out(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher, camera: str
+) -> None:
+    # Only answers and events went to the broker directly: a box whose state disk filled
+    # went dark to its console, results and telemetry dropped, while its link was up.
+    config = write_config(
+        tmp_path / "agent.toml", port=broker.port, device=DEVICE, state=tmp_path / "state"
+    )
+    agent = InProcessAgent(config)
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        spec = {"id": "cam", "model": {"name": "face-blazeface"},
+                "source": {"type": "stream", "url": camera}}  # fmt: skip
+        watcher.ok("start_pipeline", {"spec": spec}, timeout=60)
+        watcher.wait(lambda m: m.leaf == "results/cam", what="a result")
+        outbox = agent.service.outbox
+        with outbox._lock:
+            outbox._db.execute("PRAGMA query_only = ON")
+        deadline = time.monotonic() + 10
+        while not outbox.refusing and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert outbox.refusing
+        time.sleep(0.5)  # what the outbox held before has gone out
+        results, telemetry = len(watcher.on("results/cam")), len(watcher.on("telemetry"))
+        watcher.wait(
+            lambda m: len(watcher.on("results/cam")) >= results + 5,
+            what="results while the disk refuses the outbox",
+        )
+        latest = watcher.wait(
+            lambda m: m.leaf == "telemetry" and len(watcher.on("telemetry")) >= telemetry + 2,
+            what="telemetry while the disk refuses the outbox",
+        )
+        # Nothing was kept to send again: the drop counts, in telemetry too, say so.
+        stats = outbox.stats()
+        assert stats.dropped_result > 0
+        assert stats.dropped_telemetry > 0
+        assert latest.json()["agent"]["outbox_dropped"] > 0
+        with outbox._lock:
+            outbox._db.execute("PRAGMA query_only = OFF")
+    finally:
+        agent.close()

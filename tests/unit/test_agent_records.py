@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from edge_agent.agent.records import AgentRecords, CommandLog
 from edge_agent.config_files import drop_unknown_fields
 from edge_agent.pipelines.spec import PipelineSpec
+from tests.disk_kit import files_capped_at
 
 
 def test_a_command_id_runs_once_and_its_answer_is_kept(tmp_path: Path) -> None:
@@ -77,3 +78,29 @@ def test_a_record_nested_too_deep_to_parse_is_set_aside(tmp_path: Path) -> None:
     records = AgentRecords(tmp_path)
     assert records.record.pipelines == {}
     assert list(tmp_path.glob("agent.damaged-*"))
+
+
+def test_a_command_log_the_disk_refuses_is_kept_in_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "commands.sqlite"
+    CommandLog(path).close()  # a clean stop: the -wal and -shm files go
+    # A full disk: the -shm cannot be made, and the agent used to exit at start.
+    with files_capped_at(16 * 1024):
+        log = CommandLog(path)
+        assert log.claim("c1") == (True, None)
+        log.finish("c1", b"ok")
+        assert log.claim("c1") == (False, b"ok")  # still answered once, this run
+    said = [r for r in caplog.records if getattr(r, "event", None) == "sqlite_in_memory"]
+    assert len(said) == 1
+    assert "may run twice" in said[0].fields["held"]  # type: ignore[attr-defined]
+    log.close()
+
+
+def test_a_record_the_disk_refuses_leaves_the_old_one_and_no_copy(tmp_path: Path) -> None:
+    records = AgentRecords(tmp_path)
+    records.update(seq=5)
+    with files_capped_at(4096), pytest.raises(OSError, match="too large"):  # a full disk
+        records.update(pipelines={"cam": {"pad": "x" * 8192}})
+    assert [p.name for p in tmp_path.iterdir()] == ["agent.json"]
+    assert AgentRecords(tmp_path).record.seq == 5

@@ -9,6 +9,7 @@ import pytest
 
 from edge_agent.errors import EdgeAgentError
 from edge_agent.outbox import Outbox, Priority
+from tests.disk_kit import files_capped_at
 
 
 def test_messages_come_back_in_order_and_ack_removes_them(tmp_path: Path) -> None:
@@ -89,12 +90,64 @@ def test_concurrent_puts_keep_one_order(tmp_path: Path) -> None:
     assert [q.seq for q in queued] == sorted(q.seq for q in queued)
 
 
-def test_unwritable_location_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_quota_that_is_not_positive_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(EdgeAgentError) as info:
+        Outbox(tmp_path / "o.sqlite", quota_bytes=0)
+    assert info.value.code == "config.invalid"
+
+
+def test_a_file_where_its_folder_should_be_holds_the_outbox_in_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It raised path.unwritable, and the agent exited at start. (Root ignores permission
+    # bits; a file where a folder should be refuses everyone.)
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(EdgeAgentError) as info:
-        Outbox(blocker / "o.sqlite")
-    assert info.value.code == "path.unwritable"
+    box = Outbox(blocker / "o.sqlite")
+    assert not box.on_disk
+    assert box.put("t/resp", b"a", Priority.CRITICAL) is not None
+    assert [q.payload for q in box.peek()] == [b"a"]
+    assert not box.move_to_disk()  # still refused, and said once only
+    said = [r for r in caplog.records if getattr(r, "event", None) == "sqlite_in_memory"]
+    assert len(said) == 1
+    assert "lost if the agent stops" in said[0].fields["held"]  # type: ignore[attr-defined]
+
+
+def test_an_outbox_held_in_memory_moves_to_its_file_when_the_disk_takes_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "o.sqlite"
+    before = Outbox(path, quota_bytes=200, clock=lambda: 1.0)
+    before.put("t/results/cam", b"old", Priority.RESULT)
+    before.put("t/status", b"then", Priority.CRITICAL, retain=True)
+    for _ in range(6):
+        before.put("t/telemetry", b"x" * 40, Priority.TELEMETRY)  # two over the quota
+    before.close()  # a clean stop: the -wal and -shm files go
+    # A full disk: the -shm cannot be made (sqlite says `disk I/O error`).
+    with files_capped_at(16 * 1024):
+        box = Outbox(path, quota_bytes=200, clock=lambda: 2.0)
+        assert not box.on_disk
+        box.put("t/status", b"now", Priority.CRITICAL, retain=True)
+        box.put("t/resp", b"answer", Priority.CRITICAL)
+        for _ in range(4):
+            box.put("t/telemetry", b"y" * 40, Priority.TELEMETRY)  # two more over the quota
+        assert not box.move_to_disk()
+        assert not box.on_disk
+    assert box.move_to_disk()
+    assert box.on_disk
+    # The file's own messages first (made first), then what waited in memory; the newer
+    # retained state replaced the one the file held; the drops of both are counted.
+    waiting = [(q.topic, q.payload[:6]) for q in box.peek()]
+    assert waiting[:2] == [("t/results/cam", b"old"), ("t/telemetry", b"x" * 6)]
+    assert ("t/status", b"then") not in waiting
+    assert waiting.index(("t/status", b"now")) < waiting.index(("t/resp", b"answer"))
+    assert box.stats().dropped_telemetry == 4
+    box.put("t/resp", b"after", Priority.CRITICAL)
+    box.close()
+    again = Outbox(path, quota_bytes=200)
+    # Kept over a restart, and the quota still holds: telemetry made room for the answer.
+    assert [q.payload for q in again.peek() if q.topic == "t/resp"] == [b"answer", b"after"]
+    assert again.stats().bytes <= 200
 
 
 def test_a_full_disk_drops_and_counts_instead_of_raising(tmp_path: Path) -> None:

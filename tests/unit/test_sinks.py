@@ -327,3 +327,45 @@ def test_specs_pick_the_sink_by_type(tmp_path: Path) -> None:
 def test_specs_reject_bad_config(payload: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         TypeAdapter(SinkSpec).validate_python(payload)
+
+
+def test_a_json_lines_file_past_its_cap_keeps_one_rotated_generation(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    cap = 10 * (len(json.dumps(frame_result(0, 0.0).to_json())) + 1)
+    sink = JsonLinesSink(path=path, max_bytes=cap)
+    for i in range(40):
+        sink.emit(frame_result(i, i / 10))
+    sink.close()
+    rotated = path.with_name("out.jsonl.1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "out.jsonl.1"]
+    older, newer = ([json.loads(x)["frame"] for x in p.read_text().splitlines()]
+                    for p in (rotated, path))  # fmt: skip
+    # The newest lines and the file before them, none cut in two; the oldest are gone.
+    assert older + newer == list(range(older[0], 40))
+    assert older[0] > 0
+    assert rotated.stat().st_size <= cap
+    assert path.stat().st_size <= cap
+    # A file already at its cap when opened is rotated at its first line.
+    again = JsonLinesSink(path=path, max_bytes=path.stat().st_size)
+    again.emit(frame_result(40, 4.0))
+    again.close()
+    assert [json.loads(x)["frame"] for x in path.read_text().splitlines()] == [40]
+    assert [json.loads(x)["frame"] for x in rotated.read_text().splitlines()] == newer
+
+
+def test_a_json_lines_spec_caps_its_file_at_64_mb_unless_told() -> None:
+    assert JsonLinesSinkSpec(path=Path("x.jsonl")).max_mb == 64.0
+    with pytest.raises(ValidationError):
+        JsonLinesSinkSpec(path=Path("x.jsonl"), max_mb=0)
+
+
+def test_a_device_is_never_rotated(tmp_path: Path) -> None:
+    # Through a link, so that a wrong rename would move the link, never /dev/null itself.
+    path = tmp_path / "null.jsonl"
+    path.symlink_to("/dev/null")
+    sink = JsonLinesSink(path=path, max_bytes=1)
+    for i in range(3):
+        sink.emit(frame_result(i, 0.0))
+    sink.close()
+    assert path.is_symlink()
+    assert not path.with_name("null.jsonl.1").exists()
