@@ -363,13 +363,14 @@ class Pipelines:
             raise EdgeAgentError(
                 f"bad model at {where}: {message}", code="command.invalid"
             ) from None
-        if entry.handle is None or entry.status != "running":
+        handle = self._live_handle(entry)
+        if handle is None or entry.status != "running":
             raise EdgeAgentError(
                 f"pipeline {pipeline_id} is {entry.status}, not running",
                 "start it again first",
                 code="pipeline.not_found",
             )
-        if not isinstance(entry.handle.pipeline, VisionPipeline):
+        if not isinstance(handle.pipeline, VisionPipeline):
             raise EdgeAgentError(
                 f"pipeline {pipeline_id} runs audio; hot swap is for video pipelines",
                 "stop the audio pipeline and start it with the new model",
@@ -391,11 +392,18 @@ class Pipelines:
         old = entry.spec.model
         self._remember(entry, model)
         try:
-            entry.handle.swap_model(model, on_error=self._on_swap_error(entry, old))
+            handle.swap_model(model, on_error=self._on_swap_error(entry, old))
         except BaseException:
             self._remember(entry, old)  # refused at once: the record keeps what runs
             raise
         return self._state(entry)
+
+    def _live_handle(self, entry: _Running) -> PipelineHandle | None:
+        """The entry's handle, read once: a run that ends sets it to None (under the
+        lock) at any moment, and a check of `entry.handle` then a use of it could meet
+        None in between, after a deploy's store change had already happened."""
+        with self._lock:
+            return entry.handle
 
     def _remember(self, entry: _Running, model: ModelRef) -> None:
         # The record follows the swap at once, so a restart during the compile runs the
@@ -422,8 +430,9 @@ class Pipelines:
         with self._lock:
             entries = [e for e in self._running.values() if e.spec.model.name == name]
         for entry in entries:
-            if entry.handle is not None and entry.status == "running":
-                entry.handle.swap_model(
+            handle = self._live_handle(entry)
+            if handle is not None and entry.status == "running":
+                handle.swap_model(
                     entry.spec.model, on_error=self._on_swap_error(entry, entry.spec.model)
                 )
                 swapped.append(entry.spec.id)
