@@ -61,6 +61,11 @@ class _Running:
     retry_s: float = _RETRY_MIN_S
     ended: bool = False
     """The current handle's run is over: ticks leave it to its last interval (see `_run`)."""
+    swaps: int = 0
+    """Swaps asked for so far: a failed one puts the record back only if it is the latest."""
+    swap_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while a swap is recorded and asked for, and while a failed one is undone, so the
+    record follows the swaps in the order they were asked for, as the handle's landings do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,14 +394,22 @@ class Pipelines:
                 code="model.incompatible",
             )
         parse_request(model.device)
-        old = entry.spec.model
-        self._remember(entry, model)
-        try:
-            handle.swap_model(model, on_error=self._on_swap_error(entry, old))
-        except BaseException:
-            self._remember(entry, old)  # refused at once: the record keeps what runs
-            raise
+        self._swap_to(entry, handle, model)
         return self._state(entry)
+
+    def _swap_to(self, entry: _Running, handle: PipelineHandle, model: ModelRef | None) -> None:
+        """Record `model` (None: the spec's own, for a reload) and ask `handle` to swap to it."""
+        with entry.swap_lock:
+            old = entry.spec.model
+            model = model or old
+            self._remember(entry, model)
+            swap = entry.swaps + 1
+            try:
+                handle.swap_model(model, on_error=self._on_swap_error(entry, handle, swap))
+            except BaseException:
+                self._remember(entry, old)  # refused at once: the record keeps what runs
+                raise
+            entry.swaps = swap
 
     def _live_handle(self, entry: _Running) -> PipelineHandle | None:
         """The entry's handle, read once: a run that ends sets it to None (under the
@@ -411,15 +424,27 @@ class Pipelines:
         entry.spec = entry.spec.model_copy(update={"model": model})
         self._persist(entry.spec.id, entry.spec, known=True)
 
-    def _on_swap_error(self, entry: _Running, old: ModelRef) -> Callable[[EdgeAgentError], None]:
+    def _on_swap_error(
+        self, entry: _Running, handle: PipelineHandle, swap: int
+    ) -> Callable[[EdgeAgentError], None]:
         def failed(exc: EdgeAgentError) -> None:
-            if entry.spec.model != old:
-                self._remember(entry, old)
+            with entry.swap_lock:
+                current = self._live_handle(entry)
+                if entry.swaps != swap or (current is not None and current is not handle):
+                    # A later swap, or a new run, decides what runs and is recorded:
+                    # putting this one's `old` back made the record name a model that no
+                    # longer ran (a swap to A then to B, A failing after B had landed).
+                    return
+                # What runs is what the last swap to land left, not what the record said
+                # when this one was asked: an earlier swap it superseded never landed.
+                runs = handle.ref
+                if entry.spec.model != runs:
+                    self._remember(entry, runs)
             self._event(
                 "pipeline_failed",
                 entry.spec.id,
                 code=exc.code,
-                detail=f"swap failed, still running {old.name}: {exc}",
+                detail=f"swap failed, still running {runs.name}: {exc}",
             )
 
         return failed
@@ -432,9 +457,7 @@ class Pipelines:
         for entry in entries:
             handle = self._live_handle(entry)
             if handle is not None and entry.status == "running":
-                handle.swap_model(
-                    entry.spec.model, on_error=self._on_swap_error(entry, entry.spec.model)
-                )
+                self._swap_to(entry, handle, None)
                 swapped.append(entry.spec.id)
         return swapped
 

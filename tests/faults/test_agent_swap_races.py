@@ -18,8 +18,12 @@ import numpy.typing as npt
 import pytest
 
 from edge_agent.agent.pipelines import Pipelines
+from edge_agent.catalog.catalog import Catalog, default_models_dir
+from edge_agent.errors import EdgeAgentError
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent
+from edge_agent.store.store import ModelStore
 from tests.agent_kit import photo_pipelines
+from tests.integration.store_kit import onnx_folder, release_for
 
 
 def _until(done: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -68,5 +72,134 @@ def test_a_swap_whose_pipeline_ends_meanwhile_is_answered_not_a_crash(
         # The swap that came too late gave its model back: nothing is left loaded.
         _until(lambda: not [t for t in threading.enumerate() if t.name == "swap-cam"], "swap")
         assert len(pipelines.pool) == 0
+    finally:
+        pipelines.close()
+
+
+class _HeldCompiles:
+    """The real pool's compiles on swap threads, held at `gate` for the names or paths in
+    `slow` (a first compile on a GPU takes a minute) and failed, once let through, for the
+    names in `failing`: a fault injected where a real one cannot be timed."""
+
+    def __init__(
+        self,
+        pipelines: Pipelines,
+        monkeypatch: pytest.MonkeyPatch,
+        slow: str,
+        failing: tuple[str, ...] = (),
+    ) -> None:
+        self.entered, self.gate = threading.Event(), threading.Event()
+        real = pipelines.pool.acquire
+
+        def acquire(model: str, backend: str, options: Any) -> Any:
+            if not threading.current_thread().name.startswith("swap-"):
+                return real(model, backend, options)
+            if model in failing and model != slow:
+                raise EdgeAgentError(f"{model} does not compile", code="device.unavailable")
+            compiled, resolved = real(model, backend, options)
+            if slow in (model, resolved.path.parent.name):
+                self.entered.set()
+                assert self.gate.wait(30), "the test never opened the gate"
+                if model in failing:
+                    pipelines.pool.release(compiled)
+                    raise EdgeAgentError(f"{model} does not compile", code="device.unavailable")
+            return compiled, resolved
+
+        monkeypatch.setattr(pipelines.pool, "acquire", acquire)
+
+
+def _swaps_left() -> int:
+    return len([t for t in threading.enumerate() if t.name == "swap-cam" and t.is_alive()])
+
+
+def _settled(pipelines: Pipelines) -> None:
+    """Every swap thread done, and the pipeline down to the one model it runs (a model
+    swapped out goes back to the pool once its last frame is out)."""
+    _until(lambda: _swaps_left() == 0, "the swaps")
+    _until(lambda: len(pipelines.pool) == 1, "one model loaded")
+
+
+@pytest.mark.parametrize(
+    ("failing", "runs"),
+    [
+        ((), "person-ssdlite"),
+        (("text-orientation",), "person-ssdlite"),
+        (("person-ssdlite",), "face-blazeface"),
+    ],
+    ids=["first-slow", "first-fails-late", "second-fails"],
+)
+def test_two_swaps_land_in_the_order_they_were_asked(
+    tmp_path: Path,
+    cache_dir: Path,
+    astronaut: npt.NDArray[np.uint8],
+    camera: str,
+    monkeypatch: pytest.MonkeyPatch,
+    failing: tuple[str, ...],
+    runs: str,
+) -> None:
+    # swap_model to text-orientation (slow to compile), then to person-ssdlite: the
+    # first landed last, over the second, while the record and list_pipelines said
+    # person-ssdlite; failing late, it put face-blazeface back into the record while
+    # person-ssdlite ran. The later swap wins; failing, the first (superseded) one is
+    # not run either, and the record and the event name what does run.
+    pipelines, spec, events = _on_camera(tmp_path, cache_dir, astronaut, camera)
+    try:
+        pipelines.start(spec)
+        compiles = _HeldCompiles(pipelines, monkeypatch, "text-orientation", failing)
+        pipelines.swap("cam", {"name": "text-orientation"})
+        assert compiles.entered.wait(30)
+        pipelines.swap("cam", {"name": "person-ssdlite"})
+        _until(lambda: _swaps_left() == 1, "the second swap")
+        compiles.gate.set()
+        _settled(pipelines)
+
+        assert pipelines.records.record.pipelines["cam"]["model"]["name"] == runs
+        assert [s.model for s in pipelines.states()] == [runs]
+        assert list(pipelines.pool.reports()) == [runs]
+        assert pipelines.handles()["cam"].ref.name == runs
+        failed = [e.detail for e in events if e.kind == "pipeline_failed"]
+        if "person-ssdlite" in failing:
+            assert len(failed) == 1, failed
+            assert "still running face-blazeface" in failed[0]
+        else:
+            assert failed == []  # a superseded swap's failure decides nothing
+    finally:
+        pipelines.close()
+
+
+def test_a_rollback_during_the_deploys_swap_is_what_runs(
+    tmp_path: Path,
+    cache_dir: Path,
+    astronaut: npt.NDArray[np.uint8],
+    camera: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A deploy activates face v2 and swaps its pipeline to it, a first compile (slow);
+    # a rollback to v1 then swaps again, from the compile already held (at once). v2
+    # landed after it: the store said v1 and the pipeline ran v2, for good.
+    pipelines, spec, _ = _on_camera(tmp_path, cache_dir, astronaut, camera)
+    store = pipelines.pool.catalog.store
+    assert isinstance(store, ModelStore)
+    reference = Catalog(default_models_dir(), cache_dir).resolve("face-blazeface")
+    for version in (1, 2):
+        folder = onnx_folder(reference, tmp_path / f"v{version}")
+        store.install(release_for("face", version, folder, reference.manifest, None), folder)
+    store.activate("face", 1)
+    try:
+        pipelines.start({**spec, "model": {"name": "face"}})
+        compiles = _HeldCompiles(pipelines, monkeypatch, "2")  # the folder versions/2
+        store.activate("face", 2)
+        assert pipelines.reload_model("face") == ["cam"]
+        assert compiles.entered.wait(30)
+        assert store.rollback("face") == 1
+        assert pipelines.reload_model("face") == ["cam"]
+        _until(lambda: _swaps_left() == 1, "the rollback's swap")
+        compiles.gate.set()
+        _settled(pipelines)
+
+        # Which version's file the one compiled model left is from: the pool keys by file.
+        [(path, _, _)] = list(pipelines.pool._entries)
+        assert Path(path).parent.name == "1", path
+        assert store.state("face").current == 1
     finally:
         pipelines.close()
