@@ -61,6 +61,9 @@ class _Running:
     retry_s: float = _RETRY_MIN_S
     ended: bool = False
     """The current handle's run is over: ticks leave it to its last interval (see `_run`)."""
+    reload: bool = False
+    """A reload_model came while the entry had no handle (a start or a retry building one):
+    `_launch` swaps once the handle is in, as the build may have resolved the old version."""
     swaps: int = 0
     """Swaps asked for so far: a failed one puts the record back only if it is the latest."""
     swap_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -233,6 +236,8 @@ class Pipelines:
     def _launch(self, entry: _Running) -> None:
         spec = entry.spec
         sink = AgentSink(spec.id, self.policy, self._emit_result, self._emit_event, self._clock)
+        with self._lock:
+            entry.reload = False  # this build resolves the model afresh
         # Building compiles the model: on the command's thread, so its errors answer it.
         handle = PipelineHandle(spec, self.pool, [sink], layout=self.layout)
         with self._lock:
@@ -241,6 +246,7 @@ class Pipelines:
             stopped = entry.stopping.is_set()
             if not stopped:
                 entry.handle, entry.sink, entry.ended = handle, sink, False
+            reload = entry.reload
         if stopped:
             handle.close()
             raise _stopped_while_starting(spec.id)
@@ -252,6 +258,10 @@ class Pipelines:
         thread.start()
         entry.thread = thread  # only once started: stop() may join it at any moment
         self._event("pipeline_started", spec.id, detail=f"model {spec.model.name}")
+        if reload and isinstance(handle.pipeline, VisionPipeline):
+            # A deploy, activate or rollback of its model during the build found no handle
+            # to swap; left alone, this kept the version it had resolved for good.
+            self._swap_to(entry, handle, None)
 
     def _run(self, entry: _Running, handle: PipelineHandle) -> None:
         spec = entry.spec
@@ -402,7 +412,8 @@ class Pipelines:
         with entry.swap_lock:
             old = entry.spec.model
             model = model or old
-            self._remember(entry, model)
+            if model != old:  # a reload changes no record
+                self._remember(entry, model)
             swap = entry.swaps + 1
             try:
                 handle.swap_model(model, on_error=self._on_swap_error(entry, handle, swap))
@@ -450,14 +461,18 @@ class Pipelines:
         return failed
 
     def reload_model(self, name: str) -> list[str]:
-        """Swap every running pipeline on model `name` to what the catalog now resolves."""
+        """Swap every pipeline on model `name` to what the catalog now resolves; one still
+        starting swaps once started. Returns those running or starting."""
         swapped = []
         with self._lock:
-            entries = [e for e in self._running.values() if e.spec.model.name == name]
-        for entry in entries:
-            handle = self._live_handle(entry)
-            if handle is not None and entry.status == "running":
+            found = [(e, e.handle) for e in self._running.values() if e.spec.model.name == name]
+            for entry, handle in found:
+                if handle is None:
+                    entry.reload = True
+        for entry, handle in found:
+            if handle is not None:
                 self._swap_to(entry, handle, None)
+            if handle is not None or entry.status == "starting":
                 swapped.append(entry.spec.id)
         return swapped
 

@@ -108,6 +108,25 @@ class _HeldCompiles:
         monkeypatch.setattr(pipelines.pool, "acquire", acquire)
 
 
+def _face_versions(pipelines: Pipelines, tmp_path: Path, cache_dir: Path) -> ModelStore:
+    """Versions 1 (active) and 2 of a model "face" in the pipelines' store: face-blazeface
+    both, in files of their own, so the pool compiles each on its own."""
+    store = pipelines.pool.catalog.store
+    assert isinstance(store, ModelStore)
+    reference = Catalog(default_models_dir(), cache_dir).resolve("face-blazeface")
+    for version in (1, 2):
+        folder = onnx_folder(reference, tmp_path / f"v{version}")
+        store.install(release_for("face", version, folder, reference.manifest, None), folder)
+    store.activate("face", 1)
+    return store
+
+
+def _loaded_version(pipelines: Pipelines) -> str:
+    """The store version of the one model loaded: the pool keys by file, versions/<v>/."""
+    [(path, _, _)] = list(pipelines.pool._entries)
+    return Path(path).parent.name
+
+
 def _swaps_left() -> int:
     return len([t for t in threading.enumerate() if t.name == "swap-cam" and t.is_alive()])
 
@@ -178,13 +197,7 @@ def test_a_rollback_during_the_deploys_swap_is_what_runs(
     # a rollback to v1 then swaps again, from the compile already held (at once). v2
     # landed after it: the store said v1 and the pipeline ran v2, for good.
     pipelines, spec, _ = _on_camera(tmp_path, cache_dir, astronaut, camera)
-    store = pipelines.pool.catalog.store
-    assert isinstance(store, ModelStore)
-    reference = Catalog(default_models_dir(), cache_dir).resolve("face-blazeface")
-    for version in (1, 2):
-        folder = onnx_folder(reference, tmp_path / f"v{version}")
-        store.install(release_for("face", version, folder, reference.manifest, None), folder)
-    store.activate("face", 1)
+    store = _face_versions(pipelines, tmp_path, cache_dir)
     try:
         pipelines.start({**spec, "model": {"name": "face"}})
         compiles = _HeldCompiles(pipelines, monkeypatch, "2")  # the folder versions/2
@@ -197,9 +210,49 @@ def test_a_rollback_during_the_deploys_swap_is_what_runs(
         compiles.gate.set()
         _settled(pipelines)
 
-        # Which version's file the one compiled model left is from: the pool keys by file.
-        [(path, _, _)] = list(pipelines.pool._entries)
-        assert Path(path).parent.name == "1", path
+        assert _loaded_version(pipelines) == "1"
         assert store.state("face").current == 1
     finally:
+        pipelines.close()
+
+
+def test_a_deploy_during_a_start_swaps_the_pipeline_once_it_runs(
+    tmp_path: Path,
+    cache_dir: Path,
+    astronaut: npt.NDArray[np.uint8],
+    camera: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # start_pipeline resolved face to v1 and compiled it; a deploy activated v2 during
+    # that compile, and its reload_model skipped the pipeline, which had no handle yet:
+    # the store said v2 and the pipeline ran v1 until it was restarted.
+    pipelines, spec, _ = _on_camera(tmp_path, cache_dir, astronaut, camera)
+    store = _face_versions(pipelines, tmp_path, cache_dir)
+    compiling, gate = threading.Event(), threading.Event()
+    real = pipelines.pool.acquire
+
+    def acquire(model: str, backend: str, options: Any) -> Any:
+        compiled, resolved = real(model, backend, options)
+        if threading.current_thread().name == "starter":
+            compiling.set()
+            assert gate.wait(30), "the test never opened the gate"
+        return compiled, resolved
+
+    monkeypatch.setattr(pipelines.pool, "acquire", acquire)
+    starter = threading.Thread(
+        target=pipelines.start, args=({**spec, "model": {"name": "face"}},), name="starter"
+    )
+    try:
+        starter.start()
+        assert compiling.wait(30)
+        store.activate("face", 2)
+        swapped = pipelines.reload_model("face")
+        gate.set()
+        starter.join(30)
+        assert [s.status for s in pipelines.states()] == ["running"]
+        _settled(pipelines)
+        assert _loaded_version(pipelines) == "2"
+        assert swapped == ["cam"]  # the deploy's answer names it among those swapped
+    finally:
+        gate.set()
         pipelines.close()
