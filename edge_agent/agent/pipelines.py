@@ -157,25 +157,38 @@ class Pipelines:
     # --- commands ----------------------------------------------------------------------------
     def start(self, data: dict[str, Any], persist: bool = True) -> PipelineState:
         """Build and start a pipeline from a spec; raises if the id runs or the spec is bad."""
+        spec = self._checked(data)
+        with self._lock:
+            entry = self._register(spec)
+        return self._start_registered(entry, persist)
+
+    def _checked(self, data: dict[str, Any]) -> PipelineSpec:
         spec = parse_spec(data)
         # Before anything is opened: a sink is created as it opens.
         refuse_protected(spec, self.protected, code="command.invalid", field_prefix="args.spec.")
-        with self._lock:
-            if spec.id in self._running:
-                raise EdgeAgentError(
-                    f"pipeline {spec.id} is already running",
-                    "stop it first, or use swap_model to change its model",
-                    code="pipeline.exists",
-                )
-            if len(self._running) >= self.max_running:
-                raise EdgeAgentError(
-                    f"the agent holds {len(self._running)} pipelines, its most "
-                    f"(max_pipelines = {self.max_running})",
-                    "stop one with stop_pipeline (failed ones count too), or raise "
-                    "max_pipelines in the agent's config",
-                    code="command.busy",
-                )
-            entry = self._running[spec.id] = _Running(spec)
+        return spec
+
+    def _register(self, spec: PipelineSpec) -> _Running:
+        """Hold a place for `spec` among the running (under `_lock`), or refuse it."""
+        if spec.id in self._running:
+            raise EdgeAgentError(
+                f"pipeline {spec.id} is already running",
+                "stop it first, or use swap_model to change its model",
+                code="pipeline.exists",
+            )
+        if len(self._running) >= self.max_running:
+            raise EdgeAgentError(
+                f"the agent holds {len(self._running)} pipelines, its most "
+                f"(max_pipelines = {self.max_running})",
+                "stop one with stop_pipeline (failed ones count too), or raise "
+                "max_pipelines in the agent's config",
+                code="command.busy",
+            )
+        entry = self._running[spec.id] = _Running(spec)
+        return entry
+
+    def _start_registered(self, entry: _Running, persist: bool) -> PipelineState:
+        spec = entry.spec
         try:
             self._launch(entry)
             if persist:
@@ -338,17 +351,23 @@ class Pipelines:
 
     def stop(self, pipeline_id: str, forget: bool = True, timeout: float = 5.0) -> PipelineState:
         """Stop a pipeline (within `timeout`) and, by default, forget it across restarts."""
-        with self._lock:
-            entry = self._running.pop(pipeline_id, None)
-            if entry is not None:
-                entry.stopping.set()
+        recorded = None
+        # Under the record's lock: a restore starts a recorded pipeline under it only if it
+        # is still recorded, so one forgotten here as not running is never started after.
+        with self._record_lock:
+            with self._lock:
+                entry = self._running.pop(pipeline_id, None)
+                if entry is not None:
+                    entry.stopping.set()
+            if entry is None and forget:
+                recorded = self.records.record.pipelines.get(pipeline_id)
+                if recorded is not None:
+                    # Recorded, not running: its restore failed (a model since removed, a
+                    # spec this version refuses), or is yet to come. Not found, it was tried
+                    # and refused at every start with no command able to remove it.
+                    self._persist_locked(pipeline_id, None)
         if entry is None:
-            recorded = self.records.record.pipelines.get(pipeline_id)
-            if forget and recorded is not None:
-                # Recorded, not running: its restore failed (a model since removed, a spec
-                # this version refuses). Not found, it was tried and refused at every start
-                # with no command able to remove it.
-                self._persist(pipeline_id, None)
+            if recorded is not None:
                 self._event("pipeline_stopped", pipeline_id, detail="forgotten: not running")
                 model = recorded.get("model")
                 name = model.get("name") if isinstance(model, dict) else None
@@ -491,8 +510,8 @@ class Pipelines:
             over = [p for p, _ in recorded[self.max_running :] if p not in self._running]
         for pipeline_id, data in recorded[: self.max_running]:
             try:
-                self.start(self._as_known(pipeline_id, data), persist=False)
-                started.append(pipeline_id)
+                if self._restore_one(pipeline_id, data):
+                    started.append(pipeline_id)
             except EdgeAgentError as exc:
                 log_event(
                     log,
@@ -522,6 +541,29 @@ class Pipelines:
                 )
             self._forget(over)
         return started
+
+    def _restore_one(self, pipeline_id: str, data: dict[str, Any]) -> bool:
+        """Start a recorded pipeline; whether it runs. `restore` works from the record as it
+        read it, and commands the broker held for the box come in meanwhile: a stop_pipeline
+        that forgot it (this used to start it anyway, unrecorded, gone at the next restart),
+        or a start_pipeline of it (this used to report a running pipeline failed)."""
+        spec = self._checked(self._as_known(pipeline_id, data))
+        # Under the record's lock, as stop decides to forget one that does not run.
+        with self._record_lock, self._lock:
+            forgotten = pipeline_id not in self.records.record.pipelines
+            running = spec.id in self._running
+            entry = None if forgotten or running else self._register(spec)
+        if entry is not None:
+            self._start_registered(entry, persist=False)
+        elif forgotten:
+            log_event(
+                log,
+                logging.INFO,
+                "pipeline_not_restored",
+                pipeline=pipeline_id,
+                detail="forgotten by a stop_pipeline meanwhile",
+            )
+        return not forgotten
 
     @staticmethod
     def _as_known(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
