@@ -365,7 +365,10 @@ class Pipelines:
                     # Recorded, not running: its restore failed (a model since removed, a
                     # spec this version refuses), or is yet to come. Not found, it was tried
                     # and refused at every start with no command able to remove it.
-                    self._persist_locked(pipeline_id, None)
+                    try:
+                        self._persist_locked(pipeline_id, None)
+                    except OSError as exc:
+                        raise _not_forgotten(pipeline_id, exc, stopped=False) from None
         if entry is None:
             if recorded is not None:
                 self._event("pipeline_stopped", pipeline_id, detail="forgotten: not running")
@@ -383,8 +386,12 @@ class Pipelines:
             entry.thread.join(timeout)
         entry.status = "stopped"
         if forget:
-            self._persist(pipeline_id, None)
+            # Said first: it has stopped, whether or not the disk lets it be forgotten.
             self._event("pipeline_stopped", pipeline_id, detail="stopped by command")
+            try:
+                self._persist(pipeline_id, None)
+            except OSError as exc:
+                raise _not_forgotten(pipeline_id, exc, stopped=True) from None
         return self._state(entry)
 
     def swap(self, pipeline_id: str, ref: dict[str, Any]) -> PipelineState:
@@ -743,4 +750,18 @@ def _stopped_while_starting(pipeline_id: str) -> EdgeAgentError:
         f"pipeline {pipeline_id} was stopped while it started",
         "start it again if it should run",
         code="command.cancelled",
+    )
+
+
+def _not_forgotten(pipeline_id: str, exc: OSError, *, stopped: bool) -> EdgeAgentError:
+    """A stop_pipeline the state disk would not record (full, read-only): logged, and
+    answered with what happened and what did not, for the record still names the pipeline
+    and a restart brings it back. A stop_pipeline sent again forgets it, not running."""
+    log_event(log, logging.ERROR, "pipeline_not_forgotten", pipeline=pipeline_id, error=str(exc))
+    done = "stopped, but" if stopped else "is not running, and"
+    return EdgeAgentError(
+        f"pipeline {pipeline_id} {done} the state disk cannot record it forgotten "
+        f"({exc.strerror or exc}): it starts again at the next restart",
+        "free space on the state disk, then send stop_pipeline for it again",
+        code="path.unwritable",
     )
