@@ -61,6 +61,14 @@ class _Running:
     retry_s: float = _RETRY_MIN_S
     ended: bool = False
     """The current handle's run is over: ticks leave it to its last interval (see `_run`)."""
+    reload: bool = False
+    """A reload_model came while the entry had no handle (a start or a retry building one):
+    `_launch` swaps once the handle is in, as the build may have resolved the old version."""
+    swaps: int = 0
+    """Swaps asked for so far: a failed one puts the record back only if it is the latest."""
+    swap_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while a swap is recorded and asked for, and while a failed one is undone, so the
+    record follows the swaps in the order they were asked for, as the handle's landings do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,25 +157,38 @@ class Pipelines:
     # --- commands ----------------------------------------------------------------------------
     def start(self, data: dict[str, Any], persist: bool = True) -> PipelineState:
         """Build and start a pipeline from a spec; raises if the id runs or the spec is bad."""
+        spec = self._checked(data)
+        with self._lock:
+            entry = self._register(spec)
+        return self._start_registered(entry, persist)
+
+    def _checked(self, data: dict[str, Any]) -> PipelineSpec:
         spec = parse_spec(data)
         # Before anything is opened: a sink is created as it opens.
         refuse_protected(spec, self.protected, code="command.invalid", field_prefix="args.spec.")
-        with self._lock:
-            if spec.id in self._running:
-                raise EdgeAgentError(
-                    f"pipeline {spec.id} is already running",
-                    "stop it first, or use swap_model to change its model",
-                    code="pipeline.exists",
-                )
-            if len(self._running) >= self.max_running:
-                raise EdgeAgentError(
-                    f"the agent holds {len(self._running)} pipelines, its most "
-                    f"(max_pipelines = {self.max_running})",
-                    "stop one with stop_pipeline (failed ones count too), or raise "
-                    "max_pipelines in the agent's config",
-                    code="command.busy",
-                )
-            entry = self._running[spec.id] = _Running(spec)
+        return spec
+
+    def _register(self, spec: PipelineSpec) -> _Running:
+        """Hold a place for `spec` among the running (under `_lock`), or refuse it."""
+        if spec.id in self._running:
+            raise EdgeAgentError(
+                f"pipeline {spec.id} is already running",
+                "stop it first, or use swap_model to change its model",
+                code="pipeline.exists",
+            )
+        if len(self._running) >= self.max_running:
+            raise EdgeAgentError(
+                f"the agent holds {len(self._running)} pipelines, its most "
+                f"(max_pipelines = {self.max_running})",
+                "stop one with stop_pipeline (failed ones count too), or raise "
+                "max_pipelines in the agent's config",
+                code="command.busy",
+            )
+        entry = self._running[spec.id] = _Running(spec)
+        return entry
+
+    def _start_registered(self, entry: _Running, persist: bool) -> PipelineState:
+        spec = entry.spec
         try:
             self._launch(entry)
             if persist:
@@ -228,6 +249,8 @@ class Pipelines:
     def _launch(self, entry: _Running) -> None:
         spec = entry.spec
         sink = AgentSink(spec.id, self.policy, self._emit_result, self._emit_event, self._clock)
+        with self._lock:
+            entry.reload = False  # this build resolves the model afresh
         # Building compiles the model: on the command's thread, so its errors answer it.
         handle = PipelineHandle(spec, self.pool, [sink], layout=self.layout)
         with self._lock:
@@ -236,6 +259,7 @@ class Pipelines:
             stopped = entry.stopping.is_set()
             if not stopped:
                 entry.handle, entry.sink, entry.ended = handle, sink, False
+            reload = entry.reload
         if stopped:
             handle.close()
             raise _stopped_while_starting(spec.id)
@@ -247,6 +271,10 @@ class Pipelines:
         thread.start()
         entry.thread = thread  # only once started: stop() may join it at any moment
         self._event("pipeline_started", spec.id, detail=f"model {spec.model.name}")
+        if reload and isinstance(handle.pipeline, VisionPipeline):
+            # A deploy, activate or rollback of its model during the build found no handle
+            # to swap; left alone, this kept the version it had resolved for good.
+            self._swap_to(entry, handle, None)
 
     def _run(self, entry: _Running, handle: PipelineHandle) -> None:
         spec = entry.spec
@@ -323,17 +351,26 @@ class Pipelines:
 
     def stop(self, pipeline_id: str, forget: bool = True, timeout: float = 5.0) -> PipelineState:
         """Stop a pipeline (within `timeout`) and, by default, forget it across restarts."""
-        with self._lock:
-            entry = self._running.pop(pipeline_id, None)
-            if entry is not None:
-                entry.stopping.set()
+        recorded = None
+        # Under the record's lock: a restore starts a recorded pipeline under it only if it
+        # is still recorded, so one forgotten here as not running is never started after.
+        with self._record_lock:
+            with self._lock:
+                entry = self._running.pop(pipeline_id, None)
+                if entry is not None:
+                    entry.stopping.set()
+            if entry is None and forget:
+                recorded = self.records.record.pipelines.get(pipeline_id)
+                if recorded is not None:
+                    # Recorded, not running: its restore failed (a model since removed, a
+                    # spec this version refuses), or is yet to come. Not found, it was tried
+                    # and refused at every start with no command able to remove it.
+                    try:
+                        self._persist_locked(pipeline_id, None)
+                    except OSError as exc:
+                        raise _not_forgotten(pipeline_id, exc, stopped=False) from None
         if entry is None:
-            recorded = self.records.record.pipelines.get(pipeline_id)
-            if forget and recorded is not None:
-                # Recorded, not running: its restore failed (a model since removed, a spec
-                # this version refuses). Not found, it was tried and refused at every start
-                # with no command able to remove it.
-                self._persist(pipeline_id, None)
+            if recorded is not None:
                 self._event("pipeline_stopped", pipeline_id, detail="forgotten: not running")
                 model = recorded.get("model")
                 name = model.get("name") if isinstance(model, dict) else None
@@ -349,8 +386,12 @@ class Pipelines:
             entry.thread.join(timeout)
         entry.status = "stopped"
         if forget:
-            self._persist(pipeline_id, None)
+            # Said first: it has stopped, whether or not the disk lets it be forgotten.
             self._event("pipeline_stopped", pipeline_id, detail="stopped by command")
+            try:
+                self._persist(pipeline_id, None)
+            except OSError as exc:
+                raise _not_forgotten(pipeline_id, exc, stopped=True) from None
         return self._state(entry)
 
     def swap(self, pipeline_id: str, ref: dict[str, Any]) -> PipelineState:
@@ -363,13 +404,14 @@ class Pipelines:
             raise EdgeAgentError(
                 f"bad model at {where}: {message}", code="command.invalid"
             ) from None
-        if entry.handle is None or entry.status != "running":
+        handle = self._live_handle(entry)
+        if handle is None or entry.status != "running":
             raise EdgeAgentError(
                 f"pipeline {pipeline_id} is {entry.status}, not running",
                 "start it again first",
                 code="pipeline.not_found",
             )
-        if not isinstance(entry.handle.pipeline, VisionPipeline):
+        if not isinstance(handle.pipeline, VisionPipeline):
             raise EdgeAgentError(
                 f"pipeline {pipeline_id} runs audio; hot swap is for video pipelines",
                 "stop the audio pipeline and start it with the new model",
@@ -388,14 +430,30 @@ class Pipelines:
                 code="model.incompatible",
             )
         parse_request(model.device)
-        old = entry.spec.model
-        self._remember(entry, model)
-        try:
-            entry.handle.swap_model(model, on_error=self._on_swap_error(entry, old))
-        except BaseException:
-            self._remember(entry, old)  # refused at once: the record keeps what runs
-            raise
+        self._swap_to(entry, handle, model)
         return self._state(entry)
+
+    def _swap_to(self, entry: _Running, handle: PipelineHandle, model: ModelRef | None) -> None:
+        """Record `model` (None: the spec's own, for a reload) and ask `handle` to swap to it."""
+        with entry.swap_lock:
+            old = entry.spec.model
+            model = model or old
+            if model != old:  # a reload changes no record
+                self._remember(entry, model)
+            swap = entry.swaps + 1
+            try:
+                handle.swap_model(model, on_error=self._on_swap_error(entry, handle, swap))
+            except BaseException:
+                self._remember(entry, old)  # refused at once: the record keeps what runs
+                raise
+            entry.swaps = swap
+
+    def _live_handle(self, entry: _Running) -> PipelineHandle | None:
+        """The entry's handle, read once: a run that ends sets it to None (under the
+        lock) at any moment, and a check of `entry.handle` then a use of it could meet
+        None in between, after a deploy's store change had already happened."""
+        with self._lock:
+            return entry.handle
 
     def _remember(self, entry: _Running, model: ModelRef) -> None:
         # The record follows the swap at once, so a restart during the compile runs the
@@ -403,29 +461,44 @@ class Pipelines:
         entry.spec = entry.spec.model_copy(update={"model": model})
         self._persist(entry.spec.id, entry.spec, known=True)
 
-    def _on_swap_error(self, entry: _Running, old: ModelRef) -> Callable[[EdgeAgentError], None]:
+    def _on_swap_error(
+        self, entry: _Running, handle: PipelineHandle, swap: int
+    ) -> Callable[[EdgeAgentError], None]:
         def failed(exc: EdgeAgentError) -> None:
-            if entry.spec.model != old:
-                self._remember(entry, old)
+            with entry.swap_lock:
+                current = self._live_handle(entry)
+                if entry.swaps != swap or (current is not None and current is not handle):
+                    # A later swap, or a new run, decides what runs and is recorded:
+                    # putting this one's `old` back made the record name a model that no
+                    # longer ran (a swap to A then to B, A failing after B had landed).
+                    return
+                # What runs is what the last swap to land left, not what the record said
+                # when this one was asked: an earlier swap it superseded never landed.
+                runs = handle.ref
+                if entry.spec.model != runs:
+                    self._remember(entry, runs)
             self._event(
                 "pipeline_failed",
                 entry.spec.id,
                 code=exc.code,
-                detail=f"swap failed, still running {old.name}: {exc}",
+                detail=f"swap failed, still running {runs.name}: {exc}",
             )
 
         return failed
 
     def reload_model(self, name: str) -> list[str]:
-        """Swap every running pipeline on model `name` to what the catalog now resolves."""
+        """Swap every pipeline on model `name` to what the catalog now resolves; one still
+        starting swaps once started. Returns those running or starting."""
         swapped = []
         with self._lock:
-            entries = [e for e in self._running.values() if e.spec.model.name == name]
-        for entry in entries:
-            if entry.handle is not None and entry.status == "running":
-                entry.handle.swap_model(
-                    entry.spec.model, on_error=self._on_swap_error(entry, entry.spec.model)
-                )
+            found = [(e, e.handle) for e in self._running.values() if e.spec.model.name == name]
+            for entry, handle in found:
+                if handle is None:
+                    entry.reload = True
+        for entry, handle in found:
+            if handle is not None:
+                self._swap_to(entry, handle, None)
+            if handle is not None or entry.status == "starting":
                 swapped.append(entry.spec.id)
         return swapped
 
@@ -444,8 +517,8 @@ class Pipelines:
             over = [p for p, _ in recorded[self.max_running :] if p not in self._running]
         for pipeline_id, data in recorded[: self.max_running]:
             try:
-                self.start(self._as_known(pipeline_id, data), persist=False)
-                started.append(pipeline_id)
+                if self._restore_one(pipeline_id, data):
+                    started.append(pipeline_id)
             except EdgeAgentError as exc:
                 log_event(
                     log,
@@ -475,6 +548,29 @@ class Pipelines:
                 )
             self._forget(over)
         return started
+
+    def _restore_one(self, pipeline_id: str, data: dict[str, Any]) -> bool:
+        """Start a recorded pipeline; whether it runs. `restore` works from the record as it
+        read it, and commands the broker held for the box come in meanwhile: a stop_pipeline
+        that forgot it (this used to start it anyway, unrecorded, gone at the next restart),
+        or a start_pipeline of it (this used to report a running pipeline failed)."""
+        spec = self._checked(self._as_known(pipeline_id, data))
+        # Under the record's lock, as stop decides to forget one that does not run.
+        with self._record_lock, self._lock:
+            forgotten = pipeline_id not in self.records.record.pipelines
+            running = spec.id in self._running
+            entry = None if forgotten or running else self._register(spec)
+        if entry is not None:
+            self._start_registered(entry, persist=False)
+        elif forgotten:
+            log_event(
+                log,
+                logging.INFO,
+                "pipeline_not_restored",
+                pipeline=pipeline_id,
+                detail="forgotten by a stop_pipeline meanwhile",
+            )
+        return not forgotten
 
     @staticmethod
     def _as_known(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -654,4 +750,18 @@ def _stopped_while_starting(pipeline_id: str) -> EdgeAgentError:
         f"pipeline {pipeline_id} was stopped while it started",
         "start it again if it should run",
         code="command.cancelled",
+    )
+
+
+def _not_forgotten(pipeline_id: str, exc: OSError, *, stopped: bool) -> EdgeAgentError:
+    """A stop_pipeline the state disk would not record (full, read-only): logged, and
+    answered with what happened and what did not, for the record still names the pipeline
+    and a restart brings it back. A stop_pipeline sent again forgets it, not running."""
+    log_event(log, logging.ERROR, "pipeline_not_forgotten", pipeline=pipeline_id, error=str(exc))
+    done = "stopped, but" if stopped else "is not running, and"
+    return EdgeAgentError(
+        f"pipeline {pipeline_id} {done} the state disk cannot record it forgotten "
+        f"({exc.strerror or exc}): it starts again at the next restart",
+        "free space on the state disk, then send stop_pipeline for it again",
+        code="path.unwritable",
     )

@@ -2,7 +2,8 @@
 
 Many pipelines can run in one process; a shared `ModelPool` gives pipelines on
 the same model one compiled model. `PipelineHandle.swap_model` compiles a new
-model in the background and switches between frames. Every sink is wrapped in a
+model in the background and switches between frames; swaps land in the order they
+were asked for, whatever order their compiles finish in. Every sink is wrapped in a
 `guard.GuardedSink` here, so no sink can stop or hang a pipeline, vision or audio.
 """
 
@@ -82,6 +83,13 @@ class PipelineHandle:
         self._lock = threading.Lock()
         self._held: list[CompiledModel] = []
         self._closed = False  # set by close(), under _lock
+        # The latest swap asked for, and the lock a finished compile lands under: see
+        # swap_model.
+        self._swaps = 0
+        self._landing = threading.Lock()
+        self.ref = spec.model
+        """The model the pipeline runs, or runs from its next frame: the spec's, then that
+        of the latest swap to land."""
         self.sinks: list[GuardedSink] = []
         # Sinks are opened last, once the model and the source are: opening one makes its
         # file or folder, and a start refused for its model or its source must leave none.
@@ -176,10 +184,18 @@ class PipelineHandle:
     ) -> threading.Thread:
         """Compile `ref` in the background, then switch to it between two frames.
 
+        The latest swap asked for wins: a compile that finishes after a later swap was
+        asked for gives its model back and is dropped, and its failure is logged but
+        not passed to `on_error` (the later swap decides what runs). Compiles finish
+        in any order (a first compile on a GPU takes a minute, one from the compile
+        cache a second), and landing in that order ran a model no one had asked for
+        last: a deploy's v2 landing over the rollback to v1 sent after it.
+
         Args:
             ref: The model to run next.
-            on_error: Called, on the swap's thread, when the swap fails; a failure that
-                is not an EdgeAgentError (a bug) arrives as one with code "internal".
+            on_error: Called, on the swap's thread, when the swap fails and no later
+                one was asked for; a failure that is not an EdgeAgentError (a bug)
+                arrives as one with code "internal".
         """
         pipeline = self.pipeline
         if not isinstance(pipeline, VisionPipeline):
@@ -188,6 +204,9 @@ class PipelineHandle:
                 "stop the audio pipeline and start it with the new model",
                 code="model.incompatible",
             )
+        with self._landing:
+            self._swaps += 1
+            swap = self._swaps
 
         def _compile() -> None:
             try:
@@ -199,20 +218,35 @@ class PipelineHandle:
                 except BaseException:
                     self.pool.release(model)
                     raise
-                with self._lock:
-                    closed = self._closed
-                    if not closed:
-                        self._held.append(model)
-                if closed:
-                    # The pipeline ended while this compiled (a stop, a camera given up, a
-                    # file played out): nothing would ever give this model back, and the
-                    # pool would keep it compiled, and listed as loaded, for good.
-                    self.pool.release(model)
-                    log_event(
-                        log, logging.INFO, "swap_dropped", pipeline=self.spec.id, model=ref.name
-                    )
-                    return
-                pipeline.request_swap(active)
+                # The check and the request under one lock: a later swap lands after
+                # this one, or finds itself the latest and this one dropped.
+                with self._landing:
+                    with self._lock:
+                        dropped = (
+                            "superseded"
+                            if swap != self._swaps
+                            else "pipeline ended"
+                            if self._closed
+                            else None
+                        )
+                        if dropped is None:
+                            self._held.append(model)
+                    if dropped is None:
+                        pipeline.request_swap(active)
+                        self.ref = ref
+                        return
+                # Superseded, or the pipeline ended while this compiled (a stop, a camera
+                # given up, a file played out): nothing would ever give this model back,
+                # and the pool would keep it compiled, and listed as loaded, for good.
+                self.pool.release(model)
+                log_event(
+                    log,
+                    logging.INFO,
+                    "swap_dropped",
+                    pipeline=self.spec.id,
+                    model=ref.name,
+                    reason=dropped,
+                )
             except Exception as exc:
                 error = (
                     exc
@@ -235,7 +269,9 @@ class PipelineHandle:
                 if error is not exc:
                     # A bug keeps its traceback, for whoever asked for debug output.
                     log.debug("swap_traceback", exc_info=exc)
-                if on_error is not None:
+                with self._landing:
+                    superseded = swap != self._swaps
+                if on_error is not None and not superseded:
                     on_error(error)
 
         thread = threading.Thread(target=_compile, name=f"swap-{self.spec.id}", daemon=True)

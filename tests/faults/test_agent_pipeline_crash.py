@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from edge_agent.errors import EdgeAgentError
 from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent
 from tests.agent_kit import photo_pipelines
@@ -93,3 +94,56 @@ def test_a_start_the_state_disk_cannot_record_still_runs_and_can_be_stopped(
         assert not [t.name for t in threading.enumerate() if t.name.endswith("-cam")]
     finally:
         pipelines.close()
+
+
+def test_a_stop_the_state_disk_cannot_record_is_said_and_can_be_sent_again(
+    tmp_path: Path,
+    cache_dir: Path,
+    astronaut: npt.NDArray[np.uint8],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The record is written after the stop; a full disk there answered `internal` (an
+    # OSError) with no pipeline_stopped event, for a pipeline that had stopped and that
+    # the record brought back at the next restart without a word.
+    events: list[AgentEvent | DetectionEvent] = []
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, events.append)
+
+    def full(**changes: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:
+        pipelines.start(spec)
+        monkeypatch.setattr(pipelines.records, "update", full)
+        with pytest.raises(EdgeAgentError) as refused:
+            pipelines.stop("cam")
+        assert refused.value.code == "path.unwritable"
+        assert "stopped, but" in refused.value.problem
+        assert "next restart" in refused.value.problem
+        assert "stop_pipeline" in refused.value.fix
+        # Its three photos may have played out first (a "source ended" event): this one is
+        # the command's.
+        assert len(_stopped(events, "stopped by command")) == 1
+        assert pipelines.states() == []
+        assert "cam" in pipelines.records.record.pipelines
+
+        # Sent again with the disk still full: the same answer, and no event this time.
+        with pytest.raises(EdgeAgentError) as again:
+            pipelines.stop("cam")
+        assert again.value.code == "path.unwritable"
+        assert _stopped(events, "forgotten: not running") == []
+
+        # With room again, it is forgotten.
+        monkeypatch.undo()
+        assert pipelines.stop("cam").status == "stopped"
+        assert "cam" not in pipelines.records.record.pipelines
+        assert len(_stopped(events, "forgotten: not running")) == 1
+    finally:
+        pipelines.close()
+
+
+def _stopped(events: list[AgentEvent | DetectionEvent], detail: str) -> list[AgentEvent]:
+    return [
+        e
+        for e in events
+        if isinstance(e, AgentEvent) and e.kind == "pipeline_stopped" and e.detail == detail
+    ]
