@@ -19,7 +19,7 @@ import pytest
 
 from edge_agent.clips import WalkVideo, write_walk
 from edge_agent.comms.local_broker import LocalBroker
-from edge_agent.comms.session import connect
+from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.outbox import Outbox, Priority
 from tests.agent_kit import PREFIX, AgentProcess, InProcessAgent, Watcher, write_config
@@ -124,29 +124,37 @@ def test_results_and_telemetry_made_while_the_broker_is_down_arrive_in_order(
     assert stopped["online"] is False
 
 
+def _back_from_an_outage(
+    broker: LocalBroker, tmp_path: Path, results: int, events_every: int = 0
+) -> tuple[list[str], MqttSession, Watcher, InProcessAgent]:
+    """An agent started on an outbox an outage filled with `results` (and an event every
+    `events_every`), and one stream of everything it sends: the last topic level of each
+    message, in the broker's order. At QoS 0, so the broker's queue for a QoS 1 subscriber
+    does not drop part of the burst."""
+    state = tmp_path / "state"
+    backlog = Outbox(state / "outbox.sqlite")
+    for frame in range(results):
+        payload = json.dumps({"frame": frame}).encode()
+        backlog.put(f"{PREFIX}/dev-1/results/cam", payload, Priority.RESULT)
+        if events_every and frame % events_every == 0:
+            backlog.put(f"{PREFIX}/dev-1/events", payload, Priority.CRITICAL)
+    backlog.close()
+    seen: list[str] = []
+    stream = connect(BrokerSettings(port=broker.port))
+    stream.subscribe(f"{PREFIX}/dev-1/#", lambda m: seen.append(m.topic.rsplit("/", 1)[-1]), qos=0)
+    watcher = Watcher(broker.port, "dev-1")
+    config = write_config(tmp_path / "agent.toml", port=broker.port, state=state)
+    return seen, stream, watcher, InProcessAgent(config=config)
+
+
 def test_an_answer_goes_ahead_of_the_backlog_an_outage_left(
     broker: LocalBroker, tmp_path: Path
 ) -> None:
     # A box back from an outage holds up to its quota of results (190,000 at 64 MB) and
     # drains them at the broker's pace; an answer queued behind them all kept the console
     # waiting past its timeout for a command the box had already run.
-    state = tmp_path / "state"
-    backlog = Outbox(state / "outbox.sqlite")
-    topic = f"{PREFIX}/dev-1/results/cam"
-    events = f"{PREFIX}/dev-1/events"
-    for frame in range(BACKLOG):
-        backlog.put(topic, json.dumps({"frame": frame}).encode(), Priority.RESULT)
-        if frame % 40 == 0:  # a day's events are critical too, and come before the answer
-            backlog.put(events, json.dumps({"frame": frame}).encode(), Priority.CRITICAL)
-    backlog.close()
-    # One stream of everything the box sends, in the broker's order; at QoS 0, so the
-    # broker's queue for a QoS 1 subscriber does not drop part of the burst.
-    seen: list[str] = []
-    stream = connect(BrokerSettings(port=broker.port))
-    stream.subscribe(f"{PREFIX}/dev-1/#", lambda m: seen.append(m.topic.rsplit("/", 1)[-1]), qos=0)
-    watcher = Watcher(broker.port, "dev-1")
-    agent = InProcessAgent(config=write_config(tmp_path / "agent.toml", port=broker.port,
-                                               state=state))  # fmt: skip
+    # A day's events are critical too, and come before the answer.
+    seen, stream, watcher, agent = _back_from_an_outage(broker, tmp_path, BACKLOG, events_every=40)
     try:
         watcher.wait_state(lambda s: s["online"], timeout=30)
         ping = watcher.send("ping")
@@ -169,18 +177,7 @@ def test_an_answer_sent_ahead_is_sent_once_while_the_disk_refuses_its_ack(
     # An answer goes ahead of the backlog; its row is deleted when the broker acks it. A
     # disk that refuses that delete leaves the row, and the pump, looking for answers
     # ahead of where it is in the backlog, found it again every round and sent it again.
-    state = tmp_path / "state"
-    backlog = Outbox(state / "outbox.sqlite")
-    topic = f"{PREFIX}/dev-1/results/cam"
-    for frame in range(2_000):
-        backlog.put(topic, json.dumps({"frame": frame}).encode(), Priority.RESULT)
-    backlog.close()
-    seen: list[str] = []
-    stream = connect(BrokerSettings(port=broker.port))
-    stream.subscribe(f"{PREFIX}/dev-1/#", lambda m: seen.append(m.topic.rsplit("/", 1)[-1]), qos=0)
-    watcher = Watcher(broker.port, "dev-1")
-    agent = InProcessAgent(config=write_config(tmp_path / "agent.toml", port=broker.port,
-                                               state=state))  # fmt: skip
+    seen, stream, watcher, agent = _back_from_an_outage(broker, tmp_path, 2_000)
     outbox = agent.service.outbox
     acks = outbox.ack
     refused: list[list[int]] = []
