@@ -98,15 +98,8 @@ def from_os_error(exc: OSError) -> EdgeAgentError:
         return EdgeAgentError(
             problem, "check the path; a folder it names must exist", code="input.not_found"
         )
-    if exc.filename is None:  # not about a path at all (a socket, say)
-        return EdgeAgentError(problem, "see the log above, and run again", code="error")
-    if isinstance(exc, PermissionError):
-        return EdgeAgentError(
-            problem,
-            "check with `ls -ld` that this user may read it (and write it, for an output "
-            "or state folder); run as the service's user or fix the owner",
-            code="path.denied",
-        )
+    # A full or read-only disk before the path check: a write or an fsync that fails so
+    # carries no file name, and was told to "see the log above" with nothing logged.
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return EdgeAgentError(
             problem,
@@ -118,6 +111,15 @@ def from_os_error(exc: OSError) -> EdgeAgentError:
             problem,
             "its filesystem is mounted read-only: pick a writable folder",
             code="path.unwritable",
+        )
+    if exc.filename is None:  # not about a path at all (a socket, say)
+        return EdgeAgentError(problem, "see the log above, and run again", code="error")
+    if isinstance(exc, PermissionError):
+        return EdgeAgentError(
+            problem,
+            "check with `ls -ld` that this user may read it (and write it, for an output "
+            "or state folder); run as the service's user or fix the owner",
+            code="path.denied",
         )
     if isinstance(exc, IsADirectoryError | NotADirectoryError | FileExistsError):
         # Nearly always an output being made under a file, or over a folder.

@@ -65,7 +65,10 @@ class JobContext:
             EdgeAgentError: command.cancelled, if cancel came first (nothing changed yet).
         """
         with self._lock:
-            self.check()
+            # Once past it, past it: a deadline's cancel (which does not ask) between a
+            # deploy's install and its activation must not make it answer cancelled.
+            if not self._committed:
+                self.check()
             self._committed = True
 
     def request_cancel(self) -> bool:

@@ -352,24 +352,30 @@ class Pipelines:
     def stop(self, pipeline_id: str, forget: bool = True, timeout: float = 5.0) -> PipelineState:
         """Stop a pipeline (within `timeout`) and, by default, forget it across restarts."""
         recorded = None
-        # Under the record's lock: a restore starts a recorded pipeline under it only if it
-        # is still recorded, so one forgotten here as not running is never started after.
+        unwritable: OSError | None = None
+        # Taken out of the running and forgotten in one step, under the record's lock: a
+        # restore starts a recorded pipeline only if it is still recorded and not running,
+        # under that lock, so one stopped here is never started again behind this stop
+        # (forgotten after the join instead, a restore in the join's 5 s started it,
+        # unrecorded, and the stop was answered stopped).
         with self._record_lock:
             with self._lock:
                 entry = self._running.pop(pipeline_id, None)
                 if entry is not None:
                     entry.stopping.set()
-            if entry is None and forget:
+            if forget:
                 recorded = self.records.record.pipelines.get(pipeline_id)
                 if recorded is not None:
-                    # Recorded, not running: its restore failed (a model since removed, a
-                    # spec this version refuses), or is yet to come. Not found, it was tried
-                    # and refused at every start with no command able to remove it.
                     try:
                         self._persist_locked(pipeline_id, None)
                     except OSError as exc:
-                        raise _not_forgotten(pipeline_id, exc, stopped=False) from None
+                        unwritable = exc
         if entry is None:
+            # Recorded, not running: its restore failed (a model since removed, a spec this
+            # version refuses), or is yet to come. Not found, it was tried and refused at
+            # every start with no command able to remove it.
+            if unwritable is not None:
+                raise _not_forgotten(pipeline_id, unwritable, stopped=False)
             if recorded is not None:
                 self._event("pipeline_stopped", pipeline_id, detail="forgotten: not running")
                 model = recorded.get("model")
@@ -386,12 +392,10 @@ class Pipelines:
             entry.thread.join(timeout)
         entry.status = "stopped"
         if forget:
-            # Said first: it has stopped, whether or not the disk lets it be forgotten.
+            # Said whether or not the disk let it be forgotten: it has stopped.
             self._event("pipeline_stopped", pipeline_id, detail="stopped by command")
-            try:
-                self._persist(pipeline_id, None)
-            except OSError as exc:
-                raise _not_forgotten(pipeline_id, exc, stopped=True) from None
+            if unwritable is not None:
+                raise _not_forgotten(pipeline_id, unwritable, stopped=True)
         return self._state(entry)
 
     def swap(self, pipeline_id: str, ref: dict[str, Any]) -> PipelineState:
@@ -457,9 +461,11 @@ class Pipelines:
 
     def _remember(self, entry: _Running, model: ModelRef) -> None:
         # The record follows the swap at once, so a restart during the compile runs the
-        # new model; a failed swap puts the old one back.
-        entry.spec = entry.spec.model_copy(update={"model": model})
-        self._persist(entry.spec.id, entry.spec, known=True)
+        # new model; a failed swap puts the old one back. Recorded first: a disk that
+        # refuses leaves the entry naming what runs.
+        spec = entry.spec.model_copy(update={"model": model})
+        self._persist(spec.id, spec, known=True)
+        entry.spec = spec
 
     def _on_swap_error(
         self, entry: _Running, handle: PipelineHandle, swap: int
@@ -476,7 +482,18 @@ class Pipelines:
                 # when this one was asked: an earlier swap it superseded never landed.
                 runs = handle.ref
                 if entry.spec.model != runs:
-                    self._remember(entry, runs)
+                    try:
+                        self._remember(entry, runs)
+                    except OSError as unwritable:  # the event below still says what runs
+                        log_event(
+                            log,
+                            logging.ERROR,
+                            "pipeline_not_recorded",
+                            pipeline=entry.spec.id,
+                            error=str(unwritable),
+                            fix="free space on the state disk; a restart runs the model "
+                            "the record names",
+                        )
             self._event(
                 "pipeline_failed",
                 entry.spec.id,
@@ -529,6 +546,11 @@ class Pipelines:
                     detail=str(exc),
                 )
                 self._event("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
+            except Exception as exc:
+                # A bug, or an engine's own error, in one: the rest are still restored, and
+                # those over the cap still forgotten.
+                log_crash(log, "pipeline_restore_crashed", pipeline=pipeline_id)
+                self._event("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
         if over:
             log_event(
                 log,

@@ -45,9 +45,12 @@ def write_atomically(path: Path, data: bytes) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         tmp.replace(path)
-    except BaseException:
+    except BaseException as exc:
         # A full disk left the half-written copy behind, taking what little room was left.
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            # A write or an fsync that fails names no file: the answer and the log must.
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -116,8 +116,9 @@ def pull(
 
     Raises:
         EdgeAgentError: release.* (rejected), transfer.failed, transfer.digest,
-            command.cancelled, store.*, health.failed (with --activate), path.unwritable
-            (the state disk cannot hold the release, or filled during the transfer).
+            command.cancelled, store.*, health.failed (with --activate); path.unwritable
+            when the state disk cannot hold the release before it starts (one that fills
+            during the transfer is transfer.failed, its partial removed).
     """
     topics = topics or Topics()
     options = options or PullOptions()

@@ -24,6 +24,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge_agent.heads.base import Classification, Detection, Result, TextBox
+from edge_agent.logs import log_event
 from edge_agent.pipelines.base import Event, FrameResult, Sink
 from edge_agent.pipelines.capture import CaptureSink, CaptureSinkSpec
 
@@ -157,8 +158,20 @@ class JsonLinesSink:
         self._stream.close()
         try:
             path.replace(path.with_name(path.name + ".1"))
-        finally:
-            self._stream = self._open(path)  # appended to as before if the rename failed
+        except OSError as exc:
+            # Said once, and the file appended to as before the cap: raised, every later
+            # line was lost, each trying the same rename again.
+            self._max_bytes = None
+            log_event(
+                _log,
+                logging.ERROR,
+                "jsonl_rotate_failed",
+                path=str(path),
+                error=str(exc),
+                fix="let this user rename files in that folder (and remove what stands at "
+                f"{path.name}.1); until the sink restarts the file is not capped",
+            )
+        self._stream = self._open(path)
 
     def close(self) -> None:
         """Flush, and close the file if this sink opened it.

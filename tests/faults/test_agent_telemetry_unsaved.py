@@ -9,11 +9,11 @@ mosquitto; the one write that fails (agent.json's) is the injected fault.
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
 
-from edge_agent.agent import records
 from edge_agent.comms.local_broker import LocalBroker
 from tests.agent_kit import InProcessAgent, Watcher, write_config
 
@@ -35,10 +35,15 @@ def test_an_interval_that_cannot_be_saved_is_still_in_force_and_the_answer_says_
     try:
         w.wait_state(lambda s: s["online"])
 
-        def disk_full(path: Path, data: bytes) -> None:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        fsync = os.fsync
 
-        monkeypatch.setattr(records, "write_atomically", disk_full)
+        def disk_full(fd: int) -> None:
+            # The record's fsync fails as the kernel reports it: naming no file.
+            if "agent.json" in str(Path(f"/proc/self/fd/{fd}").readlink()):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", disk_full)
         answer = w.final(w.send("set_telemetry", {"interval_s": 1.0}))
         assert answer["status"] == "error", answer
         assert answer["error"]["code"] == "path.unwritable"

@@ -9,6 +9,7 @@ cancelled never touches the store.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,8 @@ from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent
+from edge_agent.store.health import HealthGate, HealthReport
+from edge_agent.store.release import Release
 from edge_agent.store.store import ModelStore
 from tests.agent_kit import InProcessAgent, Watcher, cache_dir, fleet, photo_pipelines, write_config
 from tests.integration.store_kit import onnx_folder, release_for
@@ -29,8 +32,18 @@ DEVICE = "cancel-dev"
 
 
 def test_a_cancel_at_the_activate_stage_is_refused_and_the_deploy_answers_ok(
-    broker: LocalBroker, tmp_path: Path
+    broker: LocalBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The health gate waits for the cancel's answer: with a warm compile cache the deploy
+    # could otherwise end before the cancel came, and the cancel find nothing to refuse.
+    cancel_answered = threading.Event()
+    real_gate = HealthGate.__call__
+
+    def gate_after_the_cancel(gate: HealthGate, model: Path, release: Release) -> HealthReport:
+        assert cancel_answered.wait(60), "the cancel was never answered"
+        return real_gate(gate, model, release)
+
+    monkeypatch.setattr(HealthGate, "__call__", gate_after_the_cancel)
     with fleet(broker.port, tmp_path / "fleet", [("person-ssdlite", "person-det", 1)]) as f:
         config = write_config(
             tmp_path / "agent.toml",
@@ -54,6 +67,7 @@ def test_a_cancel_at_the_activate_stage_is_refused_and_the_deploy_answers_ok(
                 "the activate stage",
             )
             refused = w.final(w.send("cancel", {"id": deploy}))
+            cancel_answered.set()
             assert refused["status"] == "error", refused
             assert refused["error"]["code"] == "command.busy"
             assert "point of no return" in refused["error"]["message"]

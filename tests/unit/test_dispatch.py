@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,14 @@ class _Harness:
     def close(self) -> None:
         self.dispatcher.close(1.0)
         self.log.close()
+
+
+def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait for a state the test can see, never for a time that a loaded runner may miss."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the state never came"
+        time.sleep(0.005)
 
 
 def _cmd(cid: str, kind: str, args: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
@@ -391,9 +400,10 @@ def test_commands_that_come_while_the_agent_stops_are_answered_once_and_not_run(
     h = _Harness(tmp_path)
     h.supervisor.hold.clear()
     h.send(_cmd("d0", "deploy_model", {"name": "m"}))  # running when the stop comes
+    _until(lambda: h.supervisor.runs == ["deploy_model"])
     closing = threading.Thread(target=h.dispatcher.close, args=(2.0,))
     closing.start()
-    time.sleep(0.1)  # inside close's wait for the running job
+    _until(h.dispatcher._closed.is_set)  # inside close's wait for the running job
     h.send(_cmd("d1", "deploy_model", {"name": "m"}))
     h.send(_cmd("p1", "ping"))
     h.supervisor.hold.set()
@@ -481,3 +491,19 @@ def test_a_wrong_value_is_not_blamed_on_a_newer_console(harness: _Harness) -> No
     assert answer.error is not None
     assert answer.error.code == "command.invalid"
     assert "newer console" not in answer.error.message
+
+
+def test_a_job_past_its_point_of_no_return_stays_past_it() -> None:
+    # A deploy commits before its install and again before its activation; the deadline's
+    # cancel (set on the flag, not asked) in between made the second commit raise, and an
+    # installed model answered command.cancelled, never activated.
+    job = JobContext.detached()
+    job.commit()
+    assert not job.request_cancel()  # asked: refused, too late
+    job.cancel_event.set()  # the deadline's, which does not ask
+    job.commit()  # still past it: no command.cancelled
+    fresh = JobContext.detached()
+    fresh.cancel_event.set()
+    with pytest.raises(EdgeAgentError) as info:
+        fresh.commit()
+    assert info.value.code == "command.cancelled"

@@ -58,3 +58,16 @@ def test_an_error_about_no_path_is_not_blamed_on_one() -> None:
 def test_both_paths_of_a_rename_are_named() -> None:
     exc = OSError(errno.EXDEV, os.strerror(errno.EXDEV), "/a/part", None, "/b/final")
     assert "/a/part -> /b/final" in from_os_error(exc).problem
+
+
+@pytest.mark.parametrize(
+    ("number", "needle"), [(errno.ENOSPC, "free space"), (errno.EROFS, "read-only")]
+)
+def test_a_full_or_read_only_disk_is_said_when_the_error_names_no_file(
+    number: int, needle: str
+) -> None:
+    # A write or an fsync that fails so names no file; it was told to "see the log
+    # above", with nothing logged.
+    error = from_os_error(_os_error(number, None))
+    assert error.code == "path.unwritable"
+    assert needle in error.fix

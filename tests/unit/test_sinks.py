@@ -369,3 +369,22 @@ def test_a_device_is_never_rotated(tmp_path: Path) -> None:
     sink.close()
     assert path.is_symlink()
     assert not path.with_name("null.jsonl.1").exists()
+
+
+def test_a_rotation_the_folder_refuses_is_said_once_and_no_line_is_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What stands at the rotated name cannot be replaced (a folder with files in it): the
+    # rename failed at every line after the cap, and every one of those lines was lost.
+    path = tmp_path / "out.jsonl"
+    blocked = tmp_path / "out.jsonl.1"
+    blocked.mkdir()
+    (blocked / "x").write_text("kept")
+    cap = 3 * (len(json.dumps(frame_result(0, 0.0).to_json())) + 1)
+    sink = JsonLinesSink(path=path, max_bytes=cap)
+    with caplog.at_level(logging.ERROR, logger="edge_agent.pipelines.sinks"):
+        for i in range(20):
+            sink.emit(frame_result(i, i / 10))
+    sink.close()
+    assert [json.loads(x)["frame"] for x in path.read_text().splitlines()] == list(range(20))
+    assert [r.getMessage() for r in caplog.records] == ["jsonl_rotate_failed"]
