@@ -29,7 +29,9 @@ from pathlib import Path
 from edge_agent.clock import is_set
 from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
 from edge_agent.protocol.delivery import bit, set_bit
+from edge_agent.store.fsio import write_all
 from edge_agent.store.release import SignedRelease, check_paths
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
         idle = now - touched if is_set(now) and is_set(touched) else 0.0
         if same_name or idle > ABANDONED_S:
             shutil.rmtree(folder, ignore_errors=True)
-            log.info('event=transfer.swept folder="%s"', folder)
+            log_event(log, logging.INFO, "transfer_swept", folder=str(folder))
             removed.append(folder)
     return removed
 
@@ -123,7 +125,7 @@ class PartialTransfer:
             else:
                 self._mark(ref.index, False)
         if kept:
-            log.info('event=transfer.resumed folder="%s" chunks=%d', self.folder, kept)
+            log_event(log, logging.INFO, "transfer_resumed", folder=str(self.folder), chunks=kept)
         return kept
 
     # --- state -------------------------------------------------------------------------------
@@ -157,10 +159,12 @@ class PartialTransfer:
         if not 0 <= index < self.count or bit(self.bits, index):
             return False
         if not self.chunks.matches(index, data):
-            log.warning('event=transfer.bad_chunk folder="%s" index=%d', self.folder, index)
+            log_event(
+                log, logging.WARNING, "transfer_bad_chunk", folder=str(self.folder), index=index
+            )
             return False
         ref = self.chunks[index]
-        os.pwrite(self._fds[ref.file.path], data, ref.offset)
+        write_all(self._fds[ref.file.path], data, ref.offset)
         self._mark(index, True)
         self.received += 1
         return True

@@ -29,6 +29,7 @@ from edge_agent.delivery.partial import PartialTransfer, sweep
 from edge_agent.delivery.puller import Puller, PullerOptions, PullStats
 from edge_agent.delivery.urls import fetch_url_files
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
 from edge_agent.protocol.topics import Topics
 from edge_agent.store.release import Release, SignedRelease, parse_signed_release, verify
@@ -132,7 +133,7 @@ def pull(
             f"the release on {name}'s topic is for {release.name!r}", code="release.invalid"
         )
     if store.installed(name, release.version) is not None:
-        log.info('event=pull.already_installed name="%s" version=%d', name, release.version)
+        log_event(log, logging.INFO, "pull_already_installed", model=name, version=release.version)
         activated = _activate(store, release, activate, gate, report, commit)
         return PullResult(release, False, activated, 0, PullStats())
     highest = store.state(name).highest

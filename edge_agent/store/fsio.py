@@ -36,6 +36,20 @@ def fault(step: str) -> None:
         os._exit(FAULT_EXIT)
 
 
+def write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+    """Write all of `data` (at `offset`, when given): a write may take less than it was
+    given (a disk filling up, a signal), and what it left out would be a hole the next
+    hash finds only after the whole transfer or copy."""
+    view = memoryview(data)
+    while view:
+        done = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        if done == 0:  # no error, and no room taken: treated as a full disk
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[done:]
+        if offset is not None:
+            offset += done
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or link inside `path` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -53,7 +67,7 @@ def write_atomic(path: Path, data: bytes, step: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -101,7 +115,7 @@ def copy_hashing(src: Path, dst: Path) -> tuple[str, int]:
             while block := os.read(fd_in, _BLOCK):
                 digest.update(block)
                 size += len(block)
-                os.write(fd_out, block)
+                write_all(fd_out, block)
             os.fsync(fd_out)
         finally:
             os.close(fd_out)
