@@ -86,15 +86,16 @@ class CaptureSink:
             return
         self._last_ts = result.ts
         self.offered += 1
-        slot: int | None
         if self._slots < self.spec.frames:
-            slot = self._slots
-            self._slots += 1
+            # Filling: the next free slot, taken only once its file is there. Taken before,
+            # a write the disk refused (or the quota) left a hole, and after a restart,
+            # which counts the files, the next frame replaced the last slot's instead.
+            if self._write(self._slots, result):
+                self._slots += 1
         else:
             pick = self._random.randrange(self.offered)
-            slot = pick if pick < self.spec.frames else None
-        if slot is not None:
-            self._write(slot, result)
+            if pick < self.spec.frames:
+                self._write(pick, result)
         if self.offered - self._saved >= SAVE_EVERY:
             self._save()
 
@@ -134,11 +135,12 @@ class CaptureSink:
         tmp.replace(path)
         self._saved = self.offered
 
-    def _write(self, slot: int, result: FrameResult) -> None:
+    def _write(self, slot: int, result: FrameResult) -> bool:
+        """Write the frame to its slot; whether it was (not over the quota, encoded)."""
         assert result.image is not None
         ok, data = cv2.imencode(".jpg", result.image, [cv2.IMWRITE_JPEG_QUALITY, 95])
         if not ok:
-            return
+            return False
         target = self.folder / f"slot-{slot:05d}.jpg"
         used = sum(p.stat().st_size for p in self.folder.glob("slot-*.jpg") if p != target)
         if used + len(data) > self.spec.max_mb * 1e6:
@@ -152,7 +154,7 @@ class CaptureSink:
                     folder=str(self.folder),
                     max_mb=self.spec.max_mb,
                 )
-            return
+            return False
         tmp = target.with_suffix(".tmp")
         try:
             tmp.write_bytes(data.tobytes())
@@ -161,3 +163,4 @@ class CaptureSink:
             tmp.unlink(missing_ok=True)
             raise
         self.kept += 1
+        return True

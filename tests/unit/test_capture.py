@@ -6,9 +6,11 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 
 from edge_agent.pipelines.base import FrameResult
 from edge_agent.pipelines.capture import SAVE_EVERY, CaptureSink, CaptureSinkSpec
+from tests.disk_kit import files_capped_at
 
 HIGH_STEP = 12
 """Grey levels per unit of the high byte: frames up to 21 * 256 fit in a uint8."""
@@ -117,3 +119,23 @@ def test_a_crash_loses_little_of_the_count(tmp_path: Path) -> None:
     # No close(): the process died. The count on disk is at most SAVE_EVERY behind.
     resumed = CaptureSink(spec, tmp_path).offered
     assert 1234 - SAVE_EVERY <= resumed <= 1234
+
+
+def test_a_write_the_disk_refuses_leaves_no_hole_in_the_slots(tmp_path: Path) -> None:
+    # The slot was taken before its file was written: a refused write left a hole, and
+    # after a restart (which counts the files) the next frame replaced the last slot's.
+    spec = CaptureSinkSpec(frames=5, min_interval_s=0.0, seed=1)
+    sink = CaptureSink(spec, tmp_path)
+    sink.emit(frame(0, 0.0))
+    with files_capped_at(100), pytest.raises(OSError, match="too large"):
+        sink.emit(frame(1, 1.0))  # the disk is full: the guard around sinks logs it
+    for i in (2, 3):
+        sink.emit(frame(i, float(i)))
+    sink.close()
+    assert sorted(p.name for p in tmp_path.glob("slot-*.jpg")) == [
+        f"slot-{slot:05d}.jpg" for slot in range(3)
+    ]
+    assert kept(tmp_path) == [0, 2, 3]
+    again = CaptureSink(spec, tmp_path)
+    again.emit(frame(4, 4.0))
+    assert kept(tmp_path) == [0, 2, 3, 4]
