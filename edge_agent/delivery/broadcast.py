@@ -14,7 +14,9 @@ frames per subscriber and the rate follows the pullers, not a guess.
 - A puller that stops acking for `stall_s` is dropped from the window (it will
   rejoin or repair), so one slow or dead box never freezes the fleet.
 - When a puller has been sent everything it asked for, `done` in the status
-  message tells it to repair what it lost.
+  message tells it to repair what it lost, unless it left, complete, within
+  `done_grace_s`: every puller gets every status, so naming all 5,000 boxes of a
+  fleet that finished on one frame sent 5,000 x 100 KB through the broker at once.
 - A short `gather_s` after the first join lets a fleet that is told to deploy
   at once join before the first frame, so the carousel rarely wraps.
 """
@@ -47,6 +49,9 @@ class BroadcastOptions:
     """Wait after the first join of an idle broadcast, for others to join."""
     stall_s: float = 1.5
     """A puller silent this long while behind the window leaves it."""
+    done_grace_s: float = 1.0
+    """How long a puller sent everything it asked for has to say it is complete (its
+    leave) before a status names it in `done`, to repair what it lost."""
 
 
 @dataclass(slots=True)
@@ -90,7 +95,9 @@ class Broadcast:
         self._seq = 1
         self._sent_at: dict[int, float] = {}
         self._gather_until: float | None = None
-        self._done: list[str] = []
+        self._done: dict[str, float] = {}
+        """Pullers sent everything they asked for, and when: named in a status once
+        `done_grace_s` passes without their leave."""
         self._state: BroadcastState = "idle"
 
     @property
@@ -105,9 +112,10 @@ class Broadcast:
         if bits is None:
             return
         self._drop(msg.device_id)
+        self._done.pop(msg.device_id, None)
         needed = {i for i in range(len(self.chunks)) if bit(bits, i)}
         if not needed:
-            self._done.append(msg.device_id)
+            self._done[msg.device_id] = now - self.options.done_grace_s  # said at once
             return
         for i in needed:
             self._demand[i] += 1
@@ -115,7 +123,7 @@ class Broadcast:
         self.stats.joins += 1
         if self._state == "idle":
             self._gather_until = now + self.options.gather_s
-            self._set_state("gathering")
+            self._set_state("gathering", now)
 
     def ack(self, msg: Ack, now: float) -> None:
         puller = self._pullers.get(msg.device_id)
@@ -125,6 +133,8 @@ class Broadcast:
 
     def leave(self, msg: Leave) -> None:
         self._drop(msg.device_id)
+        # Complete, repairing or cancelled: it needs no `done`.
+        self._done.pop(msg.device_id, None)
 
     # --- sending -------------------------------------------------------------------------------
     def step(self, now: float) -> float | None:
@@ -138,7 +148,7 @@ class Broadcast:
             if now < self._gather_until:
                 return self._gather_until - now
             self._gather_until = None
-            self._set_state("sending")
+            self._set_state("sending", now)
         wait: float | None = None
         while self._pullers:
             slowest = min(p.acked for p in self._pullers.values())
@@ -160,10 +170,10 @@ class Broadcast:
             for device in stalled:
                 self.stats.stalls += 1
                 self._drop(device)
-        if not self._pullers and self._state != "idle":
-            self._set_state("idle")
-        elif self._done:
-            self._set_state(self._state)
+        self._set_state(self._state if self._pullers else "idle", now)
+        if self._done:  # some not said yet: back when the first is due
+            due = max(0.0, min(self._done.values()) + self.options.done_grace_s - now)
+            wait = due if wait is None else min(wait, due)
         return wait
 
     def _send_next(self, now: float) -> None:
@@ -190,7 +200,7 @@ class Broadcast:
                 self._demand[index] -= 1
                 if not puller.needed:
                     del self._pullers[device]
-                    self._done.append(device)
+                    self._done[device] = now
                     self.stats.passes_done += 1
 
     def _drop(self, device: str) -> None:
@@ -199,16 +209,19 @@ class Broadcast:
             for i in puller.needed:
                 self._demand[i] -= 1
 
-    def _set_state(self, state: BroadcastState) -> None:
+    def _set_state(self, state: BroadcastState, now: float) -> None:
+        """Say `state`, if it changed, and the pullers now due in `done`."""
         changed = state != self._state
         self._state = state
-        if changed or self._done:
+        done = [d for d, at in self._done.items() if now - at >= self.options.done_grace_s]
+        if changed or done:
+            for device in done:
+                del self._done[device]
             status = BroadcastStatus(
                 release_id=self.chunks.id,
                 broadcaster=self.instance,
                 state=state,
                 seq=self._seq,
-                done=self._done,
+                done=done,
             )
-            self._done = []
             self.send_status(status)

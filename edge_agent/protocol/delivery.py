@@ -81,7 +81,8 @@ class BroadcastStatus(_Strict):
     done: list[str] = Field(
         default_factory=list,
         description="Devices whose broadcast pass is complete since the last status: each "
-        "has been sent every chunk it asked for and repairs what it still misses.",
+        "has been sent every chunk it asked for, has not left complete within the grace "
+        "(1 s), and repairs what it still misses.",
     )
 
 

@@ -30,6 +30,7 @@ from edge_agent.protocol.delivery import (
     BroadcastStatus,
     Frame,
     Join,
+    Leave,
     bitmap,
     decode_bits,
     decode_frame,
@@ -126,7 +127,34 @@ def test_window_paces_to_the_slowest_puller_and_drops_a_stalled_one(tmp_path: Pa
         cast.ack(Ack(device_id="fast", seq=seq), 1.6)
         cast.step(1.6)
     assert sorted(f.index for f in sent) == list(range(10))  # each chunk once
+    assert not any("fast" in s.done for s in statuses)  # it may yet say it is complete
+    assert cast.step(2.7) is None  # past the grace, with no word from it: done, said
     assert any("fast" in s.done for s in statuses)
+
+
+def test_done_names_only_the_pullers_that_did_not_say_they_are_complete(
+    tmp_path: Path,
+) -> None:
+    # Every puller gets every status: naming all of a fleet that finished on one frame
+    # sent 5,000 ids to each of 5,000 boxes through the broker at once. Those that left
+    # complete within the grace need no `done`; only one that lost chunks does.
+    signed, _ = _release(tmp_path, 4 * CHUNK)
+    chunks = ChunkMap(signed.release)
+    statuses: list[BroadcastStatus] = []
+    cast = Broadcast(
+        chunks, lambda i: b"x", lambda p: None, statuses.append, "s1",
+        BroadcastOptions(window=100, gather_s=0.0, done_grace_s=1.0),
+    )  # fmt: skip
+    everything = encode_bits(bitmap(4, range(4)))
+    devices = [f"box-{i}" for i in range(50)]
+    for device in devices:
+        cast.join(Join(device_id=device, release_id=chunks.id, chunks=4, missing=everything), 0)
+    assert cast.step(0.0) == pytest.approx(1.0)  # all sent; back when the grace ends
+    for device in devices[1:]:
+        cast.leave(Leave(device_id=device, reason="complete"))
+    assert cast.step(1.0) is None
+    assert [s.done for s in statuses if s.done] == [["box-0"]]
+    assert statuses[-1].state == "idle"
 
 
 def _filtered(device: Any, keep: Callable[[Message], bool]) -> None:
@@ -167,7 +195,8 @@ def test_pull_over_the_fake_broker_with_loss_repairs_everything(tmp_path: Path) 
         broker.connect(),
         repo,
         instance="s1",
-        options=BroadcastOptions(gather_s=0.0),
+        # `done` within the puller's idle_s, as the defaults have it (1 s against 2 s).
+        options=BroadcastOptions(gather_s=0.0, done_grace_s=0.2),
         clock=lambda: now[0],
     )
     server.start()
