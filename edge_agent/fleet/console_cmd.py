@@ -35,7 +35,7 @@ from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
-from edge_agent.fleet import tables
+from edge_agent.fleet import clock, tables
 from edge_agent.fleet.console import DeviceConsole, NoAnswerError
 from edge_agent.fleet.roster import DeviceResult, Outcome, Roster, send_group, settle
 from edge_agent.protocol import agent as msg
@@ -291,6 +291,7 @@ def run_cmd(args: argparse.Namespace) -> int:
     session, topics = _session(args)
     console = DeviceConsole(session, topics, args.device, follow=False)
     bars = Bars(Console(stderr=True))
+    sent = time.time()
     try:
         answer = console.request(
             args.type,
@@ -298,6 +299,7 @@ def run_cmd(args: argparse.Namespace) -> int:
             timeout=timeout,
             on_progress=lambda progress: bars.update(args.device, progress),
         )
+        _say_skew(args.device, clock.skew_of_answer(answer.ts, sent, time.time()))
     except NoAnswerError as exc:
         bars.close()
         _error_line(str(exc), exc.code)
@@ -314,6 +316,19 @@ def run_cmd(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
     return 0
+
+
+def _say_skew(device: str, skew: float) -> None:
+    """One stderr line when the box's clock is far off: every time it stamps (state,
+    telemetry, events, results) is off by as much, and nothing else would say so."""
+    if clock.off(skew):
+        ahead = "ahead of" if skew > 0 else "behind"
+        print(
+            f"edge-fleet: warning: {device}'s clock is {clock.span(skew)[1:]} {ahead} this "
+            "console's (its answer's ts); its timestamps are off by as much: check its NTP",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # --- deploy -----------------------------------------------------------------------------------
@@ -425,6 +440,16 @@ def _roster(
     return roster, settled
 
 
+PIPE_WIDTH = 240
+"""Columns a table may take in a pipe or a log, where nothing wraps it: at rich's default
+80, a row with flags and a pipeline's detail was squeezed to `c…` cells."""
+
+
+def _table_console() -> Console:
+    out = Console(soft_wrap=True)
+    return out if out.is_terminal else Console(soft_wrap=True, width=PIPE_WIDTH)
+
+
 def run_status(args: argparse.Namespace) -> int:
     session, topics = _session(args)
     try:
@@ -437,7 +462,7 @@ def run_status(args: argparse.Namespace) -> int:
     elif not records:
         print(f"no device has published a state under {topics.prefix}/", file=sys.stderr)
     else:
-        Console(soft_wrap=True).print(tables.status_table(records))
+        _table_console().print(tables.status_table(records))
     # What came is shown; a script must still not take a part of the fleet for all of it.
     return 0 if settled else EXIT_TIMEOUT
 
@@ -447,7 +472,7 @@ def run_watch(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     session, topics = _session(args)
-    out = Console(soft_wrap=True)
+    out = _table_console()
     try:
         roster, _ = _roster(session, topics, 5.0, telemetry=True)  # it keeps listening
         if args.once is not None:

@@ -4,6 +4,11 @@ A `Roster` follows `<prefix>/+/state` (retained: a console that connects learns
 every device at once) and, for `watch`, `<prefix>/+/telemetry`. States obey the
 `seq` rule of docs/PROTOCOL.md: a message whose connection sequence number is
 older than the one held is a stale will (or a stale birth) and is ignored.
+Telemetry is kept only when it is newer than what is held: after an outage a box
+replays its outbox oldest first. The roster also notes when messages arrived on the
+console's clock, which dates what a box's own `ts` cannot (a will is made at the
+connect; a clock a year ahead makes everything look fresh), and estimates each box's
+clock skew from it (fleet/clock.py).
 
 `send_group` sends one command on `<prefix>/group/<group>/cmd` and gathers the
 answers of every member from `<prefix>/+/resp`, matched by the command's id.
@@ -16,10 +21,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from edge_agent.comms.base import Communicator, Message, Unsubscribe
+from edge_agent.fleet import clock
 from edge_agent.fleet.console import Interrupted, Replies, expiry_seconds, new_command, parse
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import FANIN_QOS, Topics
@@ -38,33 +44,82 @@ def accept_state(held: msg.State | None, new: msg.State) -> bool:
 
 @dataclass(frozen=True)
 class DeviceRecord:
-    """One device as the roster holds it."""
+    """One device as the roster holds it.
+
+    Times named `*_arrived` are the console's clock when a message arrived live; a
+    retained message (what a console learns as it connects) has none: it may be a month
+    old, and only the box's own `ts` dates it.
+    """
 
     device: str
     state: msg.State | None
     telemetry: msg.Telemetry | None
+    state_arrived: float | None = None
+    """When the held state arrived live (console clock); None when it came retained."""
+    telemetry_arrived: float | None = None
+    """When the held telemetry arrived (console clock)."""
+    outbox_dropped_before: int | None = None
+    """The outbox's dropped counter in the telemetry held before this one: the counter
+    counts every drop ever, so only its rise says the box is dropping now."""
+    skew_s: float | None = None
+    """Box clock minus console clock, as far as its messages tell (see fleet.clock)."""
 
     @property
     def online(self) -> bool:
         return self.state is not None and self.state.online
 
     @property
-    def last_seen(self) -> float | None:
-        """Unix seconds of the newest thing the device said (its own clock)."""
-        times = [m.ts for m in (self.state, self.telemetry) if m is not None]
+    def last_heard(self) -> float | None:
+        """Console time of the newest message that arrived live, None if none did."""
+        times = [t for t in (self.state_arrived, self.telemetry_arrived) if t is not None]
         return max(times) if times else None
+
+    @property
+    def last_seen(self) -> float | None:
+        """When the device last said something: the console's arrival time when one is
+        known, else its state's `ts`, unless its clock is known to be off (then None).
+        For an offline device heard of only retained, that `ts` is when it connected (the
+        will is made at the connect) or when it stopped cleanly, not when it went away."""
+        heard = self.last_heard
+        if heard is not None:
+            return heard
+        if self.state is None or clock.off(self.skew_s):
+            return None
+        return self.state.ts
+
+
+def accept_telemetry(held: DeviceRecord | None, new: msg.Telemetry) -> bool:
+    """Whether `new` replaces the telemetry held (pure).
+
+    After an outage a box sends what its outbox kept, oldest first, and a fresh interval
+    may pass the backlog: only a newer `ts` replaces what is held, or the old figures
+    would show as current. One exception: a held telemetry from a clock that was ahead
+    (its `ts` past its arrival) would otherwise hide the box's until its clock catches up.
+    """
+    if held is None or held.telemetry is None:
+        return True
+    if new.ts > held.telemetry.ts:
+        return True
+    arrived = held.telemetry_arrived
+    return arrived is not None and held.telemetry.ts - arrived > clock.CLOCK_TOLERANCE_S
 
 
 class Roster:
-    """Every device's latest state (by the seq rule) and telemetry; safe across threads."""
+    """Every device's latest state (by the seq rule) and telemetry; safe across threads.
 
-    def __init__(self, topics: Topics) -> None:
+    Args:
+        topics: The fleet's topic prefix.
+        now: The console's clock, read when a message arrives (a test's own, there).
+    """
+
+    def __init__(self, topics: Topics, now: Callable[[], float] = time.time) -> None:
         self.topics = topics
         self.changed = threading.Event()
+        self._now = now
         self._lock = threading.Lock()
-        self._states: dict[str, msg.State] = {}
-        self._telemetry: dict[str, msg.Telemetry] = {}
+        self._records: dict[str, DeviceRecord] = {}
         self.ignored_stale = 0
+        self.ignored_older_telemetry = 0
 
     def follow(self, comm: Communicator, *, telemetry: bool = False) -> list[Unsubscribe]:
         """Subscribe to every device's state (and telemetry), at QoS 0 (`FANIN_QOS`)."""
@@ -82,39 +137,62 @@ class Roster:
         return topic[len(self.topics.prefix) + 1 :].split("/", 1)[0]
 
     def on_state(self, message: Message) -> None:
+        arrived = self._now()
         device = self._device_of(message.topic)
         if not message.payload:  # a cleared retained state: the device was decommissioned
             with self._lock:
-                self._states.pop(device, None)
-                self._telemetry.pop(device, None)
+                self._records.pop(device, None)
             self.changed.set()
             return
         state = parse(msg.State, message.payload)
         if state is None:
             return
+        # A broker clears the retain flag of what it forwards live: with it set, the
+        # message was stored before this console subscribed, and its arrival dates nothing.
+        live = not message.retain
         with self._lock:
-            if not accept_state(self._states.get(device), state):
+            held = self._records.get(device)
+            if not accept_state(held.state if held else None, state):
                 self.ignored_stale += 1
                 return
-            self._states[device] = state
+            skew = clock.skew_after(
+                held.skew_s if held else None,
+                state.ts,
+                arrived,
+                live_birth=live and state.online,
+            )
+            record = held or DeviceRecord(device, None, None)
+            self._records[device] = replace(
+                record, state=state, state_arrived=arrived if live else None, skew_s=skew
+            )
         self.changed.set()
 
     def on_telemetry(self, message: Message) -> None:
+        arrived = self._now()
         telemetry = parse(msg.Telemetry, message.payload)
         if telemetry is None:
             return
+        device = self._device_of(message.topic)
         with self._lock:
-            self._telemetry[self._device_of(message.topic)] = telemetry
+            held = self._records.get(device)
+            if not accept_telemetry(held, telemetry):
+                self.ignored_older_telemetry += 1
+                return
+            record = held or DeviceRecord(device, None, None)
+            before = record.telemetry.agent.outbox_dropped if record.telemetry else None
+            self._records[device] = replace(
+                record,
+                telemetry=telemetry,
+                telemetry_arrived=arrived,
+                outbox_dropped_before=before,
+                skew_s=clock.skew_after(record.skew_s, telemetry.ts, arrived, live_birth=False),
+            )
         self.changed.set()
 
     def snapshot(self) -> list[DeviceRecord]:
         """Every device heard of, by id."""
         with self._lock:
-            names = sorted(set(self._states) | set(self._telemetry))
-            return [
-                DeviceRecord(name, self._states.get(name), self._telemetry.get(name))
-                for name in names
-            ]
+            return [self._records[name] for name in sorted(self._records)]
 
     def members(self, group: str) -> list[str]:
         """The online devices whose birth says they are in `group`."""

@@ -9,13 +9,21 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from edge_agent.fleet import clock
 from edge_agent.fleet.roster import DeviceRecord, DeviceResult
+from edge_agent.fleet.trouble import all_flags, device_flags, in_trouble, pipeline_flags
+
+DETAIL_WIDTH = 48
+"""A pipeline's detail in a table, past which it is cut (in full in --json): a failed
+camera's reason runs to 100 characters, and a row must still fit a terminal."""
 
 
 def age(ts: float | None, now: float | None = None) -> str:
-    """`ts` as a short age: 4s, 3m, 2h, 5d (the device's clock against ours)."""
+    """`ts` as a short age against `now` (the console's clock): 4s, 3m, 2h, 5d."""
     if ts is None:
         return "-"
     seconds = max(0.0, (time.time() if now is None else now) - ts)
@@ -25,29 +33,65 @@ def age(ts: float | None, now: float | None = None) -> str:
     return f"{seconds:.0f}s"
 
 
+def short(text: str, width: int = DETAIL_WIDTH) -> str:
+    """`text` on one line, cut to `width` with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def device_age(record: DeviceRecord, ts: float, now: float | None = None) -> str:
+    """The age of a time the box stamped, or `?` when its clock is known to be off (a box
+    a year ahead would read 0s forever)."""
+    return "?" if clock.off(record.skew_s) else age(ts, now)
+
+
+def seen(record: DeviceRecord, now: float | None = None) -> str:
+    """When the box was last seen, worded for what the console really knows.
+
+    An offline box the console saw go (its will or clean stop arrived live) went offline
+    then. One known only from the retained will is dated by the will's `ts`, made when
+    the box connected: that, and not its going, is what the age says.
+    """
+    state = record.state
+    if state is not None and not state.online:
+        if record.state_arrived is not None:
+            return f"offline {age(record.state_arrived, now)}"
+        return f"connected {device_age(record, state.ts, now)} ago"
+    return age(record.last_seen, now)
+
+
 # --- status ---------------------------------------------------------------------------------
-def status_table(records: Iterable[DeviceRecord]) -> Table:
+def status_table(records: Iterable[DeviceRecord], now: float | None = None) -> Table:
     table = Table(title="devices (retained state)", expand=False)
-    for column in ("device", "state", "group", "seq", "since", "agent", "models", "pipelines"):
-        table.add_column(column)
+    columns = ("device", "state", "group", "seq", "since", "agent", "models", "pipelines", "flags")
+    for column in columns:
+        table.add_column(column, no_wrap=column in ("device", "state"))
     for record in records:
         state = record.state
         if state is None:
             continue
         models = ", ".join(
-            m.name + (f" v{m.version}" if m.version else "") + (f" @{m.device}" if m.device else "")
+            m.name
+            + (f" v{m.version}" if m.version else "")
+            + (f" @{m.device}" if m.device else "")
+            + (" (fallback)" if m.fallback else "")
             for m in state.models
         )
-        pipelines = ", ".join(f"{p.id} {p.status}" for p in state.pipelines)
+        pipelines = ", ".join(
+            # escaped: a box's words (`refused [errno 111]`) are not rich markup
+            f"{p.id} {p.status}" + (f": {escape(short(p.detail))}" if p.detail else "")
+            for p in state.pipelines
+        )
         table.add_row(
             record.device,
             "[green]online[/]" if state.online else "[red]offline[/]",
             state.group or "-",
             str(state.seq),
-            age(state.ts),
+            seen(record, now) if not state.online else device_age(record, state.ts, now),
             state.agent_version or "-",
             models or "-",
             pipelines or "-",
+            ", ".join(device_flags(record)) or "-",
         )
     return table
 
@@ -62,37 +106,47 @@ def status_json(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
 
 # --- watch ----------------------------------------------------------------------------------
 def pipeline_figures(record: DeviceRecord) -> dict[str, dict[str, Any]]:
-    """Each pipeline's status (from state) and last interval's FPS and end-to-end p95."""
+    """Each pipeline's status and detail (from state), last interval's FPS and end-to-end
+    p95, and its flags."""
     figures: dict[str, dict[str, Any]] = {}
     for pipeline in record.state.pipelines if record.state else []:
-        figures[pipeline.id] = {"status": pipeline.status, "fps": None, "p95_ms": None}
+        figures[pipeline.id] = {
+            "status": pipeline.status,
+            "detail": pipeline.detail,
+            "fps": None,
+            "p95_ms": None,
+        }
     for name, stats in record.telemetry.pipelines.items() if record.telemetry else []:
         e2e = stats.stages.get("end_to_end")
-        entry = figures.setdefault(name, {"status": None})
+        entry = figures.setdefault(name, {"status": None, "detail": ""})
         entry["fps"] = stats.fps
         entry["p95_ms"] = e2e.p95_ms if e2e else None
+    flags = pipeline_flags(record)
+    for name, entry in figures.items():
+        entry["flags"] = flags.get(name, [])
     return figures
 
 
 def watch_json(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
+    """`last_seen` is the console's clock when `last_seen_from` is `arrival`; `device_clock`
+    is the box's own (for an offline box heard of only retained: when it connected)."""
     return [
         {
             "device": r.device,
             "online": r.online,
             "seq": r.state.seq if r.state else None,
             "last_seen": r.last_seen,
+            "last_seen_from": (
+                "arrival" if r.last_heard is not None else "device_clock" if r.last_seen else None
+            ),
+            "clock_skew_s": round(r.skew_s, 1) if r.skew_s is not None else None,
             "outbox_depth": r.telemetry.agent.outbox_depth if r.telemetry else None,
+            "in_trouble": in_trouble(r),
+            "flags": all_flags(r),
             "pipelines": pipeline_figures(r),
         }
         for r in records
     ]
-
-
-def in_trouble(record: DeviceRecord) -> bool:
-    """Offline, or with a pipeline that is not running: what an operator looks for first."""
-    if not record.online:
-        return True
-    return any(f.get("status") not in (None, "running") for f in pipeline_figures(record).values())
 
 
 def watch_table(
@@ -111,11 +165,42 @@ def watch_table(
     caption = None
     if hidden:
         trouble = sum(in_trouble(r) for r in hidden)
-        caption = f"{len(hidden)} more not shown ({trouble} of them offline or failing); " + (
+        caption = (
+            f"{len(hidden)} more not shown ({trouble} of them offline, failing or flagged); "
             "--once S --json lists every device"
         )
+    rows: list[list[str | Text]] = []
+    for record in records:
+        state = "[green]online[/]" if record.online else "[red]offline[/]"
+        outbox = str(record.telemetry.agent.outbox_depth) if record.telemetry else "-"
+        last = seen(record, now)
+        own = device_flags(record)
+        pipelines = list(pipeline_figures(record).items()) or [("-", {})]
+        for i, (pipeline, figures) in enumerate(pipelines):
+            fps = figures.get("fps")
+            p95 = figures.get("p95_ms")
+            flags = (own if i == 0 else []) + figures.get("flags", [])
+            rows.append(
+                [
+                    record.device if i == 0 else "",
+                    state if i == 0 else "",
+                    pipeline,
+                    figures.get("status") or "-",
+                    f"{fps:.1f}" if fps is not None else "-",
+                    f"{p95:.1f} ms" if p95 is not None else "-",
+                    outbox if i == 0 else "",
+                    last if i == 0 else "",
+                    Text(", ".join(flags), style="yellow"),
+                    # One line, cut: a row per pipeline keeps a screenful a screenful.
+                    Text(
+                        " ".join((figures.get("detail") or "").split()),
+                        no_wrap=True,
+                        overflow="ellipsis",
+                    ),
+                ]
+            )
     table = Table(title="fleet (telemetry, last interval)", expand=False, caption=caption)
-    for column, justify in (
+    columns = [
         ("device", "left"),
         ("state", "left"),
         ("pipeline", "left"),
@@ -124,26 +209,23 @@ def watch_table(
         ("e2e p95", "right"),
         ("outbox", "right"),
         ("last seen", "right"),
-    ):
-        table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for record in records:
-        state = "[green]online[/]" if record.online else "[red]offline[/]"
-        outbox = str(record.telemetry.agent.outbox_depth) if record.telemetry else "-"
-        seen = age(record.last_seen, now)
-        rows = list(pipeline_figures(record).items()) or [("-", {})]
-        for i, (pipeline, figures) in enumerate(rows):
-            fps = figures.get("fps")
-            p95 = figures.get("p95_ms")
-            table.add_row(
-                record.device if i == 0 else "",
-                state if i == 0 else "",
-                pipeline,
-                figures.get("status") or "-",
-                f"{fps:.1f}" if fps is not None else "-",
-                f"{p95:.1f} ms" if p95 is not None else "-",
-                outbox if i == 0 else "",
-                seen if i == 0 else "",
-            )
+        ("flags", "left"),
+        ("detail", "left"),
+    ]
+    # flags and detail only when a row has one: a healthy fleet's table is as narrow as
+    # it was. A narrow terminal narrows the detail first, then wraps the rest: a device's
+    # name, state, pipeline and status stay whole.
+    shown = [i for i in range(len(columns)) if i < 8 or any(str(row[i]) for row in rows)]
+    for i in shown:
+        column, justify = columns[i]
+        table.add_column(
+            column,
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=i < 4,
+            max_width=DETAIL_WIDTH if column == "detail" else None,
+        )
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
     return table
 
 

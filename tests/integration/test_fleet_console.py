@@ -283,3 +283,117 @@ def test_a_box_on_a_newer_edge_agent_is_seen_and_answered(broker: LocalBroker) -
     assert asking.returncode == 0, err
     assert json.loads(out)["result"] == {"pong": True}
     assert "Response.trace" in err
+
+
+def mosquitto_pub(broker: LocalBroker, topic: str, body: dict[str, Any], retain: bool) -> None:
+    """One hand-made message, from a client no one here wrote."""
+    flags = ["-r"] if retain else []
+    done = subprocess.run(
+        ["mosquitto_pub", "-p", str(broker.port), "-V", "mqttv5", "-q", "1", *flags,
+         "-t", topic, "-m", json.dumps(body)],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def _telemetry(ts: float) -> dict[str, Any]:
+    return {
+        "schema": 1, "ts": ts, "interval_s": 10.0,
+        "pipelines": {"cam": {"fps": 10.0, "frames": 100, "dropped_frames": 0, "stages": {}}},
+        "models": {},
+        "agent": {"cpu_percent": 5.0, "rss_bytes": 1, "outbox_depth": 0, "outbox_bytes": 0,
+                  "outbox_dropped": 0, "reconnects": 1, "uptime_s": 99.0},
+    }  # fmt: skip
+
+
+def test_watch_dates_what_it_saw_arrive_and_tells_clocks_and_replays(broker: LocalBroker) -> None:
+    # What the boxes' own ts cannot say, the arrival can: a broker forwards a retained
+    # state live with its retain flag cleared, and that is how watch knows it saw it come.
+    now = time.time()
+    day = 86400.0
+
+    def state(device: str, **fields: Any) -> None:
+        mosquitto_pub(broker, f"{PREFIX}/{device}/state", fields, retain=True)
+
+    state("old-box", online=False, seq=4, ts=now - 30 * day)
+    state("gone-box", online=True, seq=2, ts=now - 30 * day)
+    echoes: queue.Queue[str] = queue.Queue()
+    spy = connect(BrokerSettings(port=broker.port))
+    try:
+        spy.subscribe(f"{PREFIX}/fleet/console/+", lambda m: echoes.put(m.topic), qos=0)
+        time.sleep(0.5)  # subscribed before watch connects: its echo must not pass unseen
+        watching = subprocess.Popen(
+            [sys.executable, "-m", "edge_agent.fleet.cli", "watch", "-p", str(broker.port),
+             "--once", "6", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        echoes.get(timeout=20)  # watch has its retained states: what follows arrives live
+        live = time.time()
+        cam = [{"id": "cam", "model": "m", "status": "running"}]
+        state("ahead-box", online=True, seq=1, ts=live + 365 * day, pipelines=cam)
+        state("behind-box", online=True, seq=1, ts=live - 3 * 3600, pipelines=cam)
+        # A box back from a 15-minute outage: its birth, then its outbox, oldest first,
+        # and one older still that a slow path delivered last.
+        state("replay-box", online=True, seq=1, ts=live, pipelines=cam)
+        tele = f"{PREFIX}/replay-box/telemetry"
+        for ts in (live - 900, live - 890, live - 1200):
+            mosquitto_pub(broker, tele, _telemetry(ts), retain=False)
+        state("gone-box", online=False, seq=2, ts=now - 30 * day)  # its will
+        gone = time.time()
+        out, err = watching.communicate(timeout=30)
+    finally:
+        spy.stop()
+    assert watching.returncode == 0, err
+    boxes = {entry["device"]: entry for entry in json.loads(out)}
+    assert boxes["ahead-box"]["flags"] == ["clock +365d"]
+    assert boxes["ahead-box"]["last_seen_from"] == "arrival"
+    # Behind can only be told from a birth that arrived live: a retained one may be old.
+    assert boxes["behind-box"]["flags"] == ["clock -3h"]
+    assert boxes["replay-box"]["pipelines"]["cam"]["fps"] == 10.0
+    assert boxes["replay-box"]["flags"] == ["replaying 15m behind"]
+    assert boxes["replay-box"]["in_trouble"] is True
+    # Its will came live: dated by its arrival, not by the connect 30 days ago.
+    assert boxes["gone-box"]["last_seen_from"] == "arrival"
+    assert live <= boxes["gone-box"]["last_seen"] <= gone + 1
+    assert (boxes["old-box"]["last_seen_from"], boxes["old-box"]["flags"]) == ("device_clock", [])
+    table = fleet_cli(broker, "watch", "--once", "1")
+    row = next(line for line in table.stdout.splitlines() if "old-box" in line)
+    assert "connected 30d ago" in row, table.stdout
+
+
+def test_cmd_says_when_the_boxs_clock_is_far_off(broker: LocalBroker) -> None:
+    box = "skewed-box"
+    commands: queue.Queue[bytes] = queue.Queue()
+    skewed = connect(BrokerSettings(port=broker.port))
+    try:
+        skewed.subscribe(f"{PREFIX}/{box}/cmd", lambda m: commands.put(m.payload), qos=1)
+        while True:  # subscribed once its own probe comes back
+            skewed.publish(f"{PREFIX}/{box}/cmd", b"probe", qos=1)
+            try:
+                if commands.get(timeout=0.5) == b"probe":
+                    break
+            except queue.Empty:
+                continue
+        for offset, said in ((2 * 86400.0, "2d ahead of"), (-7200.0, "2h behind"), (0.0, None)):
+            asking = subprocess.Popen(
+                [sys.executable, "-m", "edge_agent.fleet.cli", "cmd", "-p", str(broker.port),
+                 box, "ping", "--timeout", "20"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            command = json.loads(commands.get(timeout=20))
+            answer = {"id": command["id"], "status": "ok", "device_id": box,
+                      "ts": time.time() + offset, "result": {"pong": True}}  # fmt: skip
+            skewed.publish(f"{PREFIX}/{box}/resp", json.dumps(answer).encode(), qos=1)
+            out, err = asking.communicate(timeout=30)
+            assert asking.returncode == 0, err
+            assert json.loads(out)["result"] == {"pong": True}
+            warned = [line for line in err.splitlines() if "clock" in line]
+            if said is None:
+                assert warned == [], err
+            else:
+                assert warned == [
+                    f"edge-fleet: warning: {box}'s clock is {said} this console's (its "
+                    "answer's ts); its timestamps are off by as much: check its NTP"
+                ], err
+    finally:
+        skewed.stop()

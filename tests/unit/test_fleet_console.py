@@ -7,17 +7,20 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from rich.console import Console
+from rich.table import Table
 
 from edge_agent.comms.base import Message
 from edge_agent.comms.fake import FakeBroker
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fleet.clock import skew_of_answer
 from edge_agent.fleet.console import Interrupted
 from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg
 from edge_agent.fleet.roster import Roster, send_group
-from edge_agent.fleet.tables import age, watch_table
+from edge_agent.fleet.tables import age, status_table, watch_json, watch_table
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 
@@ -128,7 +131,8 @@ def test_a_screenful_of_a_large_fleet_shows_the_devices_in_trouble_first() -> No
     assert devices[:2] == ["box-04321", "box-04999"]
     assert devices[2:] == [f"box-{i:05d}" for i in range(18)]
     assert table.caption == (
-        "4980 more not shown (0 of them offline or failing); --once S --json lists every device"
+        "4980 more not shown (0 of them offline, failing or flagged); "
+        "--once S --json lists every device"
     )
     assert len(list(watch_table(roster.snapshot(), now=2000.0).columns[0].cells)) == 5000
 
@@ -163,3 +167,280 @@ def test_a_large_group_on_a_terminal_is_one_bar() -> None:
         assert task.completed == pytest.approx((2000 * 0.75 + MAX_BARS * 0.25) / (2000 + MAX_BARS))
     finally:
         bars.close()
+
+
+# --- what an operator paged at 3 a.m. must see ----------------------------------------------
+NOW = 1_700_000_000.0
+DAY = 86400.0
+
+
+class Clock:
+    """The console's clock, set by the test."""
+
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def birth(
+    device: str,
+    ts: float,
+    *,
+    live: bool,
+    online: bool = True,
+    seq: int = 1,
+    pipelines: list[msg.PipelineState] | None = None,
+    models: list[msg.ModelState] | None = None,
+    unverified: bool = False,
+) -> Message:
+    body = msg.State(
+        online=online,
+        seq=seq,
+        ts=ts,
+        pipelines=pipelines or [],
+        models=models or [],
+        unverified=unverified,
+    )
+    # A broker clears the retain flag of what it forwards live.
+    return Message(TOPICS.device(device, "state"), body.model_dump_json().encode(), retain=not live)
+
+
+def running(
+    pipeline: str = "cam",
+    status: Literal["starting", "running", "failed", "stopped"] = "running",
+    detail: str = "",
+) -> msg.PipelineState:
+    return msg.PipelineState(id=pipeline, model="m", status=status, detail=detail)
+
+
+def telemetry(
+    device: str,
+    ts: float,
+    *,
+    fps: float = 10.0,
+    dropped: int = 0,
+    outbox_dropped: int = 0,
+    interval_s: float = 10.0,
+) -> Message:
+    e2e = msg.StageTelemetry(count=10, p50_ms=100, p95_ms=120, p99_ms=130, max_ms=140)
+    body = msg.Telemetry(
+        ts=ts,
+        interval_s=interval_s,
+        pipelines={
+            "cam": msg.PipelineTelemetry(
+                fps=fps,
+                frames=int(fps * interval_s),
+                dropped_frames=dropped,
+                stages={"end_to_end": e2e},
+            )
+        },
+        models={},
+        agent=msg.AgentTelemetry(
+            cpu_percent=50,
+            rss_bytes=1,
+            outbox_depth=0,
+            outbox_bytes=0,
+            outbox_dropped=outbox_dropped,
+            reconnects=0,
+            uptime_s=5,
+        ),
+    )
+    return Message(TOPICS.device(device, "telemetry"), body.model_dump_json(by_alias=True).encode())
+
+
+def rows_by_device(table: Table) -> dict[str, dict[str, str]]:
+    """The first row of each device, by column header (cells as plain text)."""
+    headers = [str(c.header) for c in table.columns]
+    columns = [[str(cell) for cell in c.cells] for c in table.columns]
+    found: dict[str, dict[str, str]] = {}
+    for i, device in enumerate(columns[0]):
+        if device:
+            found[device] = {h: col[i] for h, col in zip(headers, columns, strict=True)}
+    return found
+
+
+def test_a_screenful_puts_flagged_devices_first_and_says_why() -> None:
+    # Each of these listed below 40 healthy rows, and the caption said 0 were in trouble.
+    console = Clock()
+    roster = Roster(TOPICS, now=console)
+    for i in range(40):
+        roster.on_state(birth(f"a-{i:02d}", NOW - 60, live=False, pipelines=[running()]))
+        roster.on_telemetry(telemetry(f"a-{i:02d}", NOW))
+    troubled = {
+        "z-camdead": telemetry("z-camdead", NOW, fps=0.0),  # running, no frame
+        "z-dropping": telemetry("z-dropping", NOW, fps=5.0, dropped=50),
+        "z-outbox": telemetry("z-outbox", NOW, outbox_dropped=5000),
+    }
+    for device, tele in troubled.items():
+        roster.on_state(birth(device, NOW - 60, live=False, pipelines=[running()]))
+        roster.on_telemetry(tele)
+    # The outbox counter counts every drop ever: only its rise says it drops now.
+    roster.on_telemetry(telemetry("z-outbox", NOW - 10, outbox_dropped=4000))  # older: ignored
+    roster.on_telemetry(telemetry("z-outbox", NOW + 10, outbox_dropped=5200))
+    roster.on_state(birth("a-steady", NOW - 60, live=False, pipelines=[running()]))
+    roster.on_telemetry(telemetry("a-steady", NOW, outbox_dropped=900))
+    roster.on_telemetry(telemetry("a-steady", NOW + 10, outbox_dropped=900))
+    fallback = msg.ModelState(name="m", digest="x", device="CPU", fallback="NPU: no driver")
+    roster.on_state(
+        birth("z-trustless", NOW - 60, live=False, pipelines=[running()], unverified=True)
+    )
+    roster.on_state(birth("z-fellback", NOW - 60, live=False, models=[fallback]))
+    console.now = NOW + 12
+
+    table = watch_table(roster.snapshot(), now=console.now, limit=8)
+    rows = rows_by_device(table)
+    assert list(rows) == [
+        "z-camdead",
+        "z-dropping",
+        "z-fellback",
+        "z-outbox",
+        "z-trustless",
+        "a-00",
+        "a-01",
+        "a-02",
+    ]
+    assert {d: rows[d]["flags"] for d in rows if d.startswith("z-")} == {
+        "z-camdead": "fps0",
+        "z-dropping": "drops 50%",
+        "z-fellback": "fallback",
+        "z-outbox": "outbox-drops",
+        "z-trustless": "unverified",
+    }
+    assert table.caption == (
+        "38 more not shown (0 of them offline, failing or flagged); "
+        "--once S --json lists every device"
+    )
+    # The same, for scripts: every device, flagged or not.
+    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot())}
+    assert listed["z-camdead"]["flags"] == ["cam: fps0"]
+    assert listed["z-camdead"]["pipelines"]["cam"]["flags"] == ["fps0"]
+    assert listed["z-camdead"]["in_trouble"] is True
+    assert (listed["a-steady"]["flags"], listed["a-steady"]["in_trouble"]) == ([], False)
+    # Hidden ones are counted for what they are.
+    hidden = watch_table(roster.snapshot(), now=console.now, limit=3)
+    assert hidden.caption is not None
+    assert "(2 of them offline, failing or flagged)" in hidden.caption
+
+
+def test_why_a_pipeline_is_not_running_is_shown_in_status_and_watch() -> None:
+    why = "no frame for 20 s [errno 111]: connection refused by 10.0.0.7:554, giving up"
+    roster = Roster(TOPICS, now=Clock())
+    roster.on_state(
+        birth("dock-1", NOW, live=False, pipelines=[running("door", "failed", why), running()])
+    )
+    roster.on_state(birth("dock-2", NOW, live=False, pipelines=[running()]))
+    out = Console(file=io.StringIO(), width=200)
+    out.print(watch_table(roster.snapshot(), now=NOW))
+    text = out.file.getvalue()  # type: ignore[attr-defined]
+    door = next(line for line in text.splitlines() if "door" in line)
+    assert door.endswith("│ no frame for 20 s [errno 111]: connection refus… │"), door
+    # One line per pipeline, at fleet scale too: it is cut, in full in --json.
+    assert len(text.splitlines()) == 8
+    [listed, _] = watch_json(roster.snapshot())
+    assert listed["pipelines"]["door"]["detail"] == why
+
+    out = Console(file=io.StringIO(), width=300)
+    out.print(status_table(roster.snapshot(), now=NOW))
+    row = next(line for line in out.file.getvalue().splitlines() if "dock-1" in line)  # type: ignore[attr-defined]
+    # The box's words as they are: its brackets are not rich markup.
+    assert "door failed: no frame for 20 s [errno 111]: connection refus…, cam running" in row
+    assert "cam running │" in row
+
+
+def test_an_offline_box_is_dated_by_what_the_console_knows() -> None:
+    # The will is made at the connect: a box connected 30 days ago read "last seen 30d".
+    console = Clock()
+    roster = Roster(TOPICS, now=console)
+    roster.on_state(birth("old-will", NOW - 30 * DAY, live=False, online=False))
+    roster.on_state(birth("went-now", NOW - 30 * DAY, live=False))
+    console.now = NOW + 5
+    roster.on_state(birth("went-now", NOW - 30 * DAY, live=True, online=False))  # its will
+    console.now = NOW + 125
+    rows = rows_by_device(watch_table(roster.snapshot(), now=console.now))
+    assert rows["old-will"]["last seen"] == "connected 30d ago"
+    assert rows["went-now"]["last seen"] == "offline 2m"
+    status = rows_by_device(status_table(roster.snapshot(), now=console.now))
+    assert status["old-will"]["since"].startswith("connected 30d ago")
+    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot())}
+    assert (listed["went-now"]["last_seen"], listed["went-now"]["last_seen_from"]) == (
+        NOW + 5,
+        "arrival",
+    )
+    assert listed["old-will"]["last_seen_from"] == "device_clock"
+
+
+def test_a_clock_far_off_is_flagged_and_never_dates_last_seen() -> None:
+    console = Clock()
+    roster = Roster(TOPICS, now=console)
+    # Live births: made a moment before they arrived, so their ts says the skew, either way.
+    roster.on_state(birth("ahead", NOW + 365 * DAY, live=True, pipelines=[running()]))
+    roster.on_state(birth("behind", NOW - 3 * 3600, live=True, pipelines=[running()]))
+    roster.on_state(birth("in-time", NOW - 0.4, live=True, pipelines=[running()]))
+    # Retained: it may be old, so it says only that a clock is ahead, never behind.
+    roster.on_state(birth("ahead-retained", NOW + 2 * DAY, live=False, pipelines=[running()]))
+    roster.on_state(birth("old-retained", NOW - 9 * DAY, live=False, pipelines=[running()]))
+    console.now = NOW + 40
+    roster.on_telemetry(telemetry("ahead", NOW + 365 * DAY + 40))
+    snapshot = roster.snapshot()
+    rows = rows_by_device(watch_table(snapshot, now=console.now))
+    assert {d: r["flags"] for d, r in rows.items()} == {
+        "ahead": "clock +365d",
+        "ahead-retained": "clock +2d",
+        "behind": "clock -3h",
+        "in-time": "",
+        "old-retained": "",
+    }
+    # A year ahead read "last seen 0s" forever: the console's own arrival dates it.
+    assert (rows["ahead"]["last seen"], rows["behind"]["last seen"]) == ("0s", "40s")
+    status = rows_by_device(status_table(snapshot, now=console.now))
+    assert (status["ahead-retained"]["since"], status["ahead-retained"]["flags"]) == (
+        "?",
+        "clock +2d",
+    )
+    assert status["old-retained"]["since"] == "9d"
+    # A clock fixed after its birth: the next message corrects the estimate towards ahead.
+    roster.on_telemetry(telemetry("behind", console.now + 1))
+    assert rows_by_device(watch_table(roster.snapshot(), now=console.now))["behind"]["flags"] == ""
+
+
+def test_an_answer_tells_the_skew_from_its_window() -> None:
+    assert skew_of_answer(ts=105.0, sent=100.0, arrived=110.0) == 0.0  # made in between
+    assert skew_of_answer(ts=110.0 + DAY, sent=100.0, arrived=110.0) == DAY
+    assert skew_of_answer(ts=100.0 - 7200, sent=100.0, arrived=110.0) == -7200
+
+
+def test_status_marks_a_fallback_and_a_box_that_trusts_no_key() -> None:
+    models = [
+        msg.ModelState(
+            name="person-ssdlite", version=3, digest="x", device="CPU", fallback="NPU: no driver"
+        ),
+        msg.ModelState(name="orient", digest="y", device="GPU"),
+    ]
+    roster = Roster(TOPICS, now=Clock())
+    roster.on_state(birth("dock-1", NOW, live=False, models=models, unverified=True))
+    [row] = rows_by_device(status_table(roster.snapshot(), now=NOW)).values()
+    assert row["models"] == "person-ssdlite v3 @CPU (fallback), orient @GPU"
+    assert row["flags"] == "unverified, fallback"
+
+
+def test_replayed_telemetry_does_not_pass_for_current() -> None:
+    # After an outage the outbox sends what it kept, oldest first; a fresh interval may
+    # have gone ahead of it. The roster kept whatever arrived last.
+    console = Clock()
+    roster = Roster(TOPICS, now=console)
+    roster.on_state(birth("dock-1", NOW, live=True, pipelines=[running()]))  # the reconnect
+    roster.on_telemetry(telemetry("dock-1", NOW - 900, fps=9.0))
+    roster.on_telemetry(telemetry("dock-1", NOW - 890, fps=8.0))
+    [record] = roster.snapshot()
+    assert record.telemetry is not None
+    assert record.telemetry.ts == NOW - 890
+    [row] = rows_by_device(watch_table(roster.snapshot(), now=NOW)).values()
+    assert row["flags"] == "replaying 15m behind"
+    roster.on_telemetry(telemetry("dock-1", NOW + 10, fps=3.0))  # a fresh interval ...
+    roster.on_telemetry(telemetry("dock-1", NOW - 880, fps=7.0))  # ... passed by the backlog
+    [listed] = watch_json(roster.snapshot())
+    assert listed["pipelines"]["cam"]["fps"] == 3.0
+    assert listed["flags"] == []
+    assert roster.ignored_older_telemetry == 1
