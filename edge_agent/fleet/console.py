@@ -300,8 +300,10 @@ class DeviceConsole:
         if state is None:
             return " (no retained state: the device has never connected to this broker)"
         if not state.online:
-            since = time.strftime("%H:%M:%S", time.localtime(state.ts))
-            return f" ({self.device} is offline since {since})"
+            # The will is made at connect, so its ts is when the lost connection began (by
+            # the box's clock), not when it was lost.
+            began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.ts))
+            return f" ({self.device} is offline; its last connection began at {began})"
         return ""
 
     # --- handlers (the session's dispatch thread: short) ---------------------------------------

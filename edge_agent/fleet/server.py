@@ -26,6 +26,7 @@ from edge_agent.comms.base import Communicator, Message
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
 from edge_agent.delivery.chunks import read_chunk
 from edge_agent.fleet.repo import Repo, RepoEntry
+from edge_agent.logs import log_event
 from edge_agent.protocol.delivery import (
     CONTROL,
     Ack,
@@ -185,7 +186,7 @@ class FleetServer:
         try:
             request = RepairRequest.model_validate_json(message.payload)
         except ValidationError as exc:
-            log.info('event=fleet.bad_repair error="%s"', exc.errors()[0]["msg"])
+            log_event(log, logging.INFO, "fleet_bad_repair", error=exc.errors()[0]["msg"])
             return
         reply = message.response_topic or request.response_topic
         correlation = message.correlation_data

@@ -135,6 +135,10 @@ def test_status_shows_the_device_online_then_offline_after_a_clean_stop(
     [offline] = as_json(done)
     assert (offline["device"], offline["online"]) == (DEVICE, False)
     assert offline["seq"] == online["seq"]  # the same connection's clean-stop message
+    # A command to it says so, without dating the loss by the will's connect-time stamp.
+    done = fleet_cli(broker, "cmd", DEVICE, "ping", "--timeout", "1")
+    assert done.returncode == 124
+    assert f"{DEVICE} is offline; its last connection began at" in done.stderr
     assert "offline" in fleet_cli(broker, "status").stdout
 
 
