@@ -3,13 +3,16 @@
 Delivery is synchronous: a publish delivers to matching handlers before it
 returns, and what handlers publish meanwhile is delivered in order after them
 (a queue, not recursion, so a long exchange cannot overflow the stack).
-Retained messages are kept, shared subscriptions hand each message to one
-member of the group (round robin), and MQTT 5 request/response fields pass
-through unless the session says 3.1.1.
+Retained messages are kept, and as mosquitto does, the retain flag is set only on
+what a subscription receives from that store, never on a message passed on live
+(the fleet console tells a live birth from a stored one by it). Shared
+subscriptions hand each message to one member of the group (round robin), and
+MQTT 5 request/response fields pass through unless the session says 3.1.1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import defaultdict, deque
 
@@ -48,6 +51,7 @@ class FakeBroker:
                 self.retained[message.topic] = message
             else:
                 self.retained.pop(message.topic, None)
+            message = dataclasses.replace(message, retain=False)
         shared: defaultdict[str, list[tuple[Handler, FakeCommunicator]]] = defaultdict(list)
         for topic_filter, handler, session in list(self._subs):
             if not topic_matches(topic_filter, message.topic):

@@ -444,3 +444,16 @@ def test_replayed_telemetry_does_not_pass_for_current() -> None:
     assert listed["pipelines"]["cam"]["fps"] == 3.0
     assert listed["flags"] == []
     assert roster.ignored_older_telemetry == 1
+
+
+def test_the_fake_broker_sets_retain_only_on_what_comes_from_its_store() -> None:
+    # As mosquitto does, and as the roster reads it to tell a live birth from a stored one:
+    # the fake once passed the publisher's flag on to live subscribers.
+    broker = FakeBroker()
+    live: list[Message] = []
+    broker.connect().subscribe("edge/v1/+/state", live.append)
+    broker.connect().publish("edge/v1/b1/state", b"{}", retain=True)
+    stored: list[Message] = []
+    broker.connect().subscribe("edge/v1/+/state", stored.append)
+    assert [m.retain for m in live] == [False]
+    assert [m.retain for m in stored] == [True]
