@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from edge_agent import __version__
+from edge_agent.agent.expiry import expired_error
 from edge_agent.agent.jobs import JobContext, Jobs, stopping_error
 from edge_agent.agent.lanes import Lane
 from edge_agent.agent.records import CommandLog
@@ -242,11 +243,7 @@ class Dispatcher:
         ):
             self._finish(
                 command.id,
-                error=EdgeAgentError(
-                    f"command {command.id} expired at {command.expires_at}",
-                    "send it again with a later expires_at",
-                    code="command.expired",
-                ),
+                error=expired_error(command.id, command.sent_at, command.expires_at, self._clock()),
             )
             return
         if command.type not in COMMAND_ARGS:

@@ -29,7 +29,7 @@ from edge_agent.protocol.agent import AgentEvent, ModelState
 from edge_agent.protocol.topics import Topics
 from edge_agent.quiet import stdout_to_stderr
 from edge_agent.runtime.base import CompileReport, RuntimeOptions
-from edge_agent.store.health import HealthGate
+from edge_agent.store.health import HealthGate, HealthGateError
 from edge_agent.store.store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,10 @@ class ModelOps:
             )
         except EdgeAgentError as exc:
             if exc.code == "health.failed":
-                self._event("model_health_failed", name, version, exc.code, str(exc))
+                # The version the gate failed: a deploy of `latest` (version None) had the
+                # event say which only in its detail text.
+                failed = exc.version if isinstance(exc, HealthGateError) else version
+                self._event("model_health_failed", name, failed, exc.code, str(exc))
             raise
         swapped: list[str] = []
         if result.activated:

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from edge_agent.agent.loaded import TrackedPool
+from edge_agent.agent.outage import SourceOutage
 from edge_agent.agent.records import AgentRecords
 from edge_agent.agent.sink import AgentSink, EmitEvent, EmitResult, ResultsPolicy
 from edge_agent.catalog.manifest import ImageInput
@@ -59,6 +60,12 @@ class _Running:
     frames_seen: int = 0
     fresh_at: float = field(default_factory=time.monotonic)
     retry_s: float = _RETRY_MIN_S
+    retries: int = 0
+    """Retries since the pipeline last ran with frames; said in each retry's start event."""
+    failed_code: str = ""
+    """The code of the failure the next retry follows."""
+    outage: SourceOutage | None = None
+    """How long the source has been down, across the runs that retry it."""
     ended: bool = False
     """The current handle's run is over: ticks leave it to its last interval (see `_run`)."""
     reload: bool = False
@@ -184,7 +191,7 @@ class Pipelines:
                 "max_pipelines in the agent's config",
                 code="command.busy",
             )
-        entry = self._running[spec.id] = _Running(spec)
+        entry = self._running[spec.id] = _Running(spec, outage=SourceOutage(spec.id))
         return entry
 
     def _start_registered(self, entry: _Running, persist: bool) -> PipelineState:
@@ -246,9 +253,16 @@ class Pipelines:
             pipelines[pipeline_id] = spec.model_dump(mode="json")
         self.records.update(pipelines=pipelines)
 
-    def _launch(self, entry: _Running) -> None:
+    def _launch(self, entry: _Running, retry: bool = False) -> None:
         spec = entry.spec
-        sink = AgentSink(spec.id, self.policy, self._emit_result, self._emit_event, self._clock)
+        sink = AgentSink(
+            spec.id,
+            self.policy,
+            self._emit_result,
+            self._emit_event,
+            self._clock,
+            outage=entry.outage,
+        )
         with self._lock:
             entry.reload = False  # this build resolves the model afresh
         # Building compiles the model: on the command's thread, so its errors answer it.
@@ -270,7 +284,12 @@ class Pipelines:
         )
         thread.start()
         entry.thread = thread  # only once started: stop() may join it at any moment
-        self._event("pipeline_started", spec.id, detail=f"model {spec.model.name}")
+        detail = f"model {spec.model.name}"
+        if retry:
+            # A retry said only "model ...", as a start by command does: a console could not
+            # tell the camera's tenth retry from a new start.
+            detail = f"retry {entry.retries} after {entry.failed_code}, {detail}"
+        self._event("pipeline_started", spec.id, detail=detail)
         if reload and isinstance(handle.pipeline, VisionPipeline):
             # A deploy, activate or rollback of its model during the build found no handle
             # to swap; left alone, this kept the version it had resolved for good.
@@ -321,7 +340,8 @@ class Pipelines:
                     # This run worked before it lost its feed: retries start again from the
                     # shortest wait. Left doubled, a camera's every outage after its first
                     # few would wait the full 5 minutes before the first retry.
-                    entry.retry_s = _RETRY_MIN_S
+                    entry.retry_s, entry.retries = _RETRY_MIN_S, 0
+                entry.failed_code = error.code
                 self._schedule_retry(entry)
         else:
             entry.status, entry.detail = "stopped", "source ended"
@@ -335,16 +355,19 @@ class Pipelines:
         def retry() -> None:
             if entry.stopping.wait(delay) or self._closed.is_set():
                 return
+            entry.retries += 1
             try:
-                self._launch(entry)
+                self._launch(entry, retry=True)
             except EdgeAgentError as exc:
                 if entry.stopping.is_set():
                     return  # stopped while it relaunched: no more retries
                 entry.status, entry.detail = "failed", str(exc)
+                entry.failed_code = exc.code
                 self._schedule_retry(entry)
             except Exception as exc:  # a bug must not end a live camera's retries for good
                 log_crash(log, "pipeline_retry_crashed", pipeline=entry.spec.id)
                 entry.status, entry.detail = "failed", f"crashed: {exc}"
+                entry.failed_code = "internal"
                 self._schedule_retry(entry)
 
         threading.Thread(target=retry, name=f"retry-{entry.spec.id}", daemon=True).start()

@@ -256,9 +256,22 @@ class AgentService:
         return Will(self._state_topic, self._offline())
 
     def _offline(self) -> bytes:
-        # The will and the clean-stop message say only this: {online: false, seq, ts}.
-        offline = msg.State(online=False, seq=self._seq, ts=time.time())
-        return offline.model_dump_json(include={"online", "seq", "ts"}).encode()
+        # The will and the clean-stop message: {online: false, seq, ts}, and what a console
+        # needs to ask about a dark box when it matters most (after an upgrade: are the dark
+        # ones the upgraded ones? which site?). Only those: the will is held by the broker
+        # for every connection, and models and pipelines are stale once the box is gone.
+        offline = msg.State(
+            online=False,
+            seq=self._seq,
+            ts=time.time(),
+            agent_version=__version__,
+            group=self.config.group,
+            config_hash=self.config.config_hash(),
+        )
+        return offline.model_dump_json(
+            include={"online", "seq", "ts", "agent_version", "group", "config_hash"},
+            exclude_none=True,
+        ).encode()
 
     @property
     def _state_topic(self) -> str:

@@ -14,7 +14,9 @@ messages and returns: the outbox write is a local sqlite insert.
   dropped by the outbox: one per frame per object would crowd out everything
   else while the broker is away.
 - Pipeline events (a rule's appeared/gone, a source lost, a model swapped)
-  become `events`, stamped with the box's clock.
+  become `events`, stamped with the box's clock; a failure's carries its code.
+- A source lost, and the first frame after it, are marked on the pipeline's
+  `SourceOutage`, which logs how long the source was down once it is back.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from edge_agent.agent.outage import SourceOutage
 from edge_agent.heads.base import Detection
 from edge_agent.pipelines.base import FrameResult
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent, ResultMessage
@@ -69,6 +72,7 @@ class AgentSink:
         emit_event: Where events go.
         clock: Unix seconds, injectable.
         tracker: Follows detections across frames; a fresh one by default.
+        outage: The pipeline's source outage record, shared by its runs; None: not kept.
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class AgentSink:
         emit_event: EmitEvent,
         clock: Callable[[], float] = time.time,
         tracker: Tracker | None = None,
+        outage: SourceOutage | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.policy = policy
@@ -86,6 +91,7 @@ class AgentSink:
         self._emit_event = emit_event
         self._clock = clock
         self._tracker = tracker or Tracker()
+        self._outage = outage
         self._objects: dict[int, _Object] = {}
         self._last_ts = 0.0
         self.model: str | None = None
@@ -102,6 +108,8 @@ class AgentSink:
                 detail = (
                     f"{event.kind}: {event.label} ({event.rule})" if event.label else event.kind
                 )
+            if kind == "source_lost" and self._outage is not None:
+                self._outage.lost(event.code)
             self._send(
                 AgentEvent.model_validate(
                     {
@@ -109,12 +117,17 @@ class AgentSink:
                         "ts": now,
                         "pipeline": self.pipeline,
                         "model": result.model,
+                        # A failure event without its code broke the protocol's promise
+                        # that every failure event carries one (source_lost did).
+                        "code": event.code,
                         "detail": detail,
                     }
                 )
             )
         if result.frame < 0:
             return
+        if self._outage is not None:
+            self._outage.frame()
         self.model = result.model
         self._track(result, now)
         if self.policy == "events":

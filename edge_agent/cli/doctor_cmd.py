@@ -70,16 +70,19 @@ def render(report: DoctorReport) -> Table:
     table.add_row("/dev/dri", ", ".join(report.dri_nodes) or "none (no iGPU exposed)")
     table.add_row("render access", "yes" if report.render_access else "no")
     table.add_row("NPU driver", "present" if report.npu_driver else "absent (/dev/accel)")
-    table.add_row(
-        "model cache",
-        f"{report.cache_dir} ({report.cache_bytes / 1e6:.1f} MB"
-        + (")" if report.cache_writable else ", [red]not writable[/])"),
-    )
+    cache = [f"{report.cache_bytes / 1e6:.1f} MB", *_folder(report.cache_free_bytes, report)]
+    table.add_row("model cache", f"{report.cache_dir} ({', '.join(cache)})")
     for name in report.cached_models:
         table.add_row("", name)
-    table.add_row(
-        "state", report.state_dir + ("" if report.state_writable else " ([red]not writable[/])")
-    )
+    state = _folder(report.state_free_bytes, report, state=True)
+    table.add_row("state", report.state_dir + (f" ({', '.join(state)})" if state else ""))
     for problem in report.problems:
         table.add_row("[red]problem[/]", problem)
     return table
+
+
+def _folder(free_bytes: int | None, report: DoctorReport, state: bool = False) -> list[str]:
+    """A folder's free space, and whether it is writable, for its row."""
+    writable = report.state_writable if state else report.cache_writable
+    notes = [] if free_bytes is None else [f"{free_bytes / 1e6:.0f} MB free"]
+    return notes if writable else [*notes, "[red]not writable[/]"]

@@ -21,7 +21,7 @@ import logging
 import os
 from pathlib import Path
 
-from edge_agent.logs import Throttle
+from edge_agent.logs import Throttle, log_event
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +70,31 @@ class HeldFilters:
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as exc:
-            log.warning('event=mqtt.held_filters_unreadable path="%s" error="%s"', self.path, exc)
+            log_event(
+                log,
+                logging.WARNING,
+                "mqtt.held_filters_unreadable",
+                path=str(self.path),
+                error=str(exc),
+            )
             return []
         if not isinstance(data, list):
-            log.warning(
-                'event=mqtt.held_filters_unreadable path="%s" error="not a list"', self.path
+            log_event(
+                log,
+                logging.WARNING,
+                "mqtt.held_filters_unreadable",
+                path=str(self.path),
+                error="not a list",
             )
             return []
         valid = [f for f in data if is_valid_filter(f)]
         if len(valid) < len(data):
-            log.warning(
-                'event=mqtt.held_filters_invalid path="%s" skipped=%d',
-                self.path,
-                len(data) - len(valid),
+            log_event(
+                log,
+                logging.WARNING,
+                "mqtt.held_filters_invalid",
+                path=str(self.path),
+                skipped=len(data) - len(valid),
             )
         return list(dict.fromkeys(valid))[:MAX_FILTERS]
 
@@ -95,8 +107,12 @@ class HeldFilters:
             tmp.replace(self.path)
         except (OSError, ValueError) as exc:  # ValueError: a filter that is not UTF-8
             if self._not_saved.ready():
-                log.warning(
-                    'event=mqtt.held_filters_not_saved path="%s" error="%s"', self.path, exc
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "mqtt.held_filters_not_saved",
+                    path=str(self.path),
+                    error=str(exc),
                 )
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)

@@ -40,7 +40,7 @@ from edge_agent.comms.base import Handler, Message, MqttVersion, Unsubscribe, to
 from edge_agent.comms.held_filters import HeldFilters
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.errors import EdgeAgentError
-from edge_agent.logs import Throttle
+from edge_agent.logs import Throttle, log_crash, log_event
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,8 @@ class MqttSession:
         """Whether it was an answer (refused, no such host, CONNACK no) rather than silence."""
         self._connect_warned = Throttle(_WARN_EVERY_S)
         self._failing_since: float | None = None
+        self._lost_at: float | None = None  # monotonic: when a link that was up was lost
+        self._back_warned = Throttle(_WARN_EVERY_S)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._subs: dict[str, tuple[int, list[Handler]]] = {}
@@ -255,7 +257,7 @@ class MqttSession:
                 if self._early.pop(info.mid, None) is None:
                     self._pending.add(info.mid)
         if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
-            log.warning('event=mqtt.queue_full topic="%s"', topic)
+            log_event(log, logging.WARNING, "mqtt.queue_full", topic=topic)
 
     def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> Unsubscribe:
         with self._send_lock:
@@ -353,13 +355,14 @@ class MqttSession:
                 if self._failing_since is None:
                     self._failing_since = now
                 loud = now - self._failing_since >= _WARN_AFTER_S and self._connect_warned.ready()
-                log.log(
+                log_event(
+                    log,
                     logging.WARNING if loud else logging.INFO,
-                    'event=mqtt.connect_failed host="%s" port=%d error="%s" retry_s=%.2f',
-                    s.host,
-                    s.port,
-                    self.last_error,
-                    delay,
+                    "mqtt.connect_failed",
+                    host=s.host,
+                    port=s.port,
+                    error=self.last_error,
+                    retry_s=round(delay, 2),
                 )
                 self._stopping.wait(delay)
                 continue
@@ -376,7 +379,7 @@ class MqttSession:
             except Exception:
                 # Our callbacks run inside loop(): a bug in one must not end this thread, or
                 # the session stays offline for good. Drop the link and connect again.
-                log.exception("event=mqtt.network_failed")
+                log_crash(log, "mqtt.network_failed")
                 self._client._reset_sockets()
                 self._mark_offline()
             self.connected.clear()
@@ -392,6 +395,7 @@ class MqttSession:
                 # handshake done, no CONNACK before the keepalive ran out) is a failed
                 # attempt: counted, a frozen broker read as 11 reconnects for two outages.
                 self.reconnects += 1
+                self._lost_at = time.monotonic()
                 # A link lost right after it came up does not start the backoff again: two
                 # boxes cloned with one client id take the session from each other on every
                 # connect, and would otherwise do so as fast as reconnect_min_s allows.
@@ -403,7 +407,7 @@ class MqttSession:
                     self._say_unstable(up_s)
             delay = backoff_delay(attempt, s.reconnect_min_s, s.reconnect_max_s, self._rng)
             attempt += 1
-            log.info('event=mqtt.disconnected host="%s" retry_s=%.2f', s.host, delay)
+            log_event(log, logging.INFO, "mqtt.disconnected", host=s.host, retry_s=round(delay, 2))
             self._stopping.wait(delay)
         self._close_socket()
 
@@ -411,15 +415,30 @@ class MqttSession:
         # mosquitto closes a taken-over connection without MQTT 5's "session taken over"
         # reason, so the pattern is what tells: accepted, then dropped at once, again.
         if self._short_links >= _SHORT_LINKS_WARN and self._short_warned.ready():
-            log.warning(
-                'event=mqtt.unstable_link client_id="%s" links=%d up_s=%.2f hint="the broker '
-                "accepts this client and drops it at once, again and again: another client "
-                "with the same client id (two boxes with one device_id?), a broker limit, or "
-                'a link that keeps failing"',
-                self.settings.client_id,
-                self._short_links,
-                up_s,
+            log_event(
+                log,
+                logging.WARNING,
+                "mqtt.unstable_link",
+                client_id=self.settings.client_id,
+                links=self._short_links,
+                up_s=round(up_s, 2),
+                hint="the broker accepts this client and drops it at once, again and again: "
+                "another client with the same client id (two boxes with one device_id?), a "
+                "broker limit, or a link that keeps failing",
             )
+
+    def _say_back(self, down_s: float) -> None:
+        # WARNING, as the outage's connect failures were: the service's journal hides INFO,
+        # and showed when an outage began but never when it ended. Once a minute at most:
+        # a link dropped again and again (mqtt.unstable_link) would fill the journal.
+        log_event(
+            log,
+            logging.WARNING if self._back_warned.ready() else logging.INFO,
+            "mqtt.reconnected",
+            host=self.settings.host,
+            down_s=round(down_s, 1),
+            reconnects=self.reconnects,
+        )
 
     def _wake_network(self) -> None:
         # paho's own way out of loop()'s select, the one its publish() takes: a byte on its
@@ -461,7 +480,7 @@ class MqttSession:
         properties: Properties | None,
     ) -> None:
         if reason.is_failure:
-            log.warning('event=mqtt.refused reason="%s"', reason)
+            log_event(log, logging.WARNING, "mqtt.refused", reason=str(reason))
             self.last_error = f"the broker refused the connection: {reason}"
             # Busy or unavailable is a broker still starting or shedding load: worth waiting for.
             self.refused = reason.value not in _CONNACK_TRANSIENT
@@ -482,6 +501,9 @@ class MqttSession:
         self.last_error, self.refused = None, False
         self._failing_since = None
         self._up_at = time.monotonic()
+        if self._lost_at is not None:
+            self._say_back(self._up_at - self._lost_at)
+            self._lost_at = None
         self.connected.set()
         self._queue.put(_CONNECTED)
 
@@ -569,11 +591,13 @@ class MqttSession:
             # result (an ACL changed, a quota hit) would otherwise log a line per message,
             # 30 a second, and rotate every useful line out of the journal within days.
             if self._refused_warned.ready(str(reason)):
-                log.warning(
-                    'event=mqtt.publish_refused mid=%d reason="%s" refused_total=%d',
-                    mid,
-                    reason,
-                    self.rejected,
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "mqtt.publish_refused",
+                    mid=mid,
+                    reason=str(reason),
+                    refused_total=self.rejected,
                 )
         with self._acked:
             if mid in self._pending:
@@ -638,7 +662,7 @@ class MqttSession:
             fn(arg)
         except Exception:
             # A handler bug must not kill the session: log it with its traceback and go on.
-            log.exception("event=mqtt.handler_failed")
+            log_crash(log, "mqtt.handler_failed")
 
 
 def connect(

@@ -206,7 +206,7 @@ class AudioPipeline:
         )
         # The sinks are not what is stuck; they hear why the stream ended.
         ts = self._last_ts
-        event = Event(kind="pipeline_error", ts=ts, detail=str(self.error))
+        event = Event(kind="pipeline_error", ts=ts, detail=str(self.error), code=self.error.code)
         self._send(FrameResult(self.name, -1, ts, [], [event], {}, self._label))
 
     def _leave(self, counter: Literal["frame_failures", "dropped_on_stop"]) -> None:
@@ -296,7 +296,9 @@ class AudioPipeline:
                 FrameResult(self.name, index, end_ts, list(tail.closed), events, {}, self._label)
             )
         if self.error is not None:
-            event = Event(kind="source_error", ts=end_ts, detail=str(self.error))
+            event = Event(
+                kind="source_error", ts=end_ts, detail=str(self.error), code=self.error.code
+            )
             log_event(
                 log,
                 logging.ERROR,

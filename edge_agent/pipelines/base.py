@@ -109,6 +109,11 @@ class Event(BaseModel):
     label: str = Field(default="", description="Label concerned, for appeared/gone.")
     ts: float = Field(description="Stream time of the event, in seconds.")
     detail: str = Field(default="", description="Human-readable detail (error text, model).")
+    code: str | None = Field(
+        default=None,
+        description="The error's code, for source_error, source_reconnecting "
+        "and pipeline_error (edge_agent/errors.py).",
+    )
 
 
 @dataclass(slots=True)

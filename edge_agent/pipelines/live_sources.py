@@ -88,6 +88,9 @@ class LiveSource:
     hands over the packet, and `read()` decodes it with `decoder`, reduced or whole, on
     the consumer's thread, so frames that are replaced before they are taken are never
     decoded.
+
+    `pipeline`, when given, is on every line the source logs: a journal that said only
+    `source="stream http://..."` did not say which pipeline had lost its camera.
     """
 
     def __init__(
@@ -99,8 +102,10 @@ class LiveSource:
         on_state: StateCallback | None = None,
         decoder: JpegDecoder | None = None,
         hw_decode: bool = False,
+        pipeline: str | None = None,
     ) -> None:
         self._name = name
+        self._ids: dict[str, object] = {"pipeline": pipeline} if pipeline else {}
         self._decoder = decoder or JpegDecoder(None)
         self._hw_decode = hw_decode
         self._hw, self._hw_note, self._packets = "cpu", "", False
@@ -141,6 +146,12 @@ class LiveSource:
     def status(self) -> str:
         """One of connecting, live, reconnecting, failed."""
         return self._status
+
+    @property
+    def loss_code(self) -> str:
+        """The code of losing the feed now: never a frame, it could not be reached; frames,
+        then none, it failed."""
+        return "source.failed" if self._received else "source.unreachable"
 
     @property
     def decoding(self) -> Decoding:
@@ -206,6 +217,7 @@ class LiveSource:
                     log,
                     logging.WARNING,
                     "source_close_pending",
+                    **self._ids,
                     source=self._name,
                     reason="read_blocked",
                 )
@@ -216,7 +228,7 @@ class LiveSource:
                 return
             self._status = state
         level = logging.INFO if state == "live" else logging.WARNING
-        log_event(log, level, f"source_{state}", source=self._name, detail=detail)
+        log_event(log, level, f"source_{state}", **self._ids, source=self._name, detail=detail)
         if self._on_state is not None:
             try:
                 self._on_state(state, detail)
@@ -228,8 +240,7 @@ class LiveSource:
         error = SourceError(
             f"{self._name}: no frame for {self._spec.give_up_after_s:g} s, giving up ({detail})",
             fix=self._fix,
-            # Never a frame: it could not be reached. Frames, then none: it failed.
-            code="source.failed" if self._received else "source.unreachable",
+            code=self.loss_code,
         )
         self._stop.set()
         # State first, so a listener hears "failed" before read() raises.
@@ -295,7 +306,12 @@ class LiveSource:
                 # Corrupt packets can surface as exceptions in some backends: a loss too.
                 ok, image = False, None
                 log_event(
-                    log, logging.WARNING, "source_read_error", source=self._name, error=str(exc)
+                    log,
+                    logging.WARNING,
+                    "source_read_error",
+                    **self._ids,
+                    source=self._name,
+                    error=str(exc),
                 )
             read_s = time.perf_counter() - start
             if not ok or image is None:

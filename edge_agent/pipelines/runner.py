@@ -26,6 +26,7 @@ from edge_agent.pipelines.base import AudioSource, Event, FrameSource, Sink
 from edge_agent.pipelines.detect import Detector
 from edge_agent.pipelines.events import EventTracker
 from edge_agent.pipelines.guard import GuardedSink, guard_sinks
+from edge_agent.pipelines.live_sources import LiveSource
 from edge_agent.pipelines.sinks import SinkSpec, build_sink, sink_name
 from edge_agent.pipelines.sources import open_source
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
@@ -134,6 +135,7 @@ class PipelineHandle:
                         source_spec,
                         on_state=self._source_state,
                         min_size=detector.min_size(active.image),
+                        pipeline=spec.id,
                     )
                 self._open_sinks(extra_sinks, opened)
                 self.pipeline = VisionPipeline(
@@ -303,4 +305,6 @@ class PipelineHandle:
         # Live sources report loss from their reader thread; the pipeline hands it to the sinks.
         pipeline = getattr(self, "pipeline", None)
         if state == "reconnecting" and isinstance(pipeline, VisionPipeline):
-            pipeline.notify(Event(kind="source_reconnecting", ts=0.0, detail=detail))
+            source = pipeline.source
+            code = source.loss_code if isinstance(source, LiveSource) else None
+            pipeline.notify(Event(kind="source_reconnecting", ts=0.0, detail=detail, code=code))

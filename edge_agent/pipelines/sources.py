@@ -237,6 +237,7 @@ def open_source(
     spec: SourceSpec,
     on_state: StateCallback | None = None,
     min_size: MinSize | None = None,
+    pipeline: str | None = None,
 ) -> FrameSource:
     """Open the source a spec describes.
 
@@ -248,6 +249,7 @@ def open_source(
             `min_size_for_tiles`); a JPEG larger than that by 2x or more is decoded
             reduced, and its frames carry the `scale`. None, or a spec with
             `reduced_decode = false`, decodes every frame whole.
+        pipeline: the pipeline's id, for a live source's log lines.
 
     Raises:
         SourceError: a file or folder is missing or unreadable (live sources report
@@ -276,6 +278,7 @@ def open_source(
             fix="check the cable and `v4l2-ctl --list-devices`; the user needs the `video` group",
             on_state=on_state,
             decoder=decoder,
+            pipeline=pipeline,
         )
     shown = _redact(spec.url)
     return LiveSource(
@@ -286,6 +289,7 @@ def open_source(
         on_state=on_state,
         decoder=decoder,
         hw_decode=spec.hw_decode,
+        pipeline=pipeline,
     )
 
 

@@ -446,7 +446,7 @@ class VisionPipeline:
 
     def _emit_error(self, error: EdgeAgentError) -> None:
         kind = "source_error" if isinstance(error, SourceError) else "pipeline_error"
-        event = Event(kind=kind, ts=self._last_ts, detail=str(error))
+        event = Event(kind=kind, ts=self._last_ts, detail=str(error), code=error.code)
         log_event(
             log, logging.ERROR, kind, pipeline=self.name, code=error.code, error=error.problem
         )

@@ -8,12 +8,16 @@ the runs still in flight finish first (`CompiledModel.close` waits for them).
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
 from edge_agent.catalog.catalog import Catalog, ResolvedModel
+from edge_agent.logs import log_event
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import CompiledModel, RuntimeOptions
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -56,6 +60,8 @@ class ModelPool:
             entry.users += 1
         if entry.model is not compiled:
             compiled.close()  # another thread's compile of the same key won the race
+        else:
+            _say_fallback(model, compiled)
         return entry.model, entry.resolved
 
     def release(self, model: CompiledModel) -> None:
@@ -77,3 +83,20 @@ class ModelPool:
     def __len__(self) -> int:
         with self._lock:
             return len(self._entries)
+
+
+def _say_fallback(model: str, compiled: CompiledModel) -> None:
+    """A requested device passed over, once per compile, where the service's journal shows
+    it (WARNING): it was only in the state and telemetry, and a box running on its CPU
+    what it was meant to run on its NPU was silent in the journal."""
+    report = compiled.report
+    if report.fallbacks:
+        log_event(
+            log,
+            logging.WARNING,
+            "device_fallback",
+            model=model,
+            requested=report.requested,
+            used=report.device,
+            reason="; ".join(f"{f.device}: {f.reason}" for f in report.fallbacks),
+        )

@@ -65,6 +65,16 @@ class HealthReport(_Strict):
     latency_ms: float | None = Field(default=None, description="Median smoke latency.")
 
 
+class HealthGateError(EdgeAgentError):
+    """health.failed, with the release that failed: a deploy of `latest` knows its version
+    only once it is resolved, and the model_health_failed event must name it."""
+
+    def __init__(self, problem: str, fix: str, name: str, version: int) -> None:
+        super().__init__(problem, fix, "health.failed")
+        self.name = name
+        self.version = version
+
+
 @dataclass(frozen=True, slots=True)
 class HealthGate:
     """The `Gate` the store calls before a version becomes current."""
@@ -79,7 +89,7 @@ class HealthGate:
         """Check `model` in a child process.
 
         Raises:
-            EdgeAgentError: health.failed, with the reason.
+            HealthGateError: health.failed, with the reason and the release.
         """
         request = ProbeRequest(
             model=model,
@@ -96,10 +106,11 @@ class HealthGate:
             # Said once, by whoever asked: the agent answers the command (and logs
             # command_failed) and publishes model_health_failed; the CLI prints its one
             # error line. A warning here too was a second line before the CLI's.
-            raise EdgeAgentError(
+            raise HealthGateError(
                 f"{what} failed the health gate: {report.reason}",
                 "the previous version keeps serving; publish a fixed version",
-                "health.failed",
+                release.name,
+                release.version,
             )
         log_event(
             log,

@@ -78,8 +78,11 @@ def test_kill_9_shows_offline_and_a_restart_restores_everything(
             will = watcher.wait_state(lambda s: not s["online"], timeout=2 * KEEPALIVE)
             seen = watcher.on("state")[-1].at
             assert seen - killed <= 1.5 * KEEPALIVE
-            assert set(will) == {"online", "seq", "ts"}
+            # Small, but enough to tell which boxes went dark after an upgrade, and where.
+            assert set(will) == {"online", "seq", "ts", "agent_version", "config_hash"}
             assert will["seq"] == birth["seq"]
+            assert will["agent_version"] == birth["agent_version"]
+            assert will["config_hash"] == birth["config_hash"]
 
             # Sent while the box is down: the broker keeps it in the agent's session.
             queued = watcher.send("ping")

@@ -68,10 +68,18 @@ def test_full_loop(
     # what it does not subscribe again: tests/integration/test_comms.py).
     held = set(HeldFilters(tmp_path / "state" / "agent" / "mqtt-filters.json").load())
     assert {f"edge/v1/{DEVICE}/cmd", "edge/v1/group/docks/cmd", f"edge/v1/{DEVICE}/state"} <= held
-    # A clean stop says offline, with the same seq as the birth, and nothing else.
+    # A clean stop says offline, with the same seq as the birth, and the version, group
+    # and config the box ran: a dark box is still known by what it ran.
     births = [m.json() for m in watcher.on("state") if m.json()["online"]]
     last = watcher.on("state")[-1].json()
-    assert last == {"online": False, "seq": births[-1]["seq"], "ts": last["ts"]}
+    assert last == {
+        "online": False,
+        "seq": births[-1]["seq"],
+        "ts": last["ts"],
+        "agent_version": births[-1]["agent_version"],
+        "group": "docks",
+        "config_hash": births[-1]["config_hash"],
+    }
 
 
 def _loop(watcher: Watcher, walk: WalkVideo, mqtt_version: str) -> None:

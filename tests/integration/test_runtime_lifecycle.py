@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -223,3 +224,32 @@ def test_the_compile_cache_is_cut_back_and_a_hit_counts_as_use(
         assert again.infer(_feeds(again))
     finally:
         again.close()
+
+
+def test_a_device_passed_over_is_a_warning_once_per_compile(
+    catalog: Catalog, caplog: pytest.LogCaptureFixture
+) -> None:
+    import openvino as ov
+
+    if "NPU" in ov.Core().available_devices:
+        pytest.skip("this box has an NPU: nothing falls back from it")
+    caplog.set_level(logging.INFO, logger="edge_agent.runtime")
+    pool = ModelPool(catalog)
+    options = RuntimeOptions(device="NPU,CPU", cache_dir=catalog.cache)
+    first, _ = pool.acquire("face-blazeface", "openvino", options)
+    second, _ = pool.acquire("face-blazeface", "openvino", options)  # shared: no compile
+    try:
+        lines = [r for r in caplog.records if getattr(r, "event", None) == "device_fallback"]
+        assert [r.levelno for r in lines] == [logging.WARNING]
+        fields = lines[0].fields  # type: ignore[attr-defined]
+        assert (fields["model"], fields["requested"]) == ("face-blazeface", "NPU,CPU")
+        assert fields["used"] == first.report.device
+        assert fields["reason"].startswith("NPU: ")
+        # Without a fallback, nothing is said.
+        caplog.clear()
+        plain, _ = pool.acquire("face-blazeface", "openvino", RuntimeOptions(device="CPU"))
+        pool.release(plain)
+        assert [r for r in caplog.records if getattr(r, "event", None) == "device_fallback"] == []
+    finally:
+        pool.release(first)
+        pool.release(second)

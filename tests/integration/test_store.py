@@ -24,7 +24,7 @@ from edge_agent.infer import infer_frame
 from edge_agent.paths import Layout
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import RuntimeOptions
-from edge_agent.store.health import HealthGate
+from edge_agent.store.health import HealthGate, HealthGateError
 from edge_agent.store.release import SignedRelease, generate_key
 from edge_agent.store.store import ModelStore
 from tests.integration.store_kit import ir_folder, nan_folder, onnx_folder, release_for, resign
@@ -262,10 +262,13 @@ def test_latency_budget_is_enforced(
     signed = release_for(
         "orient", 3, models / "ir", orientation.manifest, key, latency_budget_ms=1e-4
     )
-    with pytest.raises(EdgeAgentError) as info:
+    with pytest.raises(HealthGateError) as info:
         serving.deploy(signed, models / "ir", GATE, trusted_keys=[key.public_key()])
     assert info.value.code == "health.failed"
     assert "over the budget" in info.value.problem
+    # The release that failed, for the agent's model_health_failed event: a deploy of
+    # `latest` knows the version only once it is resolved.
+    assert (info.value.name, info.value.version) == ("orient", 3)
 
 
 def test_a_stuck_gate_is_killed_and_does_not_block_the_next_deployment(

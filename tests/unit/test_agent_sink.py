@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import pytest
 
+from edge_agent.agent.outage import SourceOutage
 from edge_agent.agent.sink import UPDATE_EVERY_S, AgentSink, ResultsPolicy
 from edge_agent.heads.base import Classification, Detection, Result
 from edge_agent.pipelines.base import Event, FrameResult
@@ -119,14 +121,45 @@ def test_a_classifier_makes_no_detection_events() -> None:
 def test_pipeline_events_become_agent_events() -> None:
     out = _Out()
     sink = out.sink()
-    lost = Event(kind="source_error", ts=1.0, detail="camera gone")
+    lost = Event(kind="source_error", ts=1.0, detail="camera gone", code="source.failed")
     swapped = Event(kind="model_swapped", ts=1.0, detail="person-ssdlite")
     rule = Event(kind="appeared", rule="someone", label="person", ts=1.0)
     sink.emit(FrameResult("dock", -1, 1.0, [], [lost, swapped, rule], {}, "m"))
     agent = [e for e in out.events if isinstance(e, AgentEvent)]
-    assert [(e.kind, e.detail) for e in agent] == [
-        ("source_lost", "camera gone"),
-        ("model_swapped", "person-ssdlite"),
-        ("rule", "appeared: person (someone)"),
+    # A failure event carries its code, as docs/PROTOCOL.md promises; the others have none.
+    assert [(e.kind, e.detail, e.code) for e in agent] == [
+        ("source_lost", "camera gone", "source.failed"),
+        ("model_swapped", "person-ssdlite", None),
+        ("rule", "appeared: person (someone)", None),
     ]
     assert out.results == []
+
+
+def test_the_first_frame_after_a_loss_ends_the_outage_with_its_length(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    out = _Out()
+    now = [100.0]
+    outage = SourceOutage("dock", clock=lambda: now[0])
+    sink = AgentSink(
+        "dock", "events", lambda _p, r: None, out.events.append, out.clock, outage=outage
+    )
+    sink.emit(frame(0, []))
+    assert outage.frame() is None  # never lost: nothing to recover from
+    lost = Event(kind="source_reconnecting", ts=1.0, detail="gone", code="source.failed")
+    sink.emit(FrameResult("dock", -1, 1.0, [], [lost], {}, "m"))
+    now[0] = 105.0
+    sink.emit(FrameResult("dock", -1, 1.0, [], [lost], {}, "m"))  # lost again: same outage
+    now[0] = 112.5
+    # A retry's sink shares the outage: its first frame ends it.
+    AgentSink(
+        "dock", "events", lambda _p, r: None, out.events.append, out.clock, outage=outage
+    ).emit(frame(1, []))
+    recovered = [r for r in caplog.records if getattr(r, "event", None) == "source_recovered"]
+    assert [(r.levelno, r.fields) for r in recovered] == [  # type: ignore[attr-defined]
+        (logging.WARNING, {"pipeline": "dock", "down_s": 12.5, "code": "source.failed"})
+    ]
+    assert outage.frame() is None  # once only
+    outage.lost("source.unreachable")
+    now[0] = 113.0
+    assert outage.frame() == 0.5

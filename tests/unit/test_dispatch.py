@@ -154,6 +154,45 @@ def test_a_command_the_broker_held_to_its_expiry_does_not_ask_the_boxs_clock(
         h.close()
 
 
+YEAR_S = 365 * 86400.0
+
+
+@pytest.mark.parametrize(
+    ("clock", "said", "fix"),
+    [
+        # A 3.1.1 box a year ahead: every command expires, resent or not; the clock is to blame.
+        (
+            1000.0 + YEAR_S,
+            "this box's clock reads 1971-01-01T00:16:40Z, 365.0 days after it was sent",
+            "check this box's clock (NTP",
+        ),
+        # Late by seconds: the command's lifetime was too short, not the clock wrong.
+        (1035.0, "this box's clock reads 1970-01-01T00:17:15Z, 35 s after it was sent", ""),
+    ],
+    ids=["box a year ahead", "a few seconds late"],
+)
+def test_an_expired_command_is_told_against_the_box_clock(
+    tmp_path: Path, clock: float, said: str, fix: str
+) -> None:
+    h = _Harness(tmp_path, now=clock)
+    try:
+        h.send(_cmd("late", "ping", sent_at=1000.0, expires_at=1030.0))
+        error = h.final("late").error
+        assert error is not None
+        assert error.code == "command.expired"
+        assert error.message.startswith(
+            "command late expired at 1970-01-01T00:17:10Z (sent at 1970-01-01T00:16:40Z); "
+        )
+        assert said in error.message
+        if fix:
+            assert fix in error.message
+        else:
+            assert "NTP" not in error.message
+            assert error.message.endswith("send it again with a later expires_at")
+    finally:
+        h.close()
+
+
 def test_ping_answers_ok(harness: _Harness) -> None:
     harness.send(_cmd("c1", "ping"))
     answer = harness.final("c1")

@@ -81,3 +81,20 @@ def test_a_birth_message_written_without_nulls_reads_back() -> None:
     )
     again = msg.State.model_validate_json(state.model_dump_json(exclude_none=True))
     assert again == state
+
+
+def test_the_events_prose_names_every_agent_event_kind() -> None:
+    # The list of agent events once left out model_swapped, which the agent sends.
+    text = (ROOT / "docs" / "PROTOCOL.md").read_text()
+    prose = text[text.index("## Events") : text.index("## Error codes")]
+    kinds = typing.get_args(msg.AgentEvent.model_fields["kind"].annotation)
+    assert [k for k in kinds if f"`{k}`" not in prose] == []
+
+
+def test_the_docs_name_log_events_as_the_code_logs_them() -> None:
+    # `event=release.unverified` in the docs; the code logs release_unverified.
+    text = (ROOT / "docs" / "PROTOCOL.md").read_text()
+    code = (ROOT / "edge_agent" / "store" / "release.py").read_text()
+    assert '"release_unverified"' in code
+    assert "event=release_unverified" in text
+    assert "release.unverified" not in text

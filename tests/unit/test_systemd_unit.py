@@ -41,6 +41,19 @@ def test_unit_keeps_notify_watchdog_and_hardening() -> None:
     assert "PrivateDevices" not in s
 
 
+def test_the_unit_never_gives_up_restarting() -> None:
+    # Given up after a burst, a box stayed down until someone logged in, even once the cause
+    # (a config, a disk) was fixed. Backoff keys need systemd 254; Debian 12 has 252, whose
+    # verify warns of them (the test below), so they are left to a drop-in.
+    s = _settings()
+    interval = float(s.get("StartLimitIntervalSec", "10"))
+    burst = int(s.get("StartLimitBurst", "5"))
+    # Within the limit's interval, never as many starts as its burst.
+    assert interval == 0 or burst * float(s["RestartSec"]) > interval
+    assert "RestartSteps" not in s
+    assert "RestartMaxDelaySec" not in s
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
 def test_systemd_analyze_verify_is_clean(tmp_path: Path) -> None:
     # Point ExecStart at this environment's real binary: verify checks that it exists.
