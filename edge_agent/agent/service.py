@@ -195,6 +195,7 @@ class AgentService:
             lambda topic, payload: self._queue(topic, payload, Priority.CRITICAL, retain=True),
             self.pipelines.handles,
             env,
+            state=self._birth,
         )
 
     # --- publishing: everything through the outbox ---------------------------------------------

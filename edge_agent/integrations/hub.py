@@ -19,7 +19,13 @@ from edge_agent.integrations.homeassistant import Discovery, HomeAssistant, Publ
 from edge_agent.integrations.prometheus import PrometheusExporter
 from edge_agent.logs import error_text, log_event
 from edge_agent.pipelines.runner import PipelineHandle
-from edge_agent.protocol.agent import AgentEvent, DetectionEvent, ResultMessage, Telemetry
+from edge_agent.protocol.agent import (
+    AgentEvent,
+    DetectionEvent,
+    ResultMessage,
+    State,
+    Telemetry,
+)
 from edge_agent.protocol.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -39,6 +45,8 @@ class Integrations:
         running: The running pipelines.
         env: The environment ($JOURNAL_STREAM).
         journal_socket: The journal's socket (tests point it elsewhere).
+        state: The agent's state as its birth says it, for the metrics telemetry lacks
+            (pipelines not running, models' devices, trust).
     """
 
     def __init__(
@@ -50,8 +58,10 @@ class Integrations:
         running: Running,
         env: Mapping[str, str],
         journal_socket: str = journald.JOURNAL_SOCKET,
+        state: Callable[[], State] | None = None,
     ) -> None:
         self._running = running
+        self._state = state
         self.journal: journald.JournalLogging | None = None
         if journald.wanted(config.journald, env, journal_socket):
             self.journal = journald.JournalLogging(env, journal_socket)
@@ -108,7 +118,13 @@ class Integrations:
                 pipeline: {s: handle.telemetry.histogram(s) for s in handle.telemetry.stages}
                 for pipeline, handle in self._running().items()
             }
-            self._guard("prometheus", self.prometheus.update, telemetry, histograms)
+            prometheus = self.prometheus
+
+            def update() -> None:
+                state = self._state() if self._state is not None else None
+                prometheus.update(telemetry, histograms, state)
+
+            self._guard("prometheus", update)
 
     @property
     def ticking(self) -> bool:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from edge_agent.integrations.http_server import MetricsServer
 from edge_agent.logs import error_text, log_event
-from edge_agent.protocol.agent import Telemetry
+from edge_agent.protocol.agent import State, Telemetry
 from edge_agent.telemetry.histogram import LatencyHistogram
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,7 @@ def build_metrics(
     telemetry: Telemetry | None,
     totals: Totals,
     histograms: Mapping[str, Mapping[str, LatencyHistogram]],
+    state: State | None = None,
 ) -> list[Metric]:
     """Every metric family from the latest telemetry, the totals and the live histograms.
 
@@ -174,6 +175,8 @@ def build_metrics(
         telemetry: The latest telemetry message; None before the first.
         totals: Counters summed over every interval so far.
         histograms: Whole-run latency histograms by pipeline, then stage.
+        state: The agent's state as its birth says it (pipelines with their status,
+            models with their device, trust), for the gauges telemetry lacks.
     """
     info = Metric("edge_agent_build_info", "gauge", "edge-agent build; the value is always 1.")
     info.add(1, (("version", version),))
@@ -199,7 +202,41 @@ def build_metrics(
     metrics = [info, latency, frames, dropped, sinks]
     if telemetry is not None:
         metrics.extend(_gauges(telemetry))
+    if state is not None:
+        metrics.extend(_state_gauges(state))
     return metrics
+
+
+def _state_gauges(state: State) -> list[Metric]:
+    # Telemetry names running pipelines only: a failed one left edge_agent_pipeline_fps
+    # without a word, and an alert on low FPS never fired for it.
+    up = Metric(
+        "edge_agent_pipeline_up", "gauge", "1 while the pipeline runs; 0 failed or stopped."
+    )
+    for pipeline in sorted(state.pipelines, key=lambda p: p.id):
+        up.add(1 if pipeline.status == "running" else 0, (("pipeline", pipeline.id),))
+    models = Metric(
+        "edge_agent_model_info",
+        "gauge",
+        "A loaded model, where it runs and why a requested device was passed over (fallback "
+        "empty when none was); the value is always 1.",
+    )
+    for model in sorted(state.models, key=lambda m: m.name):
+        if model.device is not None:
+            labels = (
+                ("model", model.name),
+                ("device", model.device),
+                ("precision", model.precision or ""),
+                ("fallback", model.fallback or ""),
+            )
+            models.add(1, labels)
+    unverified = Metric(
+        "edge_agent_unverified",
+        "gauge",
+        "1 when the agent has no trusted keys and installs releases unverified.",
+    )
+    unverified.add(1 if state.unverified else 0)
+    return [up, models, unverified]
 
 
 def _gauges(telemetry: Telemetry) -> list[Metric]:
@@ -311,13 +348,16 @@ class PrometheusExporter:
             return self._text
 
     def update(
-        self, telemetry: Telemetry, histograms: Mapping[str, Mapping[str, LatencyHistogram]]
+        self,
+        telemetry: Telemetry,
+        histograms: Mapping[str, Mapping[str, LatencyHistogram]],
+        state: State | None = None,
     ) -> str:
         """Fold in one telemetry interval, re-render, rewrite the textfile; returns the text."""
         with self._lock:
             self._totals.add(telemetry)
             text = self._text = render(
-                build_metrics(self.version, telemetry, self._totals, histograms)
+                build_metrics(self.version, telemetry, self._totals, histograms, state)
             )
         if self.textfile is not None:
             self._write(text)

@@ -177,6 +177,8 @@ def test_the_agent_drives_home_assistant_and_prometheus_from_a_real_pipeline(
     assert states[:3] == [b"OFF", b"ON", b"OFF"], states
     assert states[-1] == b""
     assert 'edge_agent_frames_total{pipeline="walk"}' in metrics_seen
+    assert 'edge_agent_pipeline_up{pipeline="walk"} 1' in metrics_seen  # from the agent's state
+    assert "edge_agent_unverified 1" in metrics_seen  # this agent has no trusted keys
     assert "edge_agent_stage_latency_seconds_bucket" in textfile.read_text()
     # Nothing of the stopped pipeline is left retained for HA to rediscover.
     assert retained(broker, "homeassistant/#", f"edge/v1/{DEVICE}/occupancy/#") == {}

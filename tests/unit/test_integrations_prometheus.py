@@ -24,7 +24,14 @@ from edge_agent.integrations.prometheus import (
     render,
     write_atomically,
 )
-from edge_agent.protocol.agent import AgentTelemetry, PipelineTelemetry, Telemetry
+from edge_agent.protocol.agent import (
+    AgentTelemetry,
+    ModelState,
+    PipelineState,
+    PipelineTelemetry,
+    State,
+    Telemetry,
+)
 from edge_agent.telemetry.histogram import LatencyHistogram
 
 # --- a strict parser of the text format (0.0.4), written from the format's spec ----------------
@@ -301,3 +308,44 @@ def test_server_closes_and_frees_its_port() -> None:
     with socket.socket() as again:
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
+
+
+def test_a_failed_pipeline_a_fallback_and_no_trusted_keys_are_metrics() -> None:
+    # Telemetry names running pipelines only: a failed camera left edge_agent_pipeline_fps
+    # without a word, and an alert on low FPS never fired for it. Where a model runs, why
+    # not where it was asked to, and an agent installing unverified were JSON-only.
+    state = State(
+        online=True,
+        seq=1,
+        ts=1700000000.0,
+        unverified=True,
+        models=[
+            ModelState(
+                name="person",
+                digest="d" * 64,
+                device="CPU",
+                precision="bf16",
+                fallback="NPU: not present on this machine",
+            ),
+            ModelState(name="idle", digest="e" * 64),  # installed, not loaded: no device
+        ],
+        pipelines=[
+            PipelineState(id="dock", model="person", status="running"),
+            PipelineState(id="gate", model="person", status="failed", detail="camera gone"),
+        ],
+    )
+    types, samples = parse(
+        render(build_metrics("1.2.3", _telemetry(290, 29.0), Totals(), {}, state))
+    )
+    assert types["edge_agent_pipeline_up"] == "gauge"
+    assert samples["edge_agent_pipeline_up"] == [({"pipeline": "dock"}, 1.0),
+                                                 ({"pipeline": "gate"}, 0.0)]  # fmt: skip
+    assert samples["edge_agent_pipeline_fps"] == [({"pipeline": "dock"}, 29.0)]
+    assert samples["edge_agent_model_info"] == [
+        (
+            {"model": "person", "device": "CPU", "precision": "bf16",
+             "fallback": "NPU: not present on this machine"},
+            1.0,
+        )
+    ]  # fmt: skip
+    assert samples["edge_agent_unverified"] == [({}, 1.0)]
