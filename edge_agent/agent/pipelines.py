@@ -527,20 +527,43 @@ class Pipelines:
         return failed
 
     def reload_model(self, name: str) -> list[str]:
-        """Swap every pipeline on model `name` to what the catalog now resolves; one still
-        starting swaps once started. Returns those running or starting."""
-        swapped = []
+        """Move every pipeline on model `name` to what the catalog now resolves: a video
+        pipeline swaps between frames (one still starting, once started), an audio one
+        restarts on it. Returns those running or starting on it.
+
+        Called after the store changed (a deploy, an activation, a rollback): nothing here
+        may raise for one pipeline, or the command would be answered failed for a change
+        that was made. An audio pipeline cannot swap, and its refusal did just that.
+        """
+        moved = []
         with self._lock:
             found = [(e, e.handle) for e in self._running.values() if e.spec.model.name == name]
             for entry, handle in found:
                 if handle is None:
                     entry.reload = True
         for entry, handle in found:
+            if handle is not None and not isinstance(handle.pipeline, VisionPipeline):
+                if self._restart(entry):
+                    moved.append(entry.spec.id)
+                continue
             if handle is not None:
                 self._swap_to(entry, handle, None)
             if handle is not None or entry.status == "starting":
-                swapped.append(entry.spec.id)
-        return swapped
+                moved.append(entry.spec.id)
+        return moved
+
+    def _restart(self, entry: _Running) -> bool:
+        """Stop a pipeline and start it again from its spec (its record untouched); a
+        failure is said as the pipeline's, not raised."""
+        spec = entry.spec.model_dump(mode="json")
+        try:
+            self.stop(entry.spec.id, forget=False)
+            self.start(spec, persist=False)
+        except EdgeAgentError as exc:
+            detail = f"restart on the new model failed: {exc}"
+            self._event("pipeline_failed", entry.spec.id, code=exc.code, detail=detail)
+            return False
+        return True
 
     def restore(self) -> list[str]:
         """Start every pipeline the record holds; failures are reported, not raised.

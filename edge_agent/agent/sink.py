@@ -45,9 +45,12 @@ UPDATE_EVERY_S = 1.0
 _EVENT_KIND = {
     "source_error": "source_lost",
     "source_reconnecting": "source_lost",
-    "pipeline_error": "pipeline_failed",
     "model_swapped": "model_swapped",
 }
+_RUN_ENDS = frozenset({"pipeline_error"})
+"""Pipeline events the agent says itself when the run ends (pipelines.Pipelines._run:
+pipeline_failed, with the same code and detail): passed on too, every failure reached
+the console twice, and a count of failures read double."""
 
 
 @dataclass(slots=True)
@@ -102,6 +105,8 @@ class AgentSink:
     def emit(self, result: FrameResult) -> None:
         now = self._clock()
         for event in result.events:
+            if event.kind in _RUN_ENDS:
+                continue
             kind = _EVENT_KIND.get(event.kind, "rule")
             detail = event.detail or ""
             if kind == "rule":

@@ -22,7 +22,7 @@ import pytest
 
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.infer import read_audio
-from tests.agent_kit import InProcessAgent, Watcher, write_config
+from tests.agent_kit import InProcessAgent, Watcher, fleet, write_config
 from tests.conftest import espeak, write_wav
 
 DEVICE = "swap-dev"
@@ -193,3 +193,35 @@ def test_a_swap_refused_at_once_on_a_video_pipeline_changes_nothing_a_restart_se
         assert _recorded(tmp_path) == {}
     finally:
         agent.close()
+
+
+def test_a_deploy_of_an_audio_pipelines_model_restarts_it_on_the_new_version(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher, speech: Path
+) -> None:
+    # An audio pipeline cannot swap between frames: its refusal (model.incompatible) came
+    # after the store had activated the new version, and the deploy was answered failed
+    # for a change that was made, the pipeline left on the old version.
+    with fleet(broker.port, tmp_path / "fleet", [("vad-silero", "vad", 1),
+                                                 ("vad-silero", "vad", 2)]) as f:  # fmt: skip
+        config = write_config(
+            tmp_path / "agent.toml",
+            port=broker.port,
+            device=DEVICE,
+            state=tmp_path / "state",
+            trusted_keys=[f.public_key],
+        )
+        agent = InProcessAgent(config)
+        try:
+            watcher.wait_state(lambda s: s["online"])
+            watcher.ok("deploy_model", {"name": "vad", "version": 1}, timeout=120)
+            spec = {"id": "mic", "model": {"name": "vad"},
+                    "source": {"type": "wav", "path": str(speech)}}  # fmt: skip
+            watcher.ok("start_pipeline", {"spec": spec}, timeout=60)
+            deployed = watcher.ok("deploy_model", {"name": "vad", "version": 2}, timeout=120)
+            assert deployed["pipelines_swapped"] == ["mic"]
+            assert _listed(watcher) == [("mic", "vad", "running")]
+            [model] = [m for m in watcher.ok("get_status")["models"] if m["name"] == "vad"]
+            assert model["version"] == 2  # what the restarted pipeline runs
+            assert _recorded(tmp_path)["mic"]["model"]["name"] == "vad"  # still on the name
+        finally:
+            agent.close()

@@ -124,7 +124,9 @@ def test_pipeline_events_become_agent_events() -> None:
     lost = Event(kind="source_error", ts=1.0, detail="camera gone", code="source.failed")
     swapped = Event(kind="model_swapped", ts=1.0, detail="person-ssdlite")
     rule = Event(kind="appeared", rule="someone", label="person", ts=1.0)
-    sink.emit(FrameResult("dock", -1, 1.0, [], [lost, swapped, rule], {}, "m"))
+    # Said by the agent itself as pipeline_failed when the run ends: not twice.
+    failed = Event(kind="pipeline_error", ts=1.0, detail="engine", code="inference.failed")
+    sink.emit(FrameResult("dock", -1, 1.0, [], [lost, swapped, rule, failed], {}, "m"))
     agent = [e for e in out.events if isinstance(e, AgentEvent)]
     # A failure event carries its code, as docs/PROTOCOL.md promises; the others have none.
     assert [(e.kind, e.detail, e.code) for e in agent] == [
