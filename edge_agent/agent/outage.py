@@ -3,9 +3,11 @@
 A camera that goes away is said at once (`source_lost`, and WARNING lines), but its
 return was only the source's INFO `source_live`, which the service's journal hides: an
 operator paged for the loss could not tell from the journal whether, or when, it came
-back. The agent's sink marks the loss and the first frame after it; the retries in
-between (each a new run with a new source) share this one record, so the time down is
-the whole outage, not the last run's part of it.
+back. The agent's sink marks the loss and the source's next `live` (its own word that
+frames flow again: not the next frame, as frames in the engine at the loss come out after
+it, and ended the outage at 0 s while the camera was still gone); the retries in between
+(each a new run with a new source) share this one record, so the time down is the whole
+outage, not the last run's part of it.
 """
 
 from __future__ import annotations
@@ -43,14 +45,12 @@ class SourceOutage:
                 self._since = self._clock()
             self._code = code or self._code
 
-    def frame(self) -> float | None:
-        """A frame came through: log `source_recovered` if the source was down.
+    def live(self) -> float | None:
+        """The source sends frames (again): log `source_recovered` if it was down.
 
         Returns:
             Seconds it was down, or None if it was not.
         """
-        if self._since is None:  # every frame comes here: no lock unless it was down
-            return None
         with self._lock:
             since, self._since = self._since, None
             code, self._code = self._code, None

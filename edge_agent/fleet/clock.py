@@ -11,6 +11,8 @@ it. Pure: times in, seconds out; the caller reads the clock.
 
 from __future__ import annotations
 
+import math
+
 CLOCK_TOLERANCE_S = 300.0
 """A skew past this is flagged: NTP keeps a box within a second, a wrong timezone or a
 dead RTC battery puts it hours or decades off; a few seconds of network delay are not it."""
@@ -30,6 +32,10 @@ def skew_after(held: float | None, ts: float, arrived: float, *, live_birth: boo
         The new estimate; None while nothing says anything (an old retained state says
         only that the box's clock was not ahead when it was made).
     """
+    if not math.isfinite(ts):
+        # JSON takes Infinity and NaN, and so does the model: one such message from
+        # anything that may write a state topic ended `watch` at round(inf).
+        return held
     seen = ts - arrived
     if live_birth:
         return seen
@@ -58,6 +64,8 @@ def off(skew: float | None) -> bool:
 def span(seconds: float) -> str:
     """A signed short span, to the nearest unit: +365d, -3h, +7m (an estimate a few
     milliseconds short of two days is two days, not one)."""
+    if not math.isfinite(seconds):
+        return "?"
     sign = "+" if seconds >= 0 else "-"
     size = abs(seconds)
     for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):

@@ -308,3 +308,7 @@ class PipelineHandle:
             source = pipeline.source
             code = source.loss_code if isinstance(source, LiveSource) else None
             pipeline.notify(Event(kind="source_reconnecting", ts=0.0, detail=detail, code=code))
+        elif state == "live" and isinstance(pipeline, VisionPipeline):
+            # The source's own word that frames flow: frames still coming out of the engine
+            # after a loss were read before it, and say nothing of the source's return.
+            pipeline.notify(Event(kind="source_live", ts=0.0, detail=detail))

@@ -137,7 +137,7 @@ def test_pipeline_events_become_agent_events() -> None:
     assert out.results == []
 
 
-def test_the_first_frame_after_a_loss_ends_the_outage_with_its_length(
+def test_the_sources_return_ends_the_outage_with_its_length_not_a_frame_in_flight(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     out = _Out()
@@ -146,22 +146,28 @@ def test_the_first_frame_after_a_loss_ends_the_outage_with_its_length(
     sink = AgentSink(
         "dock", "events", lambda _p, r: None, out.events.append, out.clock, outage=outage
     )
-    sink.emit(frame(0, []))
-    assert outage.frame() is None  # never lost: nothing to recover from
+    live = Event(kind="source_live", ts=1.0, detail="frames flowing (640x480)")
+    sink.emit(FrameResult("dock", -1, 1.0, [], [live], {}, "m"))
+    assert outage.live() is None  # never lost: nothing to recover from
     lost = Event(kind="source_reconnecting", ts=1.0, detail="gone", code="source.failed")
     sink.emit(FrameResult("dock", -1, 1.0, [], [lost], {}, "m"))
+    # Frames the engine held at the loss come out after it: they were read before it, and
+    # ended the outage at 0 s while the camera was still gone.
+    sink.emit(frame(7, []))
     now[0] = 105.0
     sink.emit(FrameResult("dock", -1, 1.0, [], [lost], {}, "m"))  # lost again: same outage
     now[0] = 112.5
-    # A retry's sink shares the outage: its first frame ends it.
+    # A retry's sink shares the outage: its source's return ends it.
     AgentSink(
         "dock", "events", lambda _p, r: None, out.events.append, out.clock, outage=outage
-    ).emit(frame(1, []))
+    ).emit(FrameResult("dock", -1, 1.0, [], [live], {}, "m"))
     recovered = [r for r in caplog.records if getattr(r, "event", None) == "source_recovered"]
     assert [(r.levelno, r.fields) for r in recovered] == [  # type: ignore[attr-defined]
         (logging.WARNING, {"pipeline": "dock", "down_s": 12.5, "code": "source.failed"})
     ]
-    assert outage.frame() is None  # once only
+    assert outage.live() is None  # once only
     outage.lost("source.unreachable")
     now[0] = 113.0
-    assert outage.frame() == 0.5
+    assert outage.live() == 0.5
+    # The source's return is not an event on the wire.
+    assert [e.kind for e in out.events if isinstance(e, AgentEvent)] == ["source_lost"] * 2
