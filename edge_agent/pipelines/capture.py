@@ -72,6 +72,8 @@ class CaptureSink:
         folder.mkdir(parents=True, exist_ok=True)
         # Resume: a restarted pipeline keeps filling the sample it had.
         self._slots = min(len(list(folder.glob("slot-*.jpg"))), spec.frames)
+        self._size = spec.frames
+        """Slots the sample has: `frames`, or fewer once the quota was reached filling them."""
         self.offered = self._load_offered()
         self._saved = self.offered
         # A fixed seed must not replay the first run's draws after a restart.
@@ -86,15 +88,22 @@ class CaptureSink:
             return
         self._last_ts = result.ts
         self.offered += 1
-        if self._slots < self.spec.frames:
+        if self._slots < self._size:
             # Filling: the next free slot, taken only once its file is there. Taken before,
-            # a write the disk refused (or the quota) left a hole, and after a restart,
-            # which counts the files, the next frame replaced the last slot's instead.
+            # a write the disk refused left a hole, and after a restart, which counts the
+            # files, the next frame replaced the last slot's instead.
+            refused = self.over_quota
             if self._write(self._slots, result):
                 self._slots += 1
+            elif self.over_quota > refused and self._slots:
+                # The quota holds no more than these: the sample is these slots from now
+                # on, their frames replaced at random as any full sample's. Left filling,
+                # every later frame was refused for the same slot and the sample stayed
+                # the stream's first minute.
+                self._size = self._slots
         else:
             pick = self._random.randrange(self.offered)
-            if pick < self.spec.frames:
+            if pick < self._size:
                 self._write(pick, result)
         if self.offered - self._saved >= SAVE_EVERY:
             self._save()

@@ -75,6 +75,22 @@ def test_quota_stops_writing(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_quota_reached_while_filling_keeps_sampling_the_whole_stream(tmp_path: Path) -> None:
+    # Reached before the slots were filled, every later frame was refused for the same
+    # next slot: the sample stayed the stream's first frames for good.
+    spec = CaptureSinkSpec(frames=100, min_interval_s=0.0, max_mb=0.01, seed=1)
+    sink = CaptureSink(spec, tmp_path)
+    for i in range(2000):
+        sink.emit(frame(i, i, size=64))
+    indices = kept(tmp_path)
+    assert 3 < len(indices) < 100  # the quota holds only some of the slots
+    assert sum(p.stat().st_size for p in tmp_path.glob("slot-*.jpg")) <= 0.01 * 1e6
+    assert max(indices) > 1000  # frames from the whole stream, not its first ones
+    assert sorted(p.name for p in tmp_path.glob("slot-*.jpg")) == [
+        f"slot-{slot:05d}.jpg" for slot in range(len(indices))
+    ]
+
+
 def test_resumes_the_sample_it_had(tmp_path: Path) -> None:
     spec = CaptureSinkSpec(frames=5, min_interval_s=0.0, seed=1)
     first = CaptureSink(spec, tmp_path)
