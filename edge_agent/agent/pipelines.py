@@ -554,14 +554,24 @@ class Pipelines:
 
     def _restart(self, entry: _Running) -> bool:
         """Stop a pipeline and start it again from its spec (its record untouched); a
-        failure is said as the pipeline's, not raised."""
+        failure is said as the pipeline's, never raised (the store has changed)."""
+        pipeline_id = entry.spec.id
         spec = entry.spec.model_dump(mode="json")
+        recorded = pipeline_id in self.records.record.pipelines
         try:
-            self.stop(entry.spec.id, forget=False)
+            self.stop(pipeline_id, forget=False)
+            if recorded:
+                # Only if still recorded, as a restore does: a stop_pipeline that came
+                # during this stop's join found it not running and forgot it.
+                return self._restore_one(pipeline_id, spec)
             self.start(spec, persist=False)
         except EdgeAgentError as exc:
             detail = f"restart on the new model failed: {exc}"
-            self._event("pipeline_failed", entry.spec.id, code=exc.code, detail=detail)
+            self._event("pipeline_failed", pipeline_id, code=exc.code, detail=detail)
+            return False
+        except Exception as exc:  # a sink's OSError, a bug: this pipeline's, not the deploy's
+            log_crash(log, "pipeline_restart_crashed", pipeline=pipeline_id)
+            self._event("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
             return False
         return True
 

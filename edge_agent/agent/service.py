@@ -180,6 +180,9 @@ class AgentService:
         self._state_dirty = threading.Event()
         self._kick = threading.Event()  # the main loop has something to do now
         self._device_names: list[str] | None = None
+        self._will_payload = b""
+        """The will of the current connection (set before each connect): said again, to
+        the byte, at a clean stop."""
         self._pump_thread: threading.Thread | None = None
         self.session = MqttSession(
             broker_settings(config),
@@ -254,7 +257,8 @@ class AgentService:
             # still goes up in memory (and with the clock), it just is not remembered.
             self._seq = max(self._seq + 1, int(time.time()))
             log_event(log, logging.ERROR, "seq_not_saved", seq=self._seq, error=str(exc))
-        return Will(self._state_topic, self._offline())
+        self._will_payload = self._offline()
+        return Will(self._state_topic, self._will_payload)
 
     def _offline(self) -> bytes:
         # The will and the clean-stop message: {online: false, seq, ts}, and what a console
@@ -618,7 +622,10 @@ class AgentService:
         if not pump.is_alive():
             self.outbox.move_to_disk()
         if self.session.connected.is_set():
-            self.session.publish(self._state_topic, self._offline(), qos=1, retain=True)
+            # The will's own bytes, so a clean stop and a lost link read alike: the console
+            # dates an offline state as its connection's start, which a stop stamped with
+            # its own time was not.
+            self.session.publish(self._state_topic, self._will_payload, qos=1, retain=True)
             self.session.flush(2.0)
         self.session.stop(3.0)
         self.integrations.close()

@@ -121,7 +121,20 @@ class Integrations:
             prometheus = self.prometheus
 
             def update() -> None:
-                state = self._state() if self._state is not None else None
+                # The counters must not miss an interval for a state that would not read
+                # (a store read error): the gauges from it are left out instead.
+                state = None
+                if self._state is not None:
+                    try:
+                        state = self._state()
+                    except Exception as exc:
+                        log_event(
+                            log,
+                            logging.ERROR,
+                            "integration_failed",
+                            integration="prometheus state",
+                            error=error_text(exc),
+                        )
                 prometheus.update(telemetry, histograms, state)
 
             self._guard("prometheus", update)

@@ -80,6 +80,9 @@ def test_full_loop(
         "group": "docks",
         "config_hash": births[-1]["config_hash"],
     }
+    # The will's own bytes, made at the connect: a console dates any offline state as its
+    # connection's start, which a stop stamped with its own time was not.
+    assert last["ts"] <= births[-1]["ts"]
 
 
 def _loop(watcher: Watcher, walk: WalkVideo, mqtt_version: str) -> None:
