@@ -3,9 +3,11 @@
 A camera that goes away is said at once (`source_lost`, and WARNING lines), but its
 return was only the source's INFO `source_live`, which the service's journal hides: an
 operator paged for the loss could not tell from the journal whether, or when, it came
-back. The agent's sink marks the loss and the source's next `live` (its own word that
-frames flow again: not the next frame, as frames in the engine at the loss come out after
-it, and ended the outage at 0 s while the camera was still gone); the retries in between
+back. The agent's sink marks the loss, and the pipeline's handle the source's next `live`
+(its own word that frames flow again: not the next frame, as frames in the engine at the
+loss come out after it, and ended the outage at 0 s while the camera was still gone; a
+return within the few milliseconds the loss takes to reach the sink goes unsaid, and the
+next one says the whole outage). The retries in between
 (each a new run with a new source) share this one record, so the time down is the whole
 outage, not the last run's part of it.
 """

@@ -266,7 +266,8 @@ class Pipelines:
         with self._lock:
             entry.reload = False  # this build resolves the model afresh
         # Building compiles the model: on the command's thread, so its errors answer it.
-        handle = PipelineHandle(spec, self.pool, [sink], layout=self.layout)
+        on_live = entry.outage.live if entry.outage is not None else None
+        handle = PipelineHandle(spec, self.pool, [sink], layout=self.layout, on_live=on_live)
         with self._lock:
             # A stop_pipeline during the compile found no handle to stop: this one must
             # not run (stop sets `stopping` under this lock).

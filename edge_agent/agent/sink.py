@@ -105,10 +105,6 @@ class AgentSink:
     def emit(self, result: FrameResult) -> None:
         now = self._clock()
         for event in result.events:
-            if event.kind == "source_live":
-                if self._outage is not None:
-                    self._outage.live()
-                continue  # a return is not an event on the wire (see SourceOutage)
             if event.kind in _RUN_ENDS:
                 continue
             kind = _EVENT_KIND.get(event.kind, "rule")

@@ -98,18 +98,11 @@ class Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal[
-        "appeared",
-        "gone",
-        "source_error",
-        "source_reconnecting",
-        "source_live",
-        "model_swapped",
-        "pipeline_error",
+        "appeared", "gone", "source_error", "source_reconnecting", "model_swapped", "pipeline_error"
     ] = Field(
         description=(
-            "What happened; source_live: a live source sends frames (again); "
-            "pipeline_error: the stream ended for a reason other than its source (the "
-            "engine refused a frame)."
+            "What happened; pipeline_error: the stream ended for a reason other than its "
+            "source (the engine refused a frame)."
         )
     )
     rule: str = Field(default="", description="Name of the rule that fired, if any.")

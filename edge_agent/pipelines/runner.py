@@ -75,8 +75,12 @@ class PipelineHandle:
         *,
         layout: Layout | None = None,
         frames: FrameSource | None = None,
+        on_live: Callable[[], object] | None = None,
     ) -> None:
         self.spec = spec
+        self._on_live = on_live
+        """Called (on the source's reader thread) each time a live source sends frames,
+        at its first frame and after each reconnect: the agent's outage record."""
         self.pool = pool
         self.layout = layout or Layout.from_env(os.environ, cache=pool.catalog.cache)
         self.telemetry = PipelineTelemetry(spec.id)
@@ -308,7 +312,7 @@ class PipelineHandle:
             source = pipeline.source
             code = source.loss_code if isinstance(source, LiveSource) else None
             pipeline.notify(Event(kind="source_reconnecting", ts=0.0, detail=detail, code=code))
-        elif state == "live" and isinstance(pipeline, VisionPipeline):
+        elif state == "live" and self._on_live is not None:
             # The source's own word that frames flow: frames still coming out of the engine
             # after a loss were read before it, and say nothing of the source's return.
-            pipeline.notify(Event(kind="source_live", ts=0.0, detail=detail))
+            self._on_live()

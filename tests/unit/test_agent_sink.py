@@ -146,8 +146,6 @@ def test_the_sources_return_ends_the_outage_with_its_length_not_a_frame_in_fligh
     sink = AgentSink(
         "dock", "events", lambda _p, r: None, out.events.append, out.clock, outage=outage
     )
-    live = Event(kind="source_live", ts=1.0, detail="frames flowing (640x480)")
-    sink.emit(FrameResult("dock", -1, 1.0, [], [live], {}, "m"))
     assert outage.live() is None  # never lost: nothing to recover from
     lost = Event(kind="source_reconnecting", ts=1.0, detail="gone", code="source.failed")
     sink.emit(FrameResult("dock", -1, 1.0, [], [lost], {}, "m"))
@@ -157,10 +155,8 @@ def test_the_sources_return_ends_the_outage_with_its_length_not_a_frame_in_fligh
     now[0] = 105.0
     sink.emit(FrameResult("dock", -1, 1.0, [], [lost], {}, "m"))  # lost again: same outage
     now[0] = 112.5
-    # A retry's sink shares the outage: its source's return ends it.
-    AgentSink(
-        "dock", "events", lambda _p, r: None, out.events.append, out.clock, outage=outage
-    ).emit(FrameResult("dock", -1, 1.0, [], [live], {}, "m"))
+    # A retry's source going live (the handle calls it) ends the outage it shares.
+    assert outage.live() == 12.5
     recovered = [r for r in caplog.records if getattr(r, "event", None) == "source_recovered"]
     assert [(r.levelno, r.fields) for r in recovered] == [  # type: ignore[attr-defined]
         (logging.WARNING, {"pipeline": "dock", "down_s": 12.5, "code": "source.failed"})
@@ -169,5 +165,4 @@ def test_the_sources_return_ends_the_outage_with_its_length_not_a_frame_in_fligh
     outage.lost("source.unreachable")
     now[0] = 113.0
     assert outage.live() == 0.5
-    # The source's return is not an event on the wire.
     assert [e.kind for e in out.events if isinstance(e, AgentEvent)] == ["source_lost"] * 2
