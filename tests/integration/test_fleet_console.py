@@ -21,7 +21,7 @@ import pytest
 
 from edge_agent.clips import write_walk
 from edge_agent.comms.local_broker import LocalBroker
-from edge_agent.comms.session import connect
+from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.store.release import generate_key, save_public_key
 from tests.agent_kit import (
@@ -247,12 +247,7 @@ def test_a_box_on_a_newer_edge_agent_is_seen_and_answered(broker: LocalBroker) -
     # was waited for until the timeout, as if it had never run the command.
     box = "new-box"
     state = {"online": True, "seq": 3, "ts": time.time(), "agent_version": "9.0", "protocol": 2}
-    published = subprocess.run(
-        ["mosquitto_pub", "-p", str(broker.port), "-V", "mqttv5", "-q", "1", "-r",
-         "-t", f"{PREFIX}/{box}/state", "-m", json.dumps(state)],
-        capture_output=True, timeout=30, check=False,
-    )  # fmt: skip
-    assert published.returncode == 0, published.stderr
+    mosquitto_pub(broker, f"{PREFIX}/{box}/state", state, retain=True)
     done = fleet_cli(broker, "status", "--json")
     assert done.returncode == 0, done.stderr
     [seen] = as_json(done)
@@ -261,17 +256,8 @@ def test_a_box_on_a_newer_edge_agent_is_seen_and_answered(broker: LocalBroker) -
     assert "upgrade edge-fleet" in done.stderr
 
     # The newer box answers a ping with a field this console lacks.
-    commands: queue.Queue[bytes] = queue.Queue()
-    newer = connect(BrokerSettings(port=broker.port))
+    newer, commands = hand_made_box(broker, box)
     try:
-        newer.subscribe(f"{PREFIX}/{box}/cmd", lambda m: commands.put(m.payload), qos=1)
-        while True:  # subscribed once its own probe comes back
-            newer.publish(f"{PREFIX}/{box}/cmd", b"probe", qos=1)
-            try:
-                if commands.get(timeout=0.5) == b"probe":
-                    break
-            except queue.Empty:
-                continue
         asking = subprocess.Popen(
             [sys.executable, "-m", "edge_agent.fleet.cli", "cmd", "-p", str(broker.port),
              box, "ping", "--timeout", "20"],
@@ -287,6 +273,21 @@ def test_a_box_on_a_newer_edge_agent_is_seen_and_answered(broker: LocalBroker) -
     assert asking.returncode == 0, err
     assert json.loads(out)["result"] == {"pong": True}
     assert "Response.trace" in err
+
+
+def hand_made_box(broker: LocalBroker, box: str) -> tuple[MqttSession, queue.Queue[bytes]]:
+    """A session standing in for `box`, and the commands sent to it; returned once it is
+    subscribed (its own probe came back), so none sent after is missed."""
+    commands: queue.Queue[bytes] = queue.Queue()
+    session = connect(BrokerSettings(port=broker.port))
+    session.subscribe(f"{PREFIX}/{box}/cmd", lambda m: commands.put(m.payload), qos=1)
+    while True:
+        session.publish(f"{PREFIX}/{box}/cmd", b"probe", qos=1)
+        try:
+            if commands.get(timeout=0.5) == b"probe":
+                return session, commands
+        except queue.Empty:
+            continue
 
 
 def mosquitto_pub(broker: LocalBroker, topic: str, body: dict[str, Any], retain: bool) -> None:
@@ -367,17 +368,8 @@ def test_watch_dates_what_it_saw_arrive_and_tells_clocks_and_replays(broker: Loc
 
 def test_cmd_says_when_the_boxs_clock_is_far_off(broker: LocalBroker) -> None:
     box = "skewed-box"
-    commands: queue.Queue[bytes] = queue.Queue()
-    skewed = connect(BrokerSettings(port=broker.port))
+    skewed, commands = hand_made_box(broker, box)
     try:
-        skewed.subscribe(f"{PREFIX}/{box}/cmd", lambda m: commands.put(m.payload), qos=1)
-        while True:  # subscribed once its own probe comes back
-            skewed.publish(f"{PREFIX}/{box}/cmd", b"probe", qos=1)
-            try:
-                if commands.get(timeout=0.5) == b"probe":
-                    break
-            except queue.Empty:
-                continue
         for offset, said in ((2 * 86400.0, "2d ahead of"), (-7200.0, "2h behind"), (0.0, None)):
             asking = subprocess.Popen(
                 [sys.executable, "-m", "edge_agent.fleet.cli", "cmd", "-p", str(broker.port),
