@@ -97,8 +97,14 @@ def status_table(records: Iterable[DeviceRecord], now: float | None = None) -> T
 
 
 def status_json(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
+    """The retained states, each with the device's flags: the table's `flags` column, which
+    a script (a nightly audit of `unverified` boxes) had to recompute from the state."""
     return [
-        {"device": r.device, **r.state.model_dump(mode="json", exclude_none=True)}
+        {
+            "device": r.device,
+            **r.state.model_dump(mode="json", exclude_none=True),
+            "flags": device_flags(r),
+        }
         for r in records
         if r.state is not None
     ]

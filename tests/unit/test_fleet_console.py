@@ -20,7 +20,7 @@ from edge_agent.fleet.clock import skew_of_answer
 from edge_agent.fleet.console import Interrupted
 from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg
 from edge_agent.fleet.roster import Roster, send_group
-from edge_agent.fleet.tables import age, status_table, watch_json, watch_table
+from edge_agent.fleet.tables import age, status_json, status_table, watch_json, watch_table
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 
@@ -426,6 +426,10 @@ def test_status_marks_a_fallback_and_a_box_that_trusts_no_key() -> None:
     [row] = rows_by_device(status_table(roster.snapshot(), now=NOW)).values()
     assert row["models"] == "person-ssdlite v3 @CPU (fallback), orient @GPU"
     assert row["flags"] == "unverified, fallback"
+    # The same for scripts, beside the state they come from.
+    [entry] = status_json(roster.snapshot())
+    assert (entry["device"], entry["flags"]) == ("dock-1", ["unverified", "fallback"])
+    assert entry["unverified"] is True
 
 
 def test_replayed_telemetry_does_not_pass_for_current() -> None:
