@@ -40,6 +40,7 @@ CODES: dict[str, str] = {
     "release.signature": "A release is unsigned, wrongly signed or signed by an untrusted key.",
     "release.expired": "A release is past its expires-at.",
     "release.rollback": "A release is older than the installed version of that model.",
+    "release.conflict": "The box holds other bytes under a release's name and version.",
     "store.path": "A name or path would escape the model store.",
     "store.not_found": "The store has no such model or version.",
     "store.quota": "The store is over its disk quota and nothing can be evicted.",

@@ -32,7 +32,13 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
 from edge_agent.protocol.topics import Topics
-from edge_agent.store.release import Release, SignedRelease, parse_signed_release, verify
+from edge_agent.store.release import (
+    Release,
+    SignedRelease,
+    parse_signed_release,
+    same_content,
+    verify,
+)
 from edge_agent.store.store import Gate, ModelStore
 
 log = logging.getLogger(__name__)
@@ -116,7 +122,8 @@ def pull(
     command.cancelled when cancel came first, and after it a cancel is too late.
 
     Raises:
-        EdgeAgentError: release.* (rejected), transfer.failed, transfer.digest,
+        EdgeAgentError: release.* (rejected; release.conflict when this box holds other
+            bytes under that name and version), transfer.failed, transfer.digest,
             command.cancelled, store.*, health.failed (with --activate); path.unwritable
             when the state disk cannot hold the release before it starts (one that fills
             during the transfer is transfer.failed, its partial removed).
@@ -132,7 +139,19 @@ def pull(
         raise EdgeAgentError(
             f"the release on {name}'s topic is for {release.name!r}", code="release.invalid"
         )
-    if store.installed(name, release.version) is not None:
+    installed = store.installed(name, release.version)
+    if installed is not None:
+        if not same_content(installed, release):
+            # Taken for installed, the fleet's release "deployed" ok with none of its bytes
+            # on the box: a version `calibrate` built here (unsigned) answered for it.
+            made_here = store.release(name, release.version).signature is None
+            raise EdgeAgentError(
+                f"{name} v{release.version} on this box is not the release on the broker "
+                + ("(it was built on this box, by calibrate)" if made_here else "(other files)"),
+                f"publish it as v{store.state(name).highest + 1} or higher, or remove "
+                f"{name} v{release.version} from this box first",
+                "release.conflict",
+            )
         log_event(log, logging.INFO, "pull_already_installed", model=name, version=release.version)
         activated = _activate(store, release, activate, gate, report, commit)
         return PullResult(release, False, activated, 0, PullStats())

@@ -362,6 +362,22 @@ def _check_shape(release: Release) -> None:
             )
 
 
+def same_content(a: Release, b: Release) -> bool:
+    """Whether two releases install the same model: the same files, loaded the same way.
+
+    Not the release id: the fleet re-signs a version with a fresh expiry for the boxes that
+    missed it, and a box holding it already must take that for the same one.
+    """
+    return (a.name, a.version, a.model, a.format, a.files, a.manifest) == (
+        b.name,
+        b.version,
+        b.model,
+        b.format,
+        b.files,
+        b.manifest,
+    )
+
+
 def trusted_key_ids(keys: Iterable[Ed25519PublicKey]) -> dict[str, Ed25519PublicKey]:
     return {key_id(k): k for k in keys}
 

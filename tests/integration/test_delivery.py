@@ -8,6 +8,7 @@ activated behind the health gate, and serves.
 from __future__ import annotations
 
 import subprocess
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from edge_agent.paths import Layout
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import RuntimeOptions
 from edge_agent.store.health import HealthGate
-from edge_agent.store.release import SignedRelease, generate_key
+from edge_agent.store.release import SignedRelease, build_release, generate_key, sign
 from edge_agent.store.store import ModelStore
 from tests.broker import FAST, Fleet, device_session
 from tests.conftest import sample
@@ -84,6 +85,55 @@ def test_pull_of_an_installed_version_transfers_nothing(fleet: Fleet, tmp_path: 
     assert first.installed
     assert not again.installed
     assert again.stats.frames == 0
+
+
+def test_a_version_built_on_the_box_does_not_pass_for_the_fleets_release(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # `calibrate install_as=orient` installs orient v1 unsigned, from this box's own bytes.
+    # The fleet's signed v1 then "deployed" ok with nothing transferred, and the box served
+    # its own model under the fleet's name and version.
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    store = ModelStore(layout)
+    published = fleet.signed.release
+    local = tmp_path / "local"
+    local.mkdir()
+    own = (fleet.source / published.model).read_bytes()
+    (local / published.model).write_bytes(own[:-1] + bytes([own[-1] ^ 1]))
+    made_here = build_release(
+        name="orient",
+        version=published.version,
+        folder=local,
+        files=[published.model],
+        model=published.model,
+        manifest=published.manifest,
+    )
+    store.install(SignedRelease(release=made_here), local)
+    device = device_session(fleet.broker)
+    try:
+        with pytest.raises(EdgeAgentError) as err:
+            pull(device, store, layout, "orient", device_id="d", options=FAST)
+        assert err.value.code == "release.conflict"
+        assert "built on this box" in err.value.problem
+        assert "publish it as v2 or higher" in str(err.value.fix)
+        assert store.release("orient", published.version).release == made_here  # untouched
+
+        # The fleet's own files, re-signed with a fresh expiry, are the same release.
+        other = Layout(cache=tmp_path / "cache", state=tmp_path / "other")
+        resigned = build_release(
+            name="orient",
+            version=published.version,
+            folder=fleet.source,
+            files=[published.model],
+            model=published.model,
+            manifest=published.manifest,
+            lifetime=timedelta(days=3),
+        )
+        ModelStore(other).install(sign(resigned, fleet.key), fleet.source)
+        again = pull(device, ModelStore(other), other, "orient", device_id="d", options=FAST)
+    finally:
+        device.stop()
+    assert (again.installed, again.stats.frames) == (False, 0)
 
 
 def test_untrusted_key_is_refused_before_any_transfer(fleet: Fleet, tmp_path: Path) -> None:
