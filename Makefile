@@ -36,9 +36,10 @@ check: install
 	$(BIN)/mypy
 
 # The "ci" profile (tests/conftest.py): the same examples every run and no example database,
-# so a fresh clone passes or fails the same way every time.
+# so a fresh clone passes or fails the same way every time. --durations: the slowest tests,
+# in every run, against the 15-minute budget.
 test: system-deps check
-	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -q
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -q --durations=15
 
 # Random search for what the fixed examples miss; FUZZ_EXAMPLES per property (default 2000).
 # A failure prints its reproduce blob; turn it into an explicit test before fixing it.
