@@ -240,7 +240,8 @@ class AgentConfig(BaseModel):
         default=32,
         ge=1,
         description="Pipelines the agent runs at most (failed ones count until stopped); a "
-        "start_pipeline past it is refused command.busy, and a restart restores no more.",
+        "start_pipeline past it is refused command.busy, and a restart starts no more (the "
+        "rest are listed failed, and kept for a restart with room).",
     )
     mqtt: MqttConfig = Field(description="The broker.")
     integrations: IntegrationsConfig = Field(
