@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.build_id import version_line
 from edge_agent.paths import Layout
 
 _DEVICE_PROPERTIES = ("FULL_DEVICE_NAME", "OPTIMIZATION_CAPABILITIES", "DEVICE_ARCHITECTURE")
@@ -40,6 +41,7 @@ class DoctorReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    edge_agent: str = Field(description="edge-agent version and build, e.g. '0.1.0 (build …)'.")
     openvino: str | None = Field(description="OpenVINO version, None if it does not import.")
     onnxruntime: str | None = Field(description="ONNX Runtime version, None if it does not import.")
     onnxruntime_providers: list[str] = Field(description="ONNX Runtime execution providers.")
@@ -202,6 +204,7 @@ def collect(
         else 0
     )
     return DoctorReport(
+        edge_agent=version_line(),
         openvino=ov_version,
         onnxruntime=ort_version,
         onnxruntime_providers=providers,

@@ -3,6 +3,21 @@
 # checkout or with a wheel: `sudo bash systemd/install.sh [path/to/edge_agent-*.whl]`.
 # Idempotent: re-running upgrades the package and keeps the config, keys and state.
 set -euo pipefail
+
+# install_package PYTHON PACKAGE: PACKAGE (a wheel or a source folder) into PYTHON's venv.
+# Every build says version 0.1.0, and pip keeps an installed version it is given again
+# (exit 0, nothing said): an upgrade, or a rollback to another build, left the old code in
+# place. So the package itself is always reinstalled; its dependencies are only brought to
+# what it asks for. The plain install goes first: if it cannot get a dependency, the old
+# build stays whole, rather than new code over old dependencies.
+install_package() {
+  "$1" -m pip install --quiet --upgrade "$2"
+  "$1" -m pip install --quiet --force-reinstall --no-deps "$2"
+}
+
+# Sourced (tests/unit/test_install_script.py drives install_package), stop here.
+if [[ "${BASH_SOURCE[0]}" != "$0" ]]; then return 0; fi
+
 [ "$(id -u)" -eq 0 ] || { echo "install.sh: run as root (sudo)" >&2; exit 1; }
 here="$(cd "$(dirname "$0")" && pwd)"
 source_dir="$(dirname "$here")"
@@ -20,7 +35,8 @@ fi
 command -v python3 >/dev/null || apt-get install -y --no-install-recommends python3 python3-venv
 [ -x "$prefix/bin/python" ] || python3 -m venv "$prefix"
 "$prefix/bin/python" -m pip install --quiet --upgrade pip
-"$prefix/bin/python" -m pip install --quiet --upgrade "$package"
+install_package "$prefix/bin/python" "$package"
+echo "install.sh: now installed: $("$prefix/bin/edge-agent" --version)" >&2
 
 install -d -m 0750 -o root -g edge-agent /etc/edge-agent
 if [ ! -e /etc/edge-agent/agent.toml ]; then

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -564,7 +564,7 @@ class Pipelines:
             if recorded:
                 # Only if still recorded, as a restore does: a stop_pipeline that came
                 # during this stop's join found it not running and forgot it.
-                return self._restore_one(pipeline_id, spec)
+                return self._restore_one(pipeline_id, spec) in ("started", "running")
             self.start(spec, persist=False)
         except EdgeAgentError as exc:
             detail = f"restart on the new model failed: {exc}"
@@ -577,22 +577,27 @@ class Pipelines:
         return True
 
     def restore(self) -> list[str]:
-        """Start every pipeline the record holds; failures are reported, not raised.
+        """Start every pipeline the record holds, returning those that run as it says (a
+        command may have started one first); failures are reported, not raised.
 
-        Past `max_running` in the record's order, the rest are not started and are
-        forgotten: kept, they would come back before any pipeline started later, which
-        would then be the one left out. Which those are depends on the record alone:
-        commands the broker held for the box may start pipelines first, and take slots,
-        but never make a recorded pipeline forgotten.
+        Past `max_running`, in the record's order, the rest are not started: each is kept in
+        the record and listed as failed (`_restore_one`), until a restart with room starts
+        it. Forgotten, as they were, a downgrade to a build with a lower cap, or a cap
+        lowered for a while, lost them for good. Held, they count against the cap as any
+        failed pipeline does, so a start_pipeline cannot take their place and then be the
+        one left out at the next restart. Commands the broker held for the box may start
+        pipelines before these, and take slots: the last recorded ones are held then.
         """
         started = []
+        held = []
         recorded = list(self.records.record.pipelines.items())
-        with self._lock:
-            over = [p for p, _ in recorded[self.max_running :] if p not in self._running]
-        for pipeline_id, data in recorded[: self.max_running]:
+        for pipeline_id, data in recorded:
             try:
-                if self._restore_one(pipeline_id, data):
+                restored = self._restore_one(pipeline_id, data)
+                if restored in ("started", "running"):
                     started.append(pipeline_id)
+                elif restored == "held":
+                    held.append(pipeline_id)
             except EdgeAgentError as exc:
                 log_event(
                     log,
@@ -605,43 +610,60 @@ class Pipelines:
                 self._event("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
             except Exception as exc:
                 # A bug, or an engine's own error, in one: the rest are still restored, and
-                # those over the cap still forgotten.
+                # those over the cap still held.
                 log_crash(log, "pipeline_restore_crashed", pipeline=pipeline_id)
                 self._event("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
-        if over:
+        if held:
             log_event(
                 log,
                 logging.ERROR,
                 "pipelines_not_restored",
-                pipelines=",".join(over),
+                pipelines=",".join(held),
                 max_pipelines=self.max_running,
-                fix="raise max_pipelines in the agent's config, then send start_pipeline "
-                "for these again",
+                fix="raise max_pipelines in the agent's config, or stop others; they are "
+                "kept, and restored at the next start with room",
             )
-            for pipeline_id in over:
-                self._event(
-                    "pipeline_failed",
-                    pipeline_id,
-                    code="command.busy",
-                    detail=f"not restored: over max_pipelines ({self.max_running})",
-                )
-            self._forget(over)
         return started
 
-    def _restore_one(self, pipeline_id: str, data: dict[str, Any]) -> bool:
-        """Start a recorded pipeline; whether it runs. `restore` works from the record as it
-        read it, and commands the broker held for the box come in meanwhile: a stop_pipeline
-        that forgot it (this used to start it anyway, unrecorded, gone at the next restart),
-        or a start_pipeline of it (this used to report a running pipeline failed)."""
+    def _restore_one(
+        self, pipeline_id: str, data: dict[str, Any]
+    ) -> Literal["started", "held", "running", "forgotten"]:
+        """Start a recorded pipeline, or hold it over the cap; which it came to. `restore`
+        works from the record as it read it, and commands the broker held for the box come
+        in meanwhile: a stop_pipeline that forgot it (this used to start it anyway,
+        unrecorded, gone at the next restart), or a start_pipeline of it (this used to
+        report a running pipeline failed)."""
         spec = self._checked(self._as_known(pipeline_id, data))
+        over_cap = (
+            f"over max_pipelines ({self.max_running}): raise the cap in the config, or stop "
+            "others; it starts at the next restart with room"
+        )
+        entry: _Running | None = None
         # Under the record's lock, as stop decides to forget one that does not run.
         with self._record_lock, self._lock:
-            forgotten = pipeline_id not in self.records.record.pipelines
-            running = spec.id in self._running
-            entry = None if forgotten or running else self._register(spec)
+            if pipeline_id not in self.records.record.pipelines:
+                outcome: Literal["started", "held", "running", "forgotten"] = "forgotten"
+            elif spec.id in self._running:
+                outcome = "running"
+            elif len(self._running) >= self.max_running:
+                # Listed as failed, not started: stop_pipeline forgets it as any failed
+                # one, and it holds its slot against a start that would take its place.
+                outcome = "held"
+                self._running[spec.id] = _Running(
+                    spec,
+                    status="failed",
+                    detail=over_cap,
+                    failed_code="command.busy",
+                    outage=SourceOutage(spec.id),
+                )
+            else:
+                outcome = "started"
+                entry = self._register(spec)
         if entry is not None:
             self._start_registered(entry, persist=False)
-        elif forgotten:
+        elif outcome == "held":
+            self._event("pipeline_failed", pipeline_id, code="command.busy", detail=over_cap)
+        elif outcome == "forgotten":
             log_event(
                 log,
                 logging.INFO,
@@ -649,7 +671,7 @@ class Pipelines:
                 pipeline=pipeline_id,
                 detail="forgotten by a stop_pipeline meanwhile",
             )
-        return not forgotten
+        return outcome
 
     @staticmethod
     def _as_known(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -671,22 +693,6 @@ class Pipelines:
                 detail="written by a newer edge-agent; this one does not know them",
             )
         return spec.model_dump(mode="json")
-
-    def _forget(self, ids: list[str]) -> None:
-        with self._record_lock:
-            kept = {k: v for k, v in self.records.record.pipelines.items() if k not in ids}
-            try:
-                self.records.update(pipelines=kept)
-            except OSError as exc:
-                # A full or read-only state disk: they are tried, and refused, again at the
-                # next start. Said, not fatal.
-                log_event(
-                    log,
-                    logging.ERROR,
-                    "pipelines_not_forgotten",
-                    error=str(exc),
-                    pipelines=",".join(ids),
-                )
 
     # --- reading -----------------------------------------------------------------------------
     def _get(self, pipeline_id: str) -> _Running:

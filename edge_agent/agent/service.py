@@ -33,6 +33,7 @@ from edge_agent.agent.procstats import CpuMeter, hottest_celsius, rss_bytes
 from edge_agent.agent.records import AgentRecords, CommandLog
 from edge_agent.agent.supervisor import AgentSupervisor
 from edge_agent.agent.telemetry import model_telemetry, pipeline_telemetry
+from edge_agent.build_id import build_id
 from edge_agent.catalog.catalog import Catalog
 from edge_agent.comms.base import Message
 from edge_agent.comms.held_filters import HeldFilters
@@ -117,6 +118,8 @@ class AgentService:
 
     def __init__(self, config: AgentConfig, env: Mapping[str, str]) -> None:
         self.config = config
+        # Read now, before a package replaced under the running agent could be read instead.
+        self.build = build_id()
         self.layout = config.layout(env)
         self.topics = Topics(config.topic_prefix)
         self.device = config.device_id
@@ -270,11 +273,12 @@ class AgentService:
             seq=self._seq,
             ts=time.time(),
             agent_version=__version__,
+            agent_build=self.build,
             group=self.config.group,
             config_hash=self.config.config_hash(),
         )
         return offline.model_dump_json(
-            include={"online", "seq", "ts", "agent_version", "group", "config_hash"},
+            include={"online", "seq", "ts", "agent_version", "agent_build", "group", "config_hash"},
             exclude_none=True,
         ).encode()
 
@@ -288,6 +292,7 @@ class AgentService:
             seq=self._seq,
             ts=time.time(),
             agent_version=__version__,
+            agent_build=self.build,
             mqtt_version=self.session.mqtt_version,
             group=self.config.group,
             devices=self._devices(),

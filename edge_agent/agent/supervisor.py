@@ -19,6 +19,7 @@ from edge_agent.agent.jobs import JobContext
 from edge_agent.agent.models import ModelOps
 from edge_agent.agent.pipelines import Pipelines
 from edge_agent.agent.records import AgentRecords
+from edge_agent.build_id import build_id
 from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.protocol import agent as msg
 
@@ -120,6 +121,7 @@ class AgentSupervisor:
         """Versions, models, pipelines and the service's own figures."""
         return {
             "agent_version": __version__,
+            "agent_build": build_id(),
             "uptime_s": round(time.monotonic() - self.started, 3),
             "models": [m.model_dump(mode="json") for m in self.models.states()],
             "pipelines": [p.model_dump(mode="json") for p in self.pipelines.states()],

@@ -56,6 +56,7 @@ def render(report: DoctorReport) -> Table:
     from rich.table import Table
 
     table = Table(title="edge-agent doctor", show_header=False)
+    table.add_row("edge-agent", report.edge_agent)
     table.add_row("OpenVINO", report.openvino or "[red]missing[/]")
     table.add_row(
         "ONNX Runtime",

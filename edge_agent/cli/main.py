@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from edge_agent import __version__
 from edge_agent.cli import launch
 from edge_agent.cli.common import CliParser
 from edge_agent.errors import EdgeAgentError, from_os_error
@@ -48,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CliParser(
         prog="edge-agent", description="Inference runtime and agent for Intel edge boxes."
     )
-    parser.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the version and build, and exit"
+    )
     parser.add_argument(
         "--cache-dir",
         type=Path,
@@ -88,6 +89,30 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         importlib.import_module(f"edge_agent.cli.{name}").register(commands)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: the version and the build id, which is worked out only when asked.
+
+    Every build says version 0.1.0; the build id tells which code is installed.
+    """
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(
+            option_strings, argparse.SUPPRESS, nargs=0, default=argparse.SUPPRESS, help=help
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        from edge_agent.build_id import version_line
+
+        print(f"edge-agent {version_line()}")
+        parser.exit()
 
 
 def error_line(exc: EdgeAgentError) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,8 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from edge_agent import __version__
 from edge_agent.config_files import first_error, read_secret
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
 from edge_agent.protocol.topics import check_prefix
+
+log = logging.getLogger(__name__)
+
+MAX_COMMAND_BYTES = 8 * 1024 * 1024
+"""The most `max_command_bytes` can be: past 16 MiB the broker drops a command for the agent
+on MQTT 5 (service.AGENT_MAX_PACKET_BYTES) unseen, where it should be answered too large."""
 
 
 class TlsConfig(BaseModel):
@@ -220,7 +228,7 @@ class AgentConfig(BaseModel):
     max_command_bytes: int = Field(
         default=256 * 1024,
         ge=1024,
-        le=8 * 1024 * 1024,
+        le=MAX_COMMAND_BYTES,
         description="Larger command payloads are refused (answered command.too_large; over "
         "16 MiB the broker drops them for the agent on MQTT 5).",
     )
@@ -232,7 +240,8 @@ class AgentConfig(BaseModel):
         default=32,
         ge=1,
         description="Pipelines the agent runs at most (failed ones count until stopped); a "
-        "start_pipeline past it is refused command.busy, and a restart restores no more.",
+        "start_pipeline past it is refused command.busy, and a restart starts no more (the "
+        "rest are listed failed, and kept for a restart with room).",
     )
     mqtt: MqttConfig = Field(description="The broker.")
     integrations: IntegrationsConfig = Field(
@@ -286,6 +295,30 @@ _TOP_LEVEL_ENV = {
     "outbox_quota_mb",
 }
 _MQTT_ENV = {"host", "port", "version", "keepalive", "client_id", "username", "password_file"}
+
+
+_CAPS: dict[str, tuple[int | float, str]] = {
+    "max_command_bytes": (
+        MAX_COMMAND_BYTES,
+        "past 16 MiB the broker drops commands for the agent on MQTT 5; a command between "
+        "the two is answered command.too_large",
+    ),
+}
+"""Upper bounds added after the first release, and why each is there. A config the build
+before accepted is capped, with a warning, not refused: refused, an upgraded box restarted
+every 10 s under systemd and never came online to be told."""
+
+
+def _capped(data: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`data` with each value over its `_CAPS` bound set to the bound, and what was capped."""
+    capped = dict(data)
+    said: list[dict[str, Any]] = []
+    for key, (bound, why) in _CAPS.items():
+        value = data.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > bound:
+            capped[key] = bound
+            said.append({"field": key, "value": value, "used": bound, "why": why})
+    return capped, said
 
 
 def _overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
@@ -354,6 +387,7 @@ def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
             "(mqtt.password_credential)",
             code="config.invalid",
         )
+    data, capped = _capped(data)
     try:
         config = AgentConfig.model_validate(data)
     except ValidationError as exc:
@@ -369,6 +403,15 @@ def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
         raise EdgeAgentError(
             f"{source} is invalid at {where}: {message}", fix, code="config.invalid"
         ) from None
+    for cap in capped:
+        log_event(
+            log,
+            logging.WARNING,
+            "config_value_capped",
+            config=str(path),
+            **cap,
+            fix=f"set {cap['field']} to at most {cap['used']} in the config",
+        )
     return _with_password(config, env)
 
 

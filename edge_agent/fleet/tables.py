@@ -88,7 +88,8 @@ def status_table(records: Iterable[DeviceRecord], now: float | None = None) -> T
             state.group or "-",
             str(state.seq),
             seen(record, now) if not state.online else device_age(record, state.ts, now),
-            state.agent_version or "-",
+            # The build tells builds of one version apart; boxes before it send none.
+            " ".join(filter(None, (state.agent_version, state.agent_build))) or "-",
             models or "-",
             pipelines or "-",
             ", ".join(device_flags(record)) or "-",

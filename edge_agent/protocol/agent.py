@@ -228,6 +228,11 @@ class State(_Strict):
     seq: int = Field(ge=0, description="Connection sequence number, up by one per connect.")
     ts: float = Field(description="Unix seconds when the message was made.")
     agent_version: str | None = Field(default=None, description="edge-agent version.")
+    agent_build: str | None = Field(
+        default=None,
+        description="Digest of the agent's source files: tells builds of one version apart "
+        "(absent from agents before it).",
+    )
     mqtt_version: str | None = Field(default=None, description="MQTT protocol in use: 5 or 3.1.1.")
     group: str | None = Field(
         default=None, description="Fleet group whose commands it takes (group/<group>/cmd)."

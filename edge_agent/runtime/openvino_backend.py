@@ -44,6 +44,7 @@ from edge_agent.runtime.devices import explain_failure, is_present, parse_reques
 from edge_agent.runtime.precision import combine, precision_note
 from edge_agent.runtime.preprocess import fit_frames, fit_frames_into
 from edge_agent.runtime.runs import Slots, ThreadedModel
+from edge_agent.store.fsio import fsync_dir, fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -106,21 +107,11 @@ class OpenVinoBackend:
             config["PERFORMANCE_HINT_NUM_REQUESTS"] = options.requests
         if options.cache_dir is not None:
             config["CACHE_DIR"] = str(options.cache_dir / "compiled")
-        available = list(self.core.available_devices)
-        fallbacks: list[Fallback] = []
-        compiled: Any = None
-        for candidate in candidates:
-            if not is_present(candidate, available):
-                fallbacks.append(Fallback(device=candidate, reason=self._absent(candidate)))
-                continue
-            try:
-                source = str(prepared) if isinstance(prepared, Path) else prepared
-                compiled = self.core.compile_model(source, candidate, config)
-                break
-            except RuntimeError as exc:
-                fallbacks.append(
-                    Fallback(device=candidate, reason=explain_failure(_first_line(exc)))
-                )
+        compiled, fallbacks = self._compile_first(prepared, candidates, config)
+        if compiled is None and isinstance(prepared, Path):
+            mended = self._mend_if_damaged(prepared, path, manifest, options)
+            if mended is not None:
+                compiled, fallbacks = self._compile_first(mended, candidates, config)
         if compiled is None:
             tried = "; ".join(f"{f.device}: {f.reason}" for f in fallbacks)
             raise EdgeAgentError(
@@ -155,6 +146,57 @@ class OpenVinoBackend:
             },
         )
         return OpenVinoModel(compiled, manifest, report)
+
+    def _compile_first(
+        self, prepared: Path | ov.Model, candidates: list[str], config: dict[str, Any]
+    ) -> tuple[Any, list[Fallback]]:
+        """The first candidate device that compiles `prepared` (None if none did), and why
+        each one before it was passed over."""
+        available = list(self.core.available_devices)
+        fallbacks: list[Fallback] = []
+        source = str(prepared) if isinstance(prepared, Path) else prepared
+        for candidate in candidates:
+            if not is_present(candidate, available):
+                fallbacks.append(Fallback(device=candidate, reason=self._absent(candidate)))
+                continue
+            try:
+                return self.core.compile_model(source, candidate, config), fallbacks
+            except RuntimeError as exc:
+                fallbacks.append(
+                    Fallback(device=candidate, reason=explain_failure(_first_line(exc)))
+                )
+        return None, fallbacks
+
+    def _mend_if_damaged(
+        self, xml: Path, path: Path, manifest: Manifest, options: RuntimeOptions
+    ) -> Path | ov.Model | None:
+        """After no device compiled the cached IR `xml`: if the IR itself does not read (cut
+        short by a power cut, say), delete it and prepare the model again; None if it reads,
+        and the devices are to blame.
+
+        Before this, a 0-byte .xml was a cache hit on every start and the model failed for
+        good as `device.unavailable`, though the cache is only a head start.
+        """
+        try:
+            with native_stderr_held():
+                self.core.read_model(str(xml))
+        except RuntimeError as exc:
+            log_event(
+                log,
+                logging.WARNING,
+                "ir_cache_damaged",
+                ir=str(xml),
+                model=manifest.name,
+                error=_first_line(exc),
+                detail="deleted, and converted again from the model file",
+            )
+            try:
+                xml.unlink(missing_ok=True)  # first: the .xml says the pair is complete
+                xml.with_suffix(".bin").unlink(missing_ok=True)
+            except OSError:  # a cache it cannot mend: this start compiles from memory
+                return self._convert(path, manifest, options)
+            return self._prepare(path, manifest, options)
+        return None
 
     def _absent(self, candidate: str) -> str:
         """Why a device is missing, when its plugin says (a driver not installed, say)."""
@@ -204,9 +246,14 @@ class OpenVinoBackend:
             with tempfile.TemporaryDirectory(dir=folder, prefix=".convert-") as tmp:
                 staged = Path(tmp) / "model.xml"
                 ov.save_model(model, str(staged), compress_to_fp16=False)
+                # On the disk before the renames: unsynced, a power cut after them left a
+                # 0-byte .xml under the right name, which every later start took for a hit.
+                fsync_file(staged.with_suffix(".bin"))
+                fsync_file(staged)
                 # The .xml goes last: its presence says the pair is complete.
                 staged.with_suffix(".bin").replace(xml.with_suffix(".bin"))
                 staged.replace(xml)
+                fsync_dir(folder)
         except (OSError, RuntimeError) as exc:
             # The IR cache only saves the next start a conversion. A full or read-only cache
             # disk made this raise (OpenVINO's own `basic_ios::clear: iostream error`), and

@@ -59,6 +59,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_file(path: Path) -> None:
+    """Put a file another library wrote (OpenVINO's save_model) on the disk before a rename
+    makes it visible under its final name."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: Path, data: bytes, step: str) -> None:
     """Replace `path` with `data`: temp file, fsync, rename, fsync the folder.
 

@@ -99,6 +99,14 @@ class StoredVersion:
         return self.release.file(self.release.model).sha256
 
 
+def _why(exc: ValueError | RecursionError) -> str:
+    """What is wrong with a state file, in one line."""
+    if isinstance(exc, ValidationError):
+        where, message = first_error(exc)
+        return f"{where}: {message}"
+    return str(exc) or type(exc).__name__
+
+
 class ModelStore:
     """Install, activate, roll back, remove and verify model versions under `layout.store`."""
 
@@ -134,24 +142,26 @@ class ModelStore:
 
         A field a newer edge-agent wrote is dropped (and said once): after a downgrade,
         a strict read made the name unusable, and every install and activation of any
-        other name failed at its eviction, after it had taken effect.
+        other name failed at its eviction, after it had taken effect. A file that does not
+        read at all is set aside and rebuilt (`_mend_state`).
 
         Raises:
-            EdgeAgentError: store.corrupt, when the file is not a state.
+            EdgeAgentError: store.corrupt, when the file is not a state and cannot be set
+                aside.
         """
         path = self._name_dir(name) / "state.json"
         try:
-            data = json.loads(path.read_bytes())
-            state, dropped = drop_unknown_fields(NameState.model_validate, data)
+            raw = path.read_bytes()
         except FileNotFoundError:
-            state, dropped = NameState(), []
-        except (ValueError, RecursionError) as exc:  # ValidationError is a ValueError
-            if isinstance(exc, ValidationError):
-                where, message = first_error(exc)
-                detail = f"{where}: {message}"
-            else:
-                detail = str(exc) or type(exc).__name__
-            raise EdgeAgentError(f"{path} is corrupt: {detail}", code="store.corrupt") from None
+            raw = None
+        dropped: list[str] = []
+        if raw is None:
+            state = NameState()
+        else:
+            try:
+                state, dropped = drop_unknown_fields(NameState.model_validate, json.loads(raw))
+            except (ValueError, RecursionError) as exc:  # ValidationError is a ValueError
+                state = self._mend_state(name, path, raw, _why(exc))
         if dropped and path not in self._newer_said:
             self._newer_said.add(path)
             log_event(
@@ -164,6 +174,51 @@ class ModelStore:
             )
         # A crash between a version's rename and the state update leaves `highest` behind.
         return state.model_copy(update={"highest": max([state.highest, *self.versions(name)])})
+
+    def _mend_state(self, name: str, path: Path, seen: bytes, detail: str) -> NameState:
+        """Set aside a `state.json` that does not read, as `state.json.damaged-<time>`, and
+        write one rebuilt from what is installed.
+
+        Left in place, one such file (a power cut on a card that lies about fsync) refused
+        every command on its name, deploy, activate, rollback and remove, and every
+        listing, and only a shell could mend it. What it said is lost but for `highest`,
+        which the installed versions give again, so the rollback guard holds as far as the
+        disk remembers. `current` and `previous` start empty: activating a version (the
+        fleet's activate_model) makes the name serve again.
+
+        Args:
+            seen: the bytes that did not read; a file that differs now was written again
+                meanwhile (an update under the lock) and is read instead.
+        """
+        rebuilt = NameState(highest=max(self.versions(name), default=0))
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        aside = path.with_name(f"state.json.damaged-{stamp}")
+        try:
+            if path.read_bytes() != seen:
+                return self.state(name)
+            path.rename(aside)
+            self._write_state(name, rebuilt, "mend")  # its folder's fsync keeps the rename
+        except FileNotFoundError:  # another reader set it aside first
+            return rebuilt
+        except OSError as exc:
+            raise EdgeAgentError(
+                f"{path} is corrupt ({detail}) and cannot be set aside: {exc.strerror or exc}",
+                "make the store writable, or move the file away by hand; then activate a "
+                "version of the model",
+                code="store.corrupt",
+            ) from None
+        log_event(
+            log,
+            logging.ERROR,
+            "store_state_damaged",
+            model=name,
+            detail=detail,
+            kept=str(aside),
+            highest=rebuilt.highest,
+            fix=f"activate a version of {name} (the activate_model command, or "
+            f"`edge-agent models activate {name} VERSION`): until then it serves none",
+        )
+        return rebuilt
 
     def versions(self, name: str) -> list[int]:
         folder = self._name_dir(name) / "versions"

@@ -79,9 +79,12 @@ def test_kill_9_shows_offline_and_a_restart_restores_everything(
             seen = watcher.on("state")[-1].at
             assert seen - killed <= 1.5 * KEEPALIVE
             # Small, but enough to tell which boxes went dark after an upgrade, and where.
-            assert set(will) == {"online", "seq", "ts", "agent_version", "config_hash"}
+            assert set(will) == {
+                "online", "seq", "ts", "agent_version", "agent_build", "config_hash"
+            }  # fmt: skip
             assert will["seq"] == birth["seq"]
             assert will["agent_version"] == birth["agent_version"]
+            assert will["agent_build"] == birth["agent_build"]
             assert will["config_hash"] == birth["config_hash"]
 
             # Sent while the box is down: the broker keeps it in the agent's session.

@@ -1,7 +1,7 @@
 """A state disk that refuses writes, or holds a damaged file, leaves the agent serving.
 
 Both used to end the agent: the outbox raised out of the main loop at the next telemetry
-tick (a full disk), and one unreadable `state.json` in the model store raised out of the
+tick (a full disk), and one unreadable file in the model store raised out of the
 birth message, so the box showed offline and the next state change killed the loop. Under
 systemd each restart met the same disk, and after ten the unit stayed down. The agent runs
 on a thread over a real mosquitto; the disk's refusal is sqlite's own (query_only makes
@@ -72,8 +72,9 @@ def test_a_damaged_store_file_still_lets_the_box_come_online(
 ) -> None:
     state = tmp_path / "state"
     damaged = Layout(cache=tmp_path / "cache", state=state).store / "models" / "dock"
-    damaged.mkdir(parents=True)
+    (damaged / "versions" / "1").mkdir(parents=True)
     (damaged / "state.json").write_text('{"current": 1, "prev')  # cut off mid-write
+    (damaged / "versions" / "1" / "release.json").write_text('{"release": {"na')
     config = write_config(tmp_path / "agent.toml", port=broker.port, device=DEVICE, state=state)
     agent = InProcessAgent(config)
     try:
@@ -85,14 +86,16 @@ def test_a_damaged_store_file_still_lets_the_box_come_online(
         # The main loop published state after the pipelines were restored, and lives on.
         time.sleep(1.0)
         assert agent.thread.is_alive()
-        # Asked directly, the store names what is wrong.
+        # The state file was set aside and rebuilt as the store was first read; the
+        # release has nothing to rebuild it from, and the store names it when asked.
+        assert len(list(damaged.glob("state.json.damaged-*"))) == 1
         answer = watcher.final(watcher.send("list_models"))
         assert answer["status"] == "error"
         assert answer["error"]["code"] == "store.corrupt"
-        assert "state.json" in answer["error"]["message"]
+        assert "release.json" in answer["error"]["message"]
         # And verify names it, rather than stopping at it.
         problems = ModelStore(Layout(cache=tmp_path / "cache", state=state)).verify()
-        assert [p.where for p in problems] == ["dock"]
+        assert [p.where for p in problems] == ["dock v1"]
         # Said once, though every state message reads the store again: a file that stays
         # damaged must not fill the journal. (A stale will makes the agent publish again.)
         births = len([m for m in watcher.on("state") if m.json()["online"]])

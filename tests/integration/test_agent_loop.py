@@ -77,6 +77,7 @@ def test_full_loop(
         "seq": births[-1]["seq"],
         "ts": last["ts"],
         "agent_version": births[-1]["agent_version"],
+        "agent_build": births[-1]["agent_build"],
         "group": "docks",
         "config_hash": births[-1]["config_hash"],
     }

@@ -3,8 +3,10 @@
 There was no limit: 100 start_pipeline commands naming a camera that refuses connections
 were all answered ok, held 404 threads and 138 MB, were recorded, and came back at every
 start. Past the cap a start is now refused command.busy, and a record holding more than
-the cap restores the first ones only and says which it left out. A real agent (on a
-thread) over a real mosquitto, with face-blazeface and a stream nothing listens for.
+the cap restores the first ones only and lists the rest as failed, kept for a restart with
+room (forgotten, as they once were, a cap lowered for a while lost them for good). A real
+agent (on a thread) over a real mosquitto, with face-blazeface and a stream nothing
+listens for.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from edge_agent.agent.pipelines import Pipelines
 from edge_agent.agent.records import AgentRecords
 from edge_agent.comms.local_broker import LocalBroker, free_port
 from tests.agent_kit import InProcessAgent, Watcher, photo_pipelines, write_config
@@ -102,7 +105,11 @@ def test_a_record_past_the_cap_restores_the_first_and_names_the_rest(
     agent = InProcessAgent(_config(broker, tmp_path))
     try:
         watcher.wait_state(lambda s: s["online"] and len(s["pipelines"]) >= CAP, timeout=60)
-        assert _listed(watcher) == ids[:CAP]
+        listed = watcher.ok("list_pipelines")["pipelines"]
+        assert [p["id"] for p in listed] == ids
+        for held in listed[CAP:]:
+            assert held["status"] == "failed"
+            assert held["detail"].startswith(f"over max_pipelines ({CAP}): raise the cap")
         left_out = [
             vars(r)["fields"] for r in caplog.records if r.getMessage() == "pipelines_not_restored"
         ]
@@ -115,8 +122,13 @@ def test_a_record_past_the_cap_restores_the_first_and_names_the_rest(
         assert [(e["kind"], e["pipeline"]) for e in busy] == [
             ("pipeline_failed", pipeline) for pipeline in ids[CAP:]
         ]
-        # Forgotten: kept, they would come back before a pipeline started after them.
-        assert _recorded(tmp_path) == ids[:CAP]
+        # Kept, for a restart with room; holding their slots, no start takes their place.
+        assert _recorded(tmp_path) == ids
+        answer = watcher.final(watcher.send("start_pipeline", {"spec": _spec("new", port)}))
+        assert answer["error"]["code"] == "command.busy", answer
+        # Stopped, one is forgotten like any failed pipeline.
+        watcher.ok("stop_pipeline", {"id": last})
+        assert _recorded(tmp_path) == ids[:-1]
     finally:
         agent.close()
 
@@ -133,7 +145,44 @@ def test_restore_forgets_by_the_record_alone_not_for_a_command_that_came_first(
     pipelines.records.update(pipelines={p: {**spec, "id": p} for p in recorded})
     try:
         pipelines.start({**spec, "id": "early"})
-        assert pipelines.restore() == recorded[: CAP - 1]
+        # `early` is recorded too, after the others, and runs as the record says.
+        assert pipelines.restore() == [*recorded[: CAP - 1], "early"]
         assert list(pipelines.records.record.pipelines) == [*recorded, "early"]
+        [held] = [s for s in pipelines.states() if s.id == recorded[-1]]
+        assert (held.status, held.detail.split(":")[0]) == ("failed", f"over max_pipelines ({CAP})")
     finally:
         pipelines.close()
+
+
+def test_pipelines_over_the_cap_are_kept_and_start_once_it_has_room(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # After a downgrade to a build with a lower cap, or a cap lowered for a while: those
+    # past it were forgotten at the first start, and no later cap brought them back.
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    recorded = [f"cam{i}" for i in range(CAP + 2)]
+    pipelines.records.update(pipelines={p: {**spec, "id": p} for p in recorded})
+    pipelines.max_running = CAP
+    try:
+        assert pipelines.restore() == recorded[:CAP]
+        failed = [s.id for s in pipelines.states() if s.status == "failed"]
+        assert failed == recorded[CAP:]
+    finally:
+        pipelines.close()
+    assert list(pipelines.records.record.pipelines) == recorded
+
+    # The next start, with the cap raised: every one of them starts.
+    raised = Pipelines(
+        pipelines.pool,
+        pipelines.layout,
+        pipelines.records,
+        "all",
+        lambda pipeline, result: None,
+        lambda event: None,
+        max_running=CAP + 2,
+    )
+    try:
+        assert raised.restore() == recorded
+        assert not [s for s in raised.states() if "max_pipelines" in s.detail]
+    finally:
+        raised.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,32 @@ def test_an_option_this_version_lacks_says_so_and_how_to_fix_it(tmp_path: Path) 
     assert "at new_option" in info.value.problem
     assert f"edge-agent {__version__} has no such option" in info.value.problem
     assert "upgrade edge-agent" in info.value.fix
+
+
+def test_a_value_over_a_bound_added_since_is_capped_and_said_not_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 16 MiB loaded before the 8 MiB bound came; refused after an upgrade, the agent
+    # restarted every 10 s under systemd and never came online.
+    text = "max_command_bytes = 16777216\n" + SMALLEST
+    caplog.set_level(logging.WARNING, logger="edge_agent.config.agent")
+    config = load_agent_config(_write(tmp_path, text), {})
+    assert config.max_command_bytes == 8 * 1024 * 1024
+    [said] = [r for r in caplog.records if r.getMessage() == "config_value_capped"]
+    assert said.levelno == logging.WARNING
+    fields = said.fields  # type: ignore[attr-defined]
+    assert (fields["field"], fields["value"], fields["used"]) == (
+        "max_command_bytes",
+        16 * 1024 * 1024,
+        8 * 1024 * 1024,
+    )
+    assert "16 MiB" in fields["why"]
+    # A value within the bound is taken as it is, and unsaid; one that is no number is
+    # still refused.
+    caplog.clear()
+    text = "max_command_bytes = 1048576\n" + SMALLEST
+    assert load_agent_config(_write(tmp_path, text), {}).max_command_bytes == 1024 * 1024
+    assert not [r for r in caplog.records if r.getMessage() == "config_value_capped"]
+    with pytest.raises(EdgeAgentError) as info:
+        load_agent_config(_write(tmp_path, 'max_command_bytes = "16M"\n' + SMALLEST), {})
+    assert info.value.code == "config.invalid"

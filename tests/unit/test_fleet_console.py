@@ -495,3 +495,13 @@ def test_a_state_stamped_infinity_does_not_end_watch_or_status() -> None:
     out = Console(file=io.StringIO(), width=200)
     out.print(watch_table(roster.snapshot(), now=NOW))
     out.print(status_table(roster.snapshot(), now=NOW))
+
+
+def test_status_tells_builds_of_one_version_apart_and_reads_boxes_without_a_build() -> None:
+    roster = Roster(TOPICS)
+    for device, build in (("new", "c23cb3843fd7"), ("old", None)):
+        body = msg.State(online=True, seq=1, ts=NOW, agent_version="0.1.0", agent_build=build)
+        payload = body.model_dump_json(exclude_none=True).encode()
+        roster.on_state(Message(TOPICS.device(device, "state"), payload, retain=True))
+    rows = rows_by_device(status_table(roster.snapshot(), now=NOW))
+    assert (rows["new"]["agent"], rows["old"]["agent"]) == ("0.1.0 c23cb3843fd7", "0.1.0")

@@ -1,13 +1,17 @@
-"""The store's two guards on a real store with the real text-orientation model:
+"""The store's guards on a real store with the real text-orientation model:
 
 - the serving version is re-hashed before it is handed out for loading, so bytes that
   changed since activation never compile (a validly signed release says nothing about
   what is on disk now);
-- the previous version cannot be removed, so there is always something to roll back to.
+- the previous version cannot be removed, so there is always something to roll back to;
+- a name's `state.json` that does not read is set aside and rebuilt, keeping the rollback
+  guard, so the fleet's commands mend the name without a shell.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -156,3 +160,43 @@ def test_the_previous_version_cannot_be_removed_so_rollback_still_works(
     assert store.versions("hm") == [5, 6]
     assert store.rollback("hm") == 5
     assert store.verify() == []
+
+
+def test_an_unreadable_state_is_set_aside_and_an_activation_mends_the_name(
+    store: ModelStore,
+    ir: Path,
+    orientation: ResolvedModel,
+    key: Ed25519PrivateKey,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A power cut on a card that lies about fsync: 0 bytes. Every command on `hm` and
+    # every listing answered store.corrupt, and only a shell could mend it.
+    folder = store.root / "models" / "hm"
+    (folder / "state.json").write_bytes(b"")
+    caplog.set_level(logging.ERROR, logger="edge_agent.store.store")
+
+    listed = {(e.version, e.current, e.previous) for e in store.entries()}
+    assert listed == {(2, False, False), (5, False, False)}, "listed, with nothing serving"
+    store.activate("hm", 2)  # what the fleet's activate_model does
+    state = store.state("hm")
+    assert (state.current, state.previous, state.highest) == (2, None, 5)
+    # The rollback guard came back from the installed versions: v4 is still refused.
+    v4 = release_for("hm", 4, ir, orientation.manifest, key)
+    with pytest.raises(EdgeAgentError) as info:
+        store.install(v4, ir, trusted_keys=[key.public_key()])
+    assert info.value.code == "release.rollback"
+    # The damaged file is kept for a look, and said once, at ERROR, with the way out.
+    [aside] = folder.glob("state.json.damaged-*")
+    assert aside.read_bytes() == b""
+    said = [r for r in caplog.records if r.getMessage() == "store_state_damaged"]
+    assert len(said) == 1
+    assert said[0].levelno == logging.ERROR
+    assert "activate" in said[0].fields["fix"]  # type: ignore[attr-defined]
+    assert store.verify() == []
+
+
+def test_a_state_a_newer_agent_wrote_is_read_not_set_aside(store: ModelStore) -> None:
+    path = store.root / "models" / "hm" / "state.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "pinned": [2]}))
+    assert (store.state("hm").current, store.state("hm").previous) == (5, 2)
+    assert not list(path.parent.glob("state.json.damaged-*"))

@@ -1,0 +1,114 @@
+"""systemd/install.sh's pip step puts the build it is given in place, even at the same version.
+
+Every edge-agent wheel says 0.1.0, and `pip install --upgrade` of a wheel whose version is
+installed keeps the old code and exits 0: an upgrade, or a rollback to another build, did
+nothing and said nothing. This drives the script's own `install_package` with two tiny
+hand-made wheels of one version (building edge-agent twice would take far longer), into a
+fresh venv, offline: pip only looks in a local folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+INSTALL_SH = REPO / "systemd" / "install.sh"
+
+
+def make_wheel(folder: Path, name: str, version: str, code: str, requires: tuple[str, ...]) -> Path:
+    """A pure-Python wheel of one module, `name/__init__.py` holding `code`."""
+    dist = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    files = {
+        f"{name}/__init__.py": code,
+        f"{dist}/METADATA": metadata + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+
+    def digest(text: str) -> str:
+        raw = hashlib.sha256(text.encode()).digest()
+        return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    record = "".join(
+        f"{path},{digest(text)},{len(text.encode())}\n" for path, text in files.items()
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+        archive.writestr(f"{dist}/RECORD", record + f"{dist}/RECORD,,\n")
+    return wheel
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Path:
+    """A fresh venv's python; pip comes from ours, through PYTHONPATH (see `install`)."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
+        check=True,
+        timeout=60,
+    )
+    return tmp_path / "venv" / "bin" / "python"
+
+
+def install(python: Path, package: Path, deps: Path) -> None:
+    """install.sh's install_package, sourced from the script itself, offline."""
+    # Only pip itself is borrowed: a folder holding nothing else keeps our packages out.
+    borrowed = package.parent.parent / "borrowed"
+    if not borrowed.exists():
+        borrowed.mkdir()
+        (borrowed / "pip").symlink_to(Path(sysconfig.get_paths()["purelib"]) / "pip")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(borrowed),
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(deps),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    done = subprocess.run(
+        ["bash", "-c", 'source "$0" && install_package "$1" "$2"', INSTALL_SH, python, package],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_second_build_of_the_same_version_replaces_the_first(venv: Path, tmp_path: Path) -> None:
+    deps = tmp_path / "deps"
+    make_wheel(deps, "probe_dep", "1.0", "", ())
+    make_wheel(deps, "probe_new_dep", "1.0", "", ())
+    first = make_wheel(tmp_path / "a", "probe", "0.1.0", "BUILD = 'a'\n", ("probe_dep",))
+    second = make_wheel(
+        tmp_path / "b", "probe", "0.1.0", "BUILD = 'b'\n", ("probe_dep", "probe_new_dep")
+    )
+
+    install(venv, first, deps)
+    site = Path(
+        subprocess.check_output(
+            [venv, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
+    # Marked in place: a reinstall would write the wheel's (empty) file over it.
+    dep_file = site / "probe_dep" / "__init__.py"
+    dep_file.write_text("KEPT = True\n")
+
+    install(venv, second, deps)
+    running = subprocess.check_output(
+        [venv, "-c", "import probe, probe_new_dep; print(probe.BUILD)"], text=True
+    )
+    assert running.strip() == "b"
+    # A dependency already in place is left alone: not every package reinstalled each time.
+    assert dep_file.read_text() == "KEPT = True\n"
