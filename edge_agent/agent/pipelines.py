@@ -106,14 +106,17 @@ def parse_spec(data: dict[str, Any]) -> PipelineSpec:
     agent's own sink, and the CLI's default (JSON lines on stdout) would only fill
     the journal.
     """
+    data = {"sinks": [], **data}
     try:
-        return PipelineSpec.model_validate({"sinks": [], **data})
+        return PipelineSpec.model_validate(data)
     except ValidationError as exc:
-        where, message = first_error(exc, "spec.")
+        where, message = first_error(exc, "spec.", data)
         raise EdgeAgentError(
             f"bad pipeline spec at {where}: {message}",
             "see the pipeline spec format in the README",
             code="command.invalid",
+            # As a path check names it (`refuse_protected`): a console shows the field.
+            field=f"args.{where}",
         ) from None
 
 
