@@ -71,7 +71,10 @@ class WavSourceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["wav"] = Field("wav", description="Source kind.")
-    path: Path = Field(description="WAV file: integer PCM or float, any rate and channels.")
+    path: Path = Field(
+        description="WAV file: integer PCM or float, any rate and channels; a regular file "
+        "of 512 MiB at most (`wav.MAX_WAV_FILE_BYTES`)."
+    )
 
 
 class MicSourceSpec(BaseModel):
@@ -167,6 +170,8 @@ class WavSource:
 
         Raises:
             SourceError: the file is missing or is not a WAV this reader decodes.
+            EdgeAgentError: input.invalid for a device, a FIFO, or a file too large to be
+                a recording (`wav.MAX_WAV_FILE_BYTES`), before it is read.
         """
         try:
             wav = load_wav(path)

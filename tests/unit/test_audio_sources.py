@@ -153,6 +153,13 @@ def test_wav_broken_header_or_missing_file(tmp_path: Path) -> None:
         open_audio_source(WavSourceSpec(path=tmp_path / "none.wav"), RATE, HOP)
 
 
+def test_a_wav_source_on_a_device_is_refused_as_invalid_input(tmp_path: Path) -> None:
+    # /dev/null ends at once; /dev/zero, never (unit/test_wav.py): neither is read.
+    with pytest.raises(EdgeAgentError, match="character device, not a regular file") as caught:
+        open_audio_source(WavSourceSpec(path=Path("/dev/null")), RATE, HOP)
+    assert caught.value.code == "input.invalid"
+
+
 def fake_arecord(bin_dir: Path, raw: Path, tail: str) -> Path:
     """An `arecord` that logs its arguments, plays `raw`, then runs `tail`."""
     bin_dir.mkdir()
