@@ -7,6 +7,10 @@ every pipeline on it and across restarts; a snapshot sink deletes the oldest JPE
 the folder it is given. `refuse_protected` is asked before anything is opened, with
 every path resolved as the kernel will open it (symlinks, '..'), so no spelling of a
 protected path gets past it.
+
+A pipeline started by command writes, besides, only inside the agent's state folder
+(`confine_writes`): outside systemd's sandbox a jsonl sink's cap renamed a user's .bashrc
+over .bashrc.1 and wrote JSON lines in its place. The local CLI writes where its user says.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from edge_agent.errors import EdgeAgentError
 from edge_agent.pipelines.audio_sources import WavSourceSpec
 from edge_agent.pipelines.capture import CaptureSinkSpec
-from edge_agent.pipelines.sinks import JsonLinesSinkSpec
+from edge_agent.pipelines.sinks import JsonLinesSinkSpec, SnapshotSinkSpec
 from edge_agent.pipelines.sources import FileSourceSpec, FolderSourceSpec
 from edge_agent.pipelines.spec import PipelineSpec
 
@@ -44,6 +48,47 @@ def spec_paths(spec: PipelineSpec) -> list[tuple[str, Path, bool]]:
     if isinstance(spec.source, FileSourceSpec | FolderSourceSpec | WavSourceSpec):
         found.append(("source.path", spec.source.path, False))
     return found
+
+
+def confine_writes(
+    spec: PipelineSpec, folder: Path, *, code: str, field_prefix: str = ""
+) -> PipelineSpec:
+    """The spec with every file and folder its sinks write inside `folder`.
+
+    A relative path is taken inside `folder` (and so recorded); a path that is not inside
+    it once symlinks and '..' are resolved is refused. A jsonl sink on stdout, and a
+    capture sink on the pipeline's own captures folder, name no path.
+
+    Args:
+        spec: The pipeline.
+        folder: Where its sinks may write (the agent's state folder).
+        code: The error's code (`command.invalid`).
+        field_prefix: Where the spec sits in what was given (`args.spec.`).
+
+    Raises:
+        EdgeAgentError: `code`, naming the field, the path and `folder`.
+    """
+    root = _real(folder)
+    sinks: list[JsonLinesSinkSpec | SnapshotSinkSpec | CaptureSinkSpec] = []
+    for i, sink in enumerate(spec.sinks):
+        key = "path" if isinstance(sink, JsonLinesSinkSpec) else "folder"
+        given = sink.path if isinstance(sink, JsonLinesSinkSpec) else sink.folder
+        if given is None:
+            sinks.append(sink)
+            continue
+        path = folder / given  # an absolute `given` stays as it is
+        if not _real(path).is_relative_to(root):
+            field = f"{field_prefix}sinks.{i}.{key}"
+            raise EdgeAgentError(
+                f"{field} {given} is outside {folder}, the agent's state folder: a pipeline "
+                "started by command writes only there",
+                f"give a path inside {folder}, or a relative one (taken inside it), e.g. "
+                f"{spec.id}.jsonl",
+                code=code,
+                field=field,
+            )
+        sinks.append(sink.model_copy(update={key: path}))
+    return spec.model_copy(update={"sinks": sinks})
 
 
 def _real(path: Path) -> Path:
