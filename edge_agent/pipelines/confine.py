@@ -91,6 +91,37 @@ def confine_writes(
     return spec.model_copy(update={"sinks": sinks})
 
 
+def refuse_protected_path(
+    given: Path, protected: Iterable[Path], *, code: str, field: str, fix: str
+) -> None:
+    """Refuse a path inside a protected file or folder, as `refuse_protected` does a spec's
+    (a command's data folder: `calibrate`'s).
+
+    Args:
+        given: The path, as given.
+        protected: What no command may name.
+        code: The error's code (`command.invalid`).
+        field: Where the path is in what was given (`args.data`).
+        fix: What to give instead.
+
+    Raises:
+        EdgeAgentError: `code`, naming the field, the path and what it is inside.
+    """
+    _refuse_inside(given, [_real(p) for p in protected], code, field, fix)
+
+
+def _refuse_inside(given: Path, roots: list[Path], code: str, field: str, fix: str) -> None:
+    path = _real(given)
+    inside = next((root for root in roots if path.is_relative_to(root)), None)
+    if inside is not None:
+        raise EdgeAgentError(
+            f"{field} {given} is inside {inside}, which edge-agent keeps its own data in",
+            fix,
+            code=code,
+            field=field,
+        )
+
+
 def _real(path: Path) -> Path:
     # realpath, not Path.resolve: a symlink loop is left as it is (nothing can open it)
     # rather than raised as a RuntimeError.
@@ -121,18 +152,8 @@ def refuse_protected(
     """
     roots = [_real(p) for p in protected]
     for field, given, writes in spec_paths(spec):
-        if writes_only and not writes:
-            continue
-        path = _real(given)
-        inside = next((root for root in roots if path.is_relative_to(root)), None)
-        if inside is not None:
-            raise EdgeAgentError(
-                f"{field_prefix}{field} {given} is inside {inside}, which edge-agent keeps "
-                "its own data in",
-                _FIX,
-                code=code,
-                field=f"{field_prefix}{field}",
-            )
+        if not writes_only or writes:
+            _refuse_inside(given, roots, code, f"{field_prefix}{field}", _FIX)
     source = spec.source
     if writes_only or not isinstance(source, FolderSourceSpec):
         return

@@ -363,6 +363,39 @@ def test_a_recorded_pipeline_with_a_sink_in_the_store_is_not_restored(
         agent.close()
 
 
+def test_calibration_data_in_the_agents_own_files_is_refused_before_anything_is_read(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher
+) -> None:
+    # A start_pipeline source there was refused; calibrate's data was read all the same
+    # (the MQTT password file, TLS keys: whatever the config names).
+    key = tmp_path / "fleet.pub"
+    save_public_key(generate_key().public_key(), key)
+    (tmp_path / "linked.pub").symlink_to(key)
+    agent = _agent(broker, tmp_path, cache=tmp_path / "cache", trusted_keys=[key])
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        for data in (
+            key,
+            tmp_path / "linked.pub",
+            tmp_path / "state" / "agent",
+            tmp_path / "cache",
+        ):
+            answer = watcher.final(
+                watcher.send("calibrate", {"model": MISSING, "data": str(data)}), timeout=60
+            )
+            assert answer["status"] == "error", answer
+            error = answer["error"]
+            assert (error["code"], error.get("field")) == ("command.invalid", "args.data"), error
+            assert "which edge-agent keeps its own data in" in error["message"], error
+        # A pipeline's captures lie in the state's own parts, and are what calibrate is for.
+        answer = watcher.final(
+            watcher.send("calibrate", {"model": MISSING, "data": "pipeline:cam"}), timeout=60
+        )
+        assert answer["error"]["code"] == "model.not_found", answer
+    finally:
+        agent.close()
+
+
 def test_the_local_cli_refuses_a_sink_in_its_store_too(tmp_path: Path) -> None:
     state = tmp_path / "state"
     folder = state / "store" / "models" / "orient" / "versions" / "1"
