@@ -49,12 +49,35 @@ def load_validated(path: Path, model: type[Model], what: str, fix: str = "") -> 
         ) from None
 
 
-def first_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:
+def first_error(exc: ValidationError, prefix: str = "", data: Any = None) -> tuple[str, str]:
     """The dotted place and the message of a validation error's first problem: what every
-    one-line error about a bad field names (files, specs, commands, releases)."""
+    one-line error about a bad field names (files, specs, commands, releases).
+
+    Args:
+        exc: The error.
+        prefix: Put before the place (`spec.`).
+        data: What was validated: given, the place is the field's in it, without the
+            parts pydantic adds that are no key of it (a tagged union's tag, as in
+            `source.mic.device`), so that it names what the sender can find and change.
+    """
     first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
+    loc = first["loc"] if data is None else _data_loc(first["loc"], data)
+    where = ".".join(str(p) for p in loc)
     return (f"{prefix}{where}" if where else prefix.rstrip(".") or "(top)"), first["msg"]
+
+
+def _data_loc(loc: tuple[int | str, ...], data: Any) -> list[int | str]:
+    found: list[int | str] = []
+    node = data
+    for i, part in enumerate(loc):
+        is_key = isinstance(node, dict) and part in node
+        is_index = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if is_key or is_index:
+            found.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and i == len(loc) - 1:
+            found.append(part)  # a field missing, or one not known
+    return found
 
 
 def read_secret(path: Path, what: str, fix: str, code: str) -> SecretStr:

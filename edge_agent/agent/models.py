@@ -25,6 +25,7 @@ from edge_agent.comms.base import Communicator
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import Throttle, log_event
 from edge_agent.paths import Layout
+from edge_agent.pipelines.confine import refuse_protected_path
 from edge_agent.protocol.agent import AgentEvent, ModelState
 from edge_agent.protocol.topics import Topics
 from edge_agent.quiet import stdout_to_stderr
@@ -216,6 +217,17 @@ class ModelOps:
         from edge_agent.quantize.data import calibration_data, recipe_for, resolve_data
         from edge_agent.store.release import SignedRelease, build_release
 
+        if not data.startswith("pipeline:"):  # a pipeline's captures, in the state: no path
+            # As a pipeline's source is, before anything is looked up: a command must not
+            # have the agent read its own secrets (the MQTT password file, TLS keys).
+            refuse_protected_path(
+                Path(data),
+                self.pipelines.protected,
+                code="command.invalid",
+                field="args.data",
+                fix="pass a folder of images, videos or WAVs, or pipeline:<id> for what a "
+                "pipeline's capture sink kept",
+            )
         resolved = self.catalog.resolve(model)
         job.progress("data", 0.02)
         recipe = recipe_for(resolved.manifest)

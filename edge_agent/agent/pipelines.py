@@ -33,7 +33,7 @@ from edge_agent.config_files import drop_unknown_fields, first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
 from edge_agent.paths import Layout
-from edge_agent.pipelines.confine import refuse_protected
+from edge_agent.pipelines.confine import confine_writes, refuse_protected
 from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.pipelines.vision import VisionPipeline
@@ -106,14 +106,17 @@ def parse_spec(data: dict[str, Any]) -> PipelineSpec:
     agent's own sink, and the CLI's default (JSON lines on stdout) would only fill
     the journal.
     """
+    data = {"sinks": [], **data}
     try:
-        return PipelineSpec.model_validate({"sinks": [], **data})
+        return PipelineSpec.model_validate(data)
     except ValidationError as exc:
-        where, message = first_error(exc, "spec.")
+        where, message = first_error(exc, "spec.", data)
         raise EdgeAgentError(
             f"bad pipeline spec at {where}: {message}",
             "see the pipeline spec format in the README",
             code="command.invalid",
+            # As a path check names it (`refuse_protected`): a console shows the field.
+            field=f"args.{where}",
         ) from None
 
 
@@ -172,7 +175,11 @@ class Pipelines:
     def _checked(self, data: dict[str, Any]) -> PipelineSpec:
         spec = parse_spec(data)
         # Before anything is opened: a sink is created as it opens.
-        refuse_protected(spec, self.protected, code="command.invalid", field_prefix="args.spec.")
+        code, prefix = "command.invalid", "args.spec."
+        # First: a relative sink path is made one inside the state folder, and then the
+        # state's own parts are refused like any other spelling of them.
+        spec = confine_writes(spec, self.layout.state, code=code, field_prefix=prefix)
+        refuse_protected(spec, self.protected, code=code, field_prefix=prefix)
         return spec
 
     def _register(self, spec: PipelineSpec) -> _Running:

@@ -15,6 +15,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from edge_agent.errors import EdgeAgentError
+from edge_agent.input_files import FileTooLargeError, NotRegularFileError, read_bounded
+
 FloatArray = npt.NDArray[np.float32]
 
 _PCM = 1
@@ -40,6 +43,12 @@ _STREAMING_SIZE = 0x7FF00000
 MIN_RATE = 1_000
 MAX_RATE = 384_000
 MAX_CHANNELS = 32
+MAX_WAV_FILE_BYTES = 512 << 20
+"""The largest WAV file read. Speech is far below it: 512 MiB is 4.6 hours of 16 kHz 16-bit
+mono (what speech models take) and 46 minutes of 48 kHz 16-bit stereo. Decoding holds
+about 7 times the file at its peak (float intermediates), 3.5 GiB at this size; unbounded,
+a WAV source on /dev/zero held memory until the OOM killer came, at every restore."""
+_SPLIT = "cut it into parts, e.g. `sox in.wav part.wav trim 0 3600 : newfile : restart`"
 
 
 class WavError(ValueError):
@@ -187,14 +196,37 @@ def _decode(raw: npt.NDArray[np.uint8], tag: int, width: int) -> FloatArray:
     return (ints_view / float(1 << (8 * width - 1))).astype(np.float32)
 
 
+def _wav_bytes(path: Path) -> bytes:
+    try:
+        return read_bounded(path, MAX_WAV_FILE_BYTES)
+    except NotRegularFileError as exc:
+        raise EdgeAgentError(
+            f"WAV file {path} is refused: {exc}",
+            "give a WAV file (a device or a FIFO is read without end)",
+            code="input.invalid",
+        ) from None
+    except FileTooLargeError as exc:
+        raise EdgeAgentError(
+            f"WAV file {path} is refused: {exc}", _SPLIT, code="input.invalid"
+        ) from None
+
+
 def read_wav(path: Path) -> tuple[FloatArray, int]:
-    """Read a WAV file; see `parse_wav` for what it returns and raises."""
-    return parse_wav(path.read_bytes())
+    """Read a WAV file; see `parse_wav` for what it returns.
+
+    Raises:
+        EdgeAgentError: input.invalid for a device, a FIFO or a folder, or a file over
+            `MAX_WAV_FILE_BYTES`, before it is read.
+        OSError: the file cannot be opened or read.
+        WavError: as `parse_wav`.
+    """
+    return parse_wav(_wav_bytes(path))
 
 
 def load_wav(path: Path) -> WavAudio:
-    """Read a WAV file; see `decode_wav`."""
-    return decode_wav(path.read_bytes())
+    """Read a WAV file; see `decode_wav` for what it returns, and `read_wav` for what it
+    raises."""
+    return decode_wav(_wav_bytes(path))
 
 
 def to_mono(samples: FloatArray) -> FloatArray:

@@ -103,11 +103,20 @@ def register(commands: Any) -> None:
 
 def source_from_text(text: str) -> AnySourceSpec:
     """The CLI's --source: audio by suffix or `mic[:DEVICE]`, anything else is video."""
+    from pydantic import ValidationError
+
     from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec
     from edge_agent.pipelines.sources import spec_from_uri
 
     if text == "mic" or text.startswith("mic:"):
-        return MicSourceSpec(device=text.partition(":")[2] or "default")
+        try:
+            return MicSourceSpec(device=text.partition(":")[2] or "default")
+        except ValidationError as exc:
+            raise EdgeAgentError(
+                f"invalid --source {text!r}: {first_error(exc)[1]}",
+                "name the microphone as `arecord -L` lists it, e.g. --source mic:hw:1,0",
+                code="input.invalid",
+            ) from None
     if text.lower().endswith((".wav", ".wave")):
         return WavSourceSpec(path=Path(text))
     return spec_from_uri(text)

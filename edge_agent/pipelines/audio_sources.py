@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +20,7 @@ from typing import IO, Annotated, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge_agent.audio.resample import resample
 from edge_agent.audio.wav import WavError, load_wav, to_mono
@@ -35,6 +36,34 @@ _ARECORD_FIX = "install it with `apt-get install alsa-utils` and list devices wi
 _MIC_BUFFER_S = 10.0
 _STOP_S = 2.0
 
+# ALSA parses a device name as config: `file:'|cmd'` is a file PCM that pipes the audio
+# into a shell command, so a name from a spec (an MQTT command) ran code on the box at
+# every start and restore. Only plain names pass: an identifier (`default`, `pulse`, a PCM
+# the admin defined in asound.conf), or one of the card PCMs below with card arguments
+# (`hw:1,0`, `plughw:CARD=PCH,DEV=0`). No quotes, braces, pipes, slashes or spaces, and
+# never a leading '-' an argv could take for an option.
+_ALSA_ARG = r"(?:[A-Za-z_][A-Za-z0-9_]*=)?[A-Za-z0-9_]+"
+_ALSA_PCM = re.compile(
+    rf"(?P<name>[A-Za-z_][A-Za-z0-9_]{{0,63}})(?::{_ALSA_ARG}(?:,{_ALSA_ARG}){{0,3}})?"
+)
+ALSA_CARD_PCMS = ("hw", "plughw", "default", "sysdefault", "front", "dsnoop")
+"""The PCMs whose arguments may be given: each takes only a card, a device and a
+subdevice. Others with arguments (`file`, `tee`, `shm`) write files or open sockets."""
+ALSA_DEVICE_FORMS = (
+    "an ALSA PCM name: default, sysdefault, a PCM defined in asound.conf (letters, digits, "
+    "'_'), or hw:N, hw:N,M, plughw:N,M, hw:CARD=name,DEV=N, plughw:CARD=name,DEV=N, "
+    "sysdefault:CARD=name, front:CARD=name,DEV=N, dsnoop:CARD=name,DEV=N"
+)
+
+
+def is_alsa_device(name: str) -> bool:
+    """Whether `name` is a plain ALSA PCM name arecord may be given (`ALSA_DEVICE_FORMS`)."""
+    # fullmatch: `$` would let a trailing newline through.
+    found = _ALSA_PCM.fullmatch(name)
+    if found is None:
+        return False
+    return ":" not in name or found["name"] in ALSA_CARD_PCMS
+
 
 class WavSourceSpec(BaseModel):
     """A WAV file at any rate and channel count."""
@@ -42,7 +71,10 @@ class WavSourceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["wav"] = Field("wav", description="Source kind.")
-    path: Path = Field(description="WAV file: integer PCM or float, any rate and channels.")
+    path: Path = Field(
+        description="WAV file: integer PCM or float, any rate and channels; a regular file "
+        "of 512 MiB at most (`wav.MAX_WAV_FILE_BYTES`)."
+    )
 
 
 class MicSourceSpec(BaseModel):
@@ -51,10 +83,24 @@ class MicSourceSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["mic"] = Field("mic", description="Source kind.")
-    device: str = Field("default", description="ALSA device name, e.g. 'default' or 'hw:1,0'.")
+    device: str = Field(
+        "default",
+        description=f"Capture device, as `arecord -L` lists it: {ALSA_DEVICE_FORMS}.",
+    )
     stall_timeout_s: float = Field(
         5.0, gt=0, description="Fail with a SourceError when no audio arrives for this long."
     )
+
+    @field_validator("device")
+    @classmethod
+    def _plain_alsa_name(cls, value: str) -> str:
+        if not is_alsa_device(value):
+            raise ValueError(
+                f"{value[:80]!r} is not a plain ALSA device name: give default, a PCM's name, "
+                f"or {'/'.join(ALSA_CARD_PCMS)} with card arguments (hw:1,0, "
+                "plughw:CARD=PCH,DEV=0): letters, digits, '_', ':', ',' and '=' only"
+            )
+        return value
 
 
 AudioSourceSpec = Annotated[WavSourceSpec | MicSourceSpec, Field(discriminator="type")]
@@ -124,6 +170,8 @@ class WavSource:
 
         Raises:
             SourceError: the file is missing or is not a WAV this reader decodes.
+            EdgeAgentError: input.invalid for a device, a FIFO, or a file too large to be
+                a recording (`wav.MAX_WAV_FILE_BYTES`), before it is read.
         """
         try:
             wav = load_wav(path)
@@ -195,7 +243,10 @@ class MicSource:
 
         Raises:
             SourceError: arecord is not installed or cannot be started.
+            ValueError: `device` is not a plain ALSA name (`MicSourceSpec` refuses those).
         """
+        if not is_alsa_device(device):
+            raise ValueError(f"not a plain ALSA device name: {device!r}")
         exe = shutil.which("arecord")
         if exe is None:
             raise SourceError(
@@ -212,6 +263,7 @@ class MicSource:
         self._closed = False
         # A file, not a pipe: nobody has to drain it while arecord runs.
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (lives until close())
+        # An argv, never a shell; the device cannot start with '-' (`is_alsa_device`).
         cmd = [exe, "-q", "-D", device, "-f", "S16_LE", "-c", "1", "-r", str(sample_rate)]
         cmd += ["-t", "raw"]
         try:

@@ -7,6 +7,10 @@ every pipeline on it and across restarts; a snapshot sink deletes the oldest JPE
 the folder it is given. `refuse_protected` is asked before anything is opened, with
 every path resolved as the kernel will open it (symlinks, '..'), so no spelling of a
 protected path gets past it.
+
+A pipeline started by command writes, besides, only inside the agent's state folder
+(`confine_writes`): outside systemd's sandbox a jsonl sink's cap renamed a user's .bashrc
+over .bashrc.1 and wrote JSON lines in its place. The local CLI writes where its user says.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from edge_agent.errors import EdgeAgentError
 from edge_agent.pipelines.audio_sources import WavSourceSpec
 from edge_agent.pipelines.capture import CaptureSinkSpec
-from edge_agent.pipelines.sinks import JsonLinesSinkSpec
+from edge_agent.pipelines.sinks import JsonLinesSinkSpec, SnapshotSinkSpec
 from edge_agent.pipelines.sources import FileSourceSpec, FolderSourceSpec
 from edge_agent.pipelines.spec import PipelineSpec
 
@@ -44,6 +48,78 @@ def spec_paths(spec: PipelineSpec) -> list[tuple[str, Path, bool]]:
     if isinstance(spec.source, FileSourceSpec | FolderSourceSpec | WavSourceSpec):
         found.append(("source.path", spec.source.path, False))
     return found
+
+
+def confine_writes(
+    spec: PipelineSpec, folder: Path, *, code: str, field_prefix: str = ""
+) -> PipelineSpec:
+    """The spec with every file and folder its sinks write inside `folder`.
+
+    A relative path is taken inside `folder` (and so recorded); a path that is not inside
+    it once symlinks and '..' are resolved is refused. A jsonl sink on stdout, and a
+    capture sink on the pipeline's own captures folder, name no path.
+
+    Args:
+        spec: The pipeline.
+        folder: Where its sinks may write (the agent's state folder).
+        code: The error's code (`command.invalid`).
+        field_prefix: Where the spec sits in what was given (`args.spec.`).
+
+    Raises:
+        EdgeAgentError: `code`, naming the field, the path and `folder`.
+    """
+    root = _real(folder)
+    sinks: list[JsonLinesSinkSpec | SnapshotSinkSpec | CaptureSinkSpec] = []
+    for i, sink in enumerate(spec.sinks):
+        key = "path" if isinstance(sink, JsonLinesSinkSpec) else "folder"
+        given = sink.path if isinstance(sink, JsonLinesSinkSpec) else sink.folder
+        if given is None:
+            sinks.append(sink)
+            continue
+        path = folder / given  # an absolute `given` stays as it is
+        if not _real(path).is_relative_to(root):
+            field = f"{field_prefix}sinks.{i}.{key}"
+            raise EdgeAgentError(
+                f"{field} {given} is outside {folder}, the agent's state folder: a pipeline "
+                "started by command writes only there",
+                f"give a path inside {folder}, or a relative one (taken inside it), e.g. "
+                f"{spec.id}.jsonl",
+                code=code,
+                field=field,
+            )
+        sinks.append(sink.model_copy(update={key: path}))
+    return spec.model_copy(update={"sinks": sinks})
+
+
+def refuse_protected_path(
+    given: Path, protected: Iterable[Path], *, code: str, field: str, fix: str
+) -> None:
+    """Refuse a path inside a protected file or folder, as `refuse_protected` does a spec's
+    (a command's data folder: `calibrate`'s).
+
+    Args:
+        given: The path, as given.
+        protected: What no command may name.
+        code: The error's code (`command.invalid`).
+        field: Where the path is in what was given (`args.data`).
+        fix: What to give instead.
+
+    Raises:
+        EdgeAgentError: `code`, naming the field, the path and what it is inside.
+    """
+    _refuse_inside(given, [_real(p) for p in protected], code, field, fix)
+
+
+def _refuse_inside(given: Path, roots: list[Path], code: str, field: str, fix: str) -> None:
+    path = _real(given)
+    inside = next((root for root in roots if path.is_relative_to(root)), None)
+    if inside is not None:
+        raise EdgeAgentError(
+            f"{field} {given} is inside {inside}, which edge-agent keeps its own data in",
+            fix,
+            code=code,
+            field=field,
+        )
 
 
 def _real(path: Path) -> Path:
@@ -76,18 +152,8 @@ def refuse_protected(
     """
     roots = [_real(p) for p in protected]
     for field, given, writes in spec_paths(spec):
-        if writes_only and not writes:
-            continue
-        path = _real(given)
-        inside = next((root for root in roots if path.is_relative_to(root)), None)
-        if inside is not None:
-            raise EdgeAgentError(
-                f"{field_prefix}{field} {given} is inside {inside}, which edge-agent keeps "
-                "its own data in",
-                _FIX,
-                code=code,
-                field=f"{field_prefix}{field}",
-            )
+        if not writes_only or writes:
+            _refuse_inside(given, roots, code, f"{field_prefix}{field}", _FIX)
     source = spec.source
     if writes_only or not isinstance(source, FolderSourceSpec):
         return

@@ -34,6 +34,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from edge_agent.input_files import FileTooLargeError, InputFileError, read_bounded
 from edge_agent.pipelines.base import SourceError
 from edge_agent.quiet import native_stderr_held
 
@@ -297,24 +298,14 @@ def read_image_file(
         or why it cannot be read). Never raises for a bad file: a folder skips it.
     """
     try:
-        with path.open("rb") as file:
-            # The size of the file opened, not of whatever the name points at by now.
-            size = os.fstat(file.fileno()).st_size
-            if size > MAX_IMAGE_FILE_BYTES:
-                return None, IMAGE_FILE_TOO_LARGE
-            # One byte past the size tells a file that grew since (one still being
-            # written; some in /proc say 0 and read on for gigabytes): that one is read
-            # again, up to the limit only. Asking for the limit every time would allocate
-            # it every time.
-            data = np.fromfile(file, dtype=np.uint8, count=size + 1)
-            if data.size > size:
-                file.seek(0)
-                data = np.fromfile(file, dtype=np.uint8, count=MAX_IMAGE_FILE_BYTES + 1)
+        data = read_bounded(path, MAX_IMAGE_FILE_BYTES)
+    except FileTooLargeError:
+        return None, IMAGE_FILE_TOO_LARGE
+    except InputFileError as exc:
+        return None, f"cannot read it: {exc}"
     except OSError as exc:
         return None, f"cannot read it: {exc.strerror or exc}"
-    if data.size > MAX_IMAGE_FILE_BYTES:
-        return None, IMAGE_FILE_TOO_LARGE
-    return decode_image(data, decode)
+    return decode_image(np.frombuffer(data, dtype=np.uint8), decode)
 
 
 def hw_in_use(cap: cv2.VideoCapture, asked: bool) -> tuple[str, str]:

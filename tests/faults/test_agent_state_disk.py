@@ -161,7 +161,7 @@ def test_a_record_a_newer_agent_wrote_restores_what_this_one_knows(
         "id": "gate",
         "model": {"name": "text-orientation"},
         "source": {"type": "stream", "url": camera, "newer_source_option": True},
-        "sinks": [{"type": "jsonl", "path": str(tmp_path / "out.jsonl"), "rotate": "daily"}],
+        "sinks": [{"type": "jsonl", "path": str(state / "out.jsonl"), "rotate": "daily"}],
         "newer_pipeline_option": 3,
     }
     record = {"seq": 5, "telemetry_interval_s": 2.0, "pipelines": {"gate": spec},
@@ -179,7 +179,7 @@ def test_a_record_a_newer_agent_wrote_restores_what_this_one_knows(
         assert watcher.ok("get_status")["telemetry_interval_s"] == 2.0
         assert not list((state / "agent").glob("agent.damaged-*"))
         deadline = time.monotonic() + 30
-        out = tmp_path / "out.jsonl"
+        out = state / "out.jsonl"
         while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert out.stat().st_size > 0  # the sink the record named runs

@@ -132,3 +132,12 @@ def test_infer_refuses_a_truncated_wav_as_run_pipeline_does(tmp_path: Path) -> N
         speechlike_wav(whole, rate=rate, frames=rate // 2)
         proc = edge_agent(tmp_path, "infer", "--model", "vad-silero", "--input", str(whole))
         assert proc.returncode == 0, proc.stderr
+
+
+def test_run_pipeline_refuses_a_mic_device_alsa_would_hand_to_a_shell(tmp_path: Path) -> None:
+    # A traceback before; and the name went to `arecord -D`, where ALSA's file PCM runs it.
+    proof = tmp_path / "X"
+    source = f"mic:file:'|touch {proof}'"
+    proc = edge_agent(tmp_path, "run-pipeline", "--model", "vad-silero", "--source", source)
+    assert one_line_error(proc, "not a plain ALSA device name", "mic:hw:1,0") == "input.invalid"
+    assert not proof.exists()

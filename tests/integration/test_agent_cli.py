@@ -336,6 +336,27 @@ def test_payloads_python_would_take_but_json_does_not_are_refused(wire: Wire) ->
     assert wire.ok("ping")["pong"] is True
 
 
+def test_a_mic_device_alsa_would_hand_to_a_shell_is_refused_naming_the_field(
+    wire: Wire, tmp_path: Path
+) -> None:
+    # ALSA's file PCM pipes into a shell command: this ran `touch` as the agent's user, and
+    # again at every restore, the pipeline being recorded.
+    proof = tmp_path / "X"
+    device = f"file:'|touch {proof}'"
+    spec = {
+        "id": "ears",
+        "model": {"name": "vad-silero"},
+        "source": {"type": "mic", "device": device},
+    }
+    refused = wire.final(wire.send("start_pipeline", {"spec": spec}), 60)
+    assert refused["status"] == "error", refused
+    error = refused["error"]
+    assert (error["code"], error["field"]) == ("command.invalid", "args.spec.source.device")
+    assert "not a plain ALSA device name" in error["message"]
+    assert "ears" not in [p["id"] for p in wire.ok("list_pipelines")["pipelines"]]
+    assert not proof.exists()
+
+
 def test_a_command_naming_a_model_file_by_path_is_refused(
     wire: Wire, tmp_path: Path, cache_dir: Path
 ) -> None:

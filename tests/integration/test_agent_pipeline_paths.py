@@ -203,9 +203,9 @@ def test_a_path_in_the_agents_own_folders_is_refused_before_anything_is_made(
             "id": "cam",
             "model": {"name": MISSING},
             "source": changes.get("source", {"type": "folder", "path": str(photos)}),
-            # A sink outside comes first: a refused start makes none of its files either.
+            # A sink that may be comes first: a refused start makes none of its files either.
             "sinks": [
-                {"type": "jsonl", "path": str(tmp_path / "ok.jsonl")},
+                {"type": "jsonl", "path": str(tmp_path / "state" / "ok.jsonl")},
                 *changes.get("sinks", []),
             ],
         }
@@ -242,19 +242,86 @@ def test_a_start_refused_for_its_model_or_source_makes_no_sink_file(
         watcher.wait_state(lambda s: s["online"])
         if source is not None:
             source = {**source, "path": str(tmp_path / source["path"])}
+        out = tmp_path / "state" / "out"
         spec = {
             "id": "cam",
             "model": {"name": model},
             "source": source or {"type": "folder", "path": str(photos)},
             "sinks": [
-                {"type": "jsonl", "path": str(tmp_path / "out" / "r.jsonl")},
-                {"type": "snapshot", "folder": str(tmp_path / "out" / "snapshots")},
-                {"type": "capture", "folder": str(tmp_path / "out" / "frames")},
+                {"type": "jsonl", "path": str(out / "r.jsonl")},
+                {"type": "snapshot", "folder": str(out / "snapshots")},
+                {"type": "capture", "folder": str(out / "frames")},
             ],
         }
-        (tmp_path / "out").mkdir()
+        out.mkdir()
         assert _refused(watcher, spec)["code"] == code
-        assert list((tmp_path / "out").iterdir()) == []
+        assert list(out.iterdir()) == []
+    finally:
+        agent.close()
+
+
+def test_a_sink_outside_the_state_folder_is_refused_and_the_files_there_are_untouched(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher, photos: Path
+) -> None:
+    # Outside systemd's sandbox, a jsonl sink's cap renamed a user's .bashrc over .bashrc.1
+    # and wrote JSON lines in its place: a command may write only in the state folder.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("export IMPORTANT=1\n")
+    (home / ".bashrc.1").write_text("an older copy the user kept\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "home").symlink_to(home, target_is_directory=True)
+    before = _tree(home)
+    agent = _agent(broker, tmp_path)
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        sinks = [
+            ({"type": "jsonl", "path": str(home / ".bashrc"), "max_mb": 1e-6}, "path"),
+            ({"type": "jsonl", "path": "../home/.bashrc", "max_mb": 1e-6}, "path"),
+            ({"type": "jsonl", "path": "home/.bashrc", "max_mb": 1e-6}, "path"),  # the link
+            ({"type": "snapshot", "folder": str(state / "home")}, "folder"),
+            ({"type": "capture", "folder": str(home)}, "folder"),
+        ]
+        for sink, key in sinks:
+            spec = {
+                "id": "w",
+                "model": {"name": MISSING},
+                "source": {"type": "folder", "path": str(photos)},
+                "sinks": [sink],
+            }
+            error = _refused(watcher, spec)
+            assert error["code"] == "command.invalid", (sink, error)
+            assert error.get("field") == f"args.spec.sinks.0.{key}", (sink, error)
+            assert f"outside {state}, the agent's state folder" in error["message"], error
+        assert _tree(home) == before
+        assert watcher.ok("list_pipelines") == {"pipelines": []}
+    finally:
+        agent.close()
+
+
+def test_a_relative_sink_path_is_taken_inside_the_state_folder_and_recorded_so(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher, photos: Path
+) -> None:
+    state = tmp_path / "state"
+    agent = _agent(broker, tmp_path)
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        spec = {
+            "id": "scans",
+            "model": {"name": "text-orientation"},
+            "source": {"type": "folder", "path": str(photos)},
+            "sinks": [{"type": "jsonl", "path": "scans.jsonl"}],
+        }
+        assert watcher.ok("start_pipeline", {"spec": spec}, timeout=60)["status"] == "running"
+        watcher.wait_event(
+            lambda e: e["kind"] == "pipeline_stopped" and e["pipeline"] == "scans", timeout=60
+        )
+        lines = (state / "scans.jsonl").read_text().splitlines()
+        assert [json.loads(line)["frame"] for line in lines] == [0, 1, 2]
+        # A restore opens the same file, whatever its working folder is then.
+        recorded = AgentRecords(state / "agent").record.pipelines["scans"]
+        assert recorded["sinks"][0]["path"] == str(state / "scans.jsonl")
     finally:
         agent.close()
 
@@ -292,6 +359,39 @@ def test_a_recorded_pipeline_with_a_sink_in_the_store_is_not_restored(
         stopped = watcher.ok("stop_pipeline", {"id": "cam"})
         assert (stopped["id"], stopped["status"]) == ("cam", "stopped")
         assert AgentRecords(tmp_path / "state" / "agent").record.pipelines == {}
+    finally:
+        agent.close()
+
+
+def test_calibration_data_in_the_agents_own_files_is_refused_before_anything_is_read(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher
+) -> None:
+    # A start_pipeline source there was refused; calibrate's data was read all the same
+    # (the MQTT password file, TLS keys: whatever the config names).
+    key = tmp_path / "fleet.pub"
+    save_public_key(generate_key().public_key(), key)
+    (tmp_path / "linked.pub").symlink_to(key)
+    agent = _agent(broker, tmp_path, cache=tmp_path / "cache", trusted_keys=[key])
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        for data in (
+            key,
+            tmp_path / "linked.pub",
+            tmp_path / "state" / "agent",
+            tmp_path / "cache",
+        ):
+            answer = watcher.final(
+                watcher.send("calibrate", {"model": MISSING, "data": str(data)}), timeout=60
+            )
+            assert answer["status"] == "error", answer
+            error = answer["error"]
+            assert (error["code"], error.get("field")) == ("command.invalid", "args.data"), error
+            assert "which edge-agent keeps its own data in" in error["message"], error
+        # A pipeline's captures lie in the state's own parts, and are what calibrate is for.
+        answer = watcher.final(
+            watcher.send("calibrate", {"model": MISSING, "data": "pipeline:cam"}), timeout=60
+        )
+        assert answer["error"]["code"] == "model.not_found", answer
     finally:
         agent.close()
 

@@ -17,7 +17,10 @@ import numpy.typing as npt
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from edge_agent.agent.pipelines import parse_spec
+from edge_agent.errors import EdgeAgentError
 from edge_agent.pipelines.audio_sources import (
     MicSource,
     MicSourceSpec,
@@ -150,6 +153,13 @@ def test_wav_broken_header_or_missing_file(tmp_path: Path) -> None:
         open_audio_source(WavSourceSpec(path=tmp_path / "none.wav"), RATE, HOP)
 
 
+def test_a_wav_source_on_a_device_is_refused_as_invalid_input(tmp_path: Path) -> None:
+    # /dev/null ends at once; /dev/zero, never (unit/test_wav.py): neither is read.
+    with pytest.raises(EdgeAgentError, match="character device, not a regular file") as caught:
+        open_audio_source(WavSourceSpec(path=Path("/dev/null")), RATE, HOP)
+    assert caught.value.code == "input.invalid"
+
+
 def fake_arecord(bin_dir: Path, raw: Path, tail: str) -> Path:
     """An `arecord` that logs its arguments, plays `raw`, then runs `tail`."""
     bin_dir.mkdir()
@@ -230,3 +240,83 @@ def test_missing_arecord_names_the_package(tmp_path: Path, monkeypatch: pytest.M
 def test_bad_rate_or_hop_is_a_bug_not_a_source_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="positive"):
         open_audio_source(WavSourceSpec(path=tmp_path / "x.wav"), 0, HOP)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "default",
+        "sysdefault",
+        "pulse",
+        "hw:1",
+        "hw:1,0",
+        "plughw:1,0",
+        "hw:CARD=PCH,DEV=0",
+        "plughw:CARD=Device,DEV=0",
+        "sysdefault:CARD=PCH",
+        "dsnoop:CARD=PCH,DEV=0",
+        "front:CARD=PCH,DEV=0",
+    ],
+)
+def test_plain_alsa_device_names_are_taken(device: str) -> None:
+    assert MicSourceSpec(device=device).device == device
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "file:'|touch /tmp/x'",  # ALSA's file PCM pipes the audio into a shell command
+        'file:"|id"',
+        "file:out",  # a file PCM all the same: it writes `out`
+        "tee:default,out",
+        "{type file file /tmp/x}",
+        "plughw:1,0|id",
+        "hw:1,0 ",
+        "hw:1;id",
+        "default\n",
+        "-D/dev/null",  # an option, not a name
+        "--help",
+        "/dev/snd/pcmC0D0c",
+        "hw:",
+        "",
+    ],
+)
+def test_a_mic_device_that_is_not_a_plain_alsa_name_is_refused(device: str) -> None:
+    with pytest.raises(ValidationError, match="not a plain ALSA device name") as caught:
+        MicSourceSpec(device=device)
+    assert caught.value.errors()[0]["loc"] == ("device",)
+
+
+def test_a_mic_spec_whose_device_runs_a_shell_command_is_refused_naming_the_field(
+    tmp_path: Path, tone_raw: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a start_pipeline over MQTT sent: arecord -D "file:'|cmd'" ran cmd on the box, and
+    # again at every restore. A fake arecord that runs a pipe device as ALSA would shows
+    # nothing is started at all.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "arecord"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {bin_dir}/args\n'
+        # As ALSA's file PCM does with a device `file:'|CMD'`: CMD goes to a shell.
+        """case "$3" in "file:'|"*) cmd=${3#"file:'|"}; sh -c "${cmd%"'"}";; esac\n"""
+        f"cat {tone_raw}\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    proof = tmp_path / "X"
+    device = f"file:'|touch {proof}'"
+    spec = {
+        "id": "ears",
+        "model": {"name": "vad-silero"},
+        "source": {"type": "mic", "device": device},
+    }
+    with pytest.raises(EdgeAgentError) as caught:
+        parse_spec(spec)
+    assert (caught.value.code, caught.value.field) == ("command.invalid", "args.spec.source.device")
+    assert "spec.source.device" in str(caught.value)
+    with pytest.raises(ValueError, match="not a plain ALSA device name"):
+        MicSource(device, RATE, HOP, 1.0)
+    assert not (bin_dir / "args").exists()
+    assert not proof.exists()

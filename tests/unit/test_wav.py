@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import struct
 import subprocess
+import sys
+import threading
 import tracemalloc
 import wave
 from pathlib import Path
@@ -17,13 +21,16 @@ from hypothesis import strategies as st
 from edge_agent.audio.resample import MAX_RATIO, resample
 from edge_agent.audio.wav import (
     MAX_RATE,
+    MAX_WAV_FILE_BYTES,
     MIN_RATE,
     WavError,
     decode_wav,
+    load_wav,
     parse_wav,
     read_wav,
     to_mono,
 )
+from edge_agent.errors import EdgeAgentError
 
 
 def write_pcm(path: Path, frames: bytes, width: int, channels: int = 1, rate: int = 16000) -> Path:
@@ -287,3 +294,70 @@ def test_a_file_shorter_than_its_header_says_is_truncated(tmp_path: Path) -> Non
     # Mid-sample: the half sample is dropped and counted as missing.
     assert decode_wav(data[: 44 + 8001]).missing_s == pytest.approx((32000 - 8001) / 32000)
     assert decode_wav(data).missing_s == 0.0
+
+
+def test_a_wav_on_dev_zero_is_refused_before_a_byte_is_read() -> None:
+    # It was read whole: the agent's memory grew until the OOM killer came. Tried in a
+    # child held to 1 GiB, so that if it ever reads again it fails here, not the machine.
+    child = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))\n"
+        "from pathlib import Path\n"
+        "from edge_agent.audio.wav import load_wav\n"
+        "from edge_agent.errors import EdgeAgentError\n"
+        "try:\n"
+        "    load_wav(Path('/dev/zero'))\n"
+        "except EdgeAgentError as exc:\n"
+        "    print(exc.code, exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(
+        "input.invalid WAV file /dev/zero is refused: it is a character device, not a regular file"
+    ), done.stdout
+
+
+def test_a_wav_that_is_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "speech.wav"
+    os.mkfifo(fifo)
+    raised: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            read_wav(fifo)
+        except BaseException as exc:
+            raised.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5.0)
+    blocked = reader.is_alive()
+    if blocked:
+        # Opened for reading, it waited for a writer: be one, so the thread ends.
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5.0)
+    assert not blocked, "reading the FIFO waited for a writer"
+    [error] = raised
+    assert isinstance(error, EdgeAgentError), error
+    assert error.code == "input.invalid"
+    assert "a FIFO, not a regular file" in str(error)
+
+
+def test_a_wav_over_the_cap_is_refused_without_reading_it(tmp_path: Path) -> None:
+    huge = tmp_path / "huge.wav"
+    with huge.open("wb") as f:
+        f.write(riff(fmt_chunk(1, 1, 16000, 16), chunk(b"data", b"", size=0xFFFFFFFF)))
+        f.truncate(MAX_WAV_FILE_BYTES + 1)  # sparse: no disk, but read whole, all of it
+    tracemalloc.start()
+    try:
+        with pytest.raises(EdgeAgentError, match="over the 512 MiB read at most") as caught:
+            load_wav(huge)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.code == "input.invalid"
+    assert "sox" in caught.value.fix
+    assert peak < 1 << 20, f"{peak >> 20} MiB held to refuse it"
