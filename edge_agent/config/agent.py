@@ -28,7 +28,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 
 from edge_agent import __version__
 from edge_agent.config_files import first_error, read_secret
@@ -268,15 +276,22 @@ class AgentConfig(BaseModel):
 
     def named_files(self) -> list[Path]:
         """The files this config has the agent read or write besides its own folders:
-        trusted keys, the password file, TLS files, the metrics textfile."""
+        the config file itself, trusted keys, the password file, TLS files, the metrics
+        textfile."""
         tls = self.mqtt.tls
         files = [
+            # It names the secrets: read as a pipeline's source or calibration data by a
+            # command, it told where the password file and the TLS key are.
+            self._file,
             *self.trusted_keys,
             self.mqtt.password_file,
             *((tls.ca_file, tls.cert_file, tls.key_file) if tls is not None else ()),
             self.integrations.prometheus.textfile,
         ]
         return [path for path in files if path is not None]
+
+    _file: Path | None = PrivateAttr(default=None)
+    """The file it was read from (`load_agent_config`)."""
 
     def config_hash(self) -> str:
         """A short digest of the effective config (secrets excluded), for `state`."""
@@ -403,6 +418,7 @@ def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
         raise EdgeAgentError(
             f"{source} is invalid at {where}: {message}", fix, code="config.invalid"
         ) from None
+    config._file = path
     for cap in capped:
         log_event(
             log,

@@ -377,6 +377,7 @@ def test_calibration_data_in_the_agents_own_files_is_refused_before_anything_is_
         for data in (
             key,
             tmp_path / "linked.pub",
+            tmp_path / "agent.toml",  # the config: it names where the secrets are
             tmp_path / "state" / "agent",
             tmp_path / "cache",
         ):
