@@ -313,6 +313,17 @@ def test_a_box_can_replace_neither_a_release_nor_another_boxs_state(site: Site) 
     assert json.loads(retained["edge/v1/dock-1/state"])["online"] is True
 
 
+def test_publish_model_says_so_when_its_user_may_not_publish(site: Site) -> None:
+    done = fleet_cli(
+        site.broker, "publish-model", str(site.folder / "orient" / "model.onnx"),
+        "--name", "orient", "--version", "2", "--key", str(site.folder / "fleet.key"),
+        "--repo", str(site.folder / "serve-repo"), user="fleet-serve",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "the broker refused the release: user 'fleet-serve'" in done.stderr
+    assert "published" not in done.stdout
+
+
 def test_a_box_using_another_boxs_client_id_does_not_knock_it_off(site: Site) -> None:
     # The id the agent asks for, and the one the broker gives it (its user name).
     for client_id in ("edge-agent-dock-1", "dock-1"):
