@@ -31,6 +31,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pydantic import SecretStr
 
 from edge_agent.agent.loaded import TrackedPool
 from edge_agent.agent.pipelines import Pipelines
@@ -85,10 +86,17 @@ class Watcher:
         version: MQTT version of the watcher's own session.
         client_id: A fixed id makes the session persistent (it outlives a broker restart
             when the broker keeps sessions).
+        username: The broker user (a guarded broker), with `password`.
     """
 
     def __init__(
-        self, port: int, device: str, version: str = "5", client_id: str | None = None
+        self,
+        port: int,
+        device: str,
+        version: str = "5",
+        client_id: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
         self.device = device
         self.messages: list[Received] = []
@@ -98,6 +106,8 @@ class Watcher:
             version=version,
             client_id=client_id or "",
             persistent=client_id is not None,
+            username=username,
+            password=None if password is None else SecretStr(password),
             reconnect_min_s=0.05,
             reconnect_max_s=0.2,
         )
@@ -221,9 +231,11 @@ def write_config(
     results: str = "detections",
     trusted_keys: list[Path] | None = None,
     extra: str = "",
+    mqtt_extra: str = "",
     cache: Path | None = None,
 ) -> Path:
-    """An agent.toml; `cache` defaults to the shared model cache."""
+    """An agent.toml; `cache` defaults to the shared model cache. `extra` goes at the top
+    level (tables after its keys), `mqtt_extra` into `[mqtt]`."""
     keys = ", ".join(json.dumps(str(k)) for k in trusted_keys or [])
     path.write_text(
         f'device_id = "{device}"\n'
@@ -239,7 +251,8 @@ def write_config(
         f'version = "{version}"\n'
         f"keepalive = {keepalive}\n"
         "reconnect_min_s = 0.2\n"
-        "reconnect_max_s = 1.0\n",
+        "reconnect_max_s = 1.0\n"
+        f"{mqtt_extra}\n",
         encoding="utf-8",
     )
     return path

@@ -5,12 +5,15 @@ Registered from conftest.py (`pytest_plugins`). Each test gets a fresh broker
 so clients that were connected see an outage and must reconnect by themselves.
 `fleet` adds an `edge-fleet serve` instance (in-process, on its own MQTT
 session) that has published the reference model text-orientation as `orient`.
+`ShippedBroker` is mosquitto as `systemd/mosquitto/` sets it up for a fleet: users,
+passwords and the ACL.
 """
 
 from __future__ import annotations
 
+import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.comms.base import Handler, Message, MqttVersion, Unsubscribe
-from edge_agent.comms.local_broker import LocalBroker, find_mosquitto
+from edge_agent.comms.local_broker import LocalBroker, find_mosquitto, free_port
 from edge_agent.comms.session import MqttSession, Will, connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.delivery.pull import PullOptions
@@ -31,6 +34,7 @@ from edge_agent.protocol.topics import Topics
 from edge_agent.store.release import SignedRelease, build_release, generate_key, sign
 
 TOPICS = Topics()
+SHIPPED_BROKER = Path(__file__).resolve().parents[1] / "systemd" / "mosquitto"
 FAST = PullOptions(
     release_timeout_s=5.0, stall_s=30.0, puller=PullerOptions(idle_s=0.5, repair_timeout_s=1.0)
 )
@@ -44,6 +48,53 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     folder: Path = tmp_path_factory.mktemp("mosquitto")
     with LocalBroker(folder=folder) as running:
         yield running
+
+
+class ShippedBroker(LocalBroker):
+    """mosquitto with the shipped `edge-agent.conf` and `acl`, on free loopback ports.
+
+    Only the listeners' ports and the folder of the files they name are changed, so a
+    shipped line mosquitto refuses, or one that lets a box too far, fails the tests that
+    use this. The boxes' listener is `port`, the fleet's `fleet_port`.
+
+    Args:
+        folder: For the config, the password files, the ACL and the log.
+        boxes: The boxes' users and passwords (user name = device id).
+        fleet: The fleet listener's users and passwords.
+        acl_extra: Lines added to the ACL, as systemd/README.md has an operator add them
+            (a group's members).
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        boxes: Mapping[str, str],
+        fleet: Mapping[str, str],
+        acl_extra: str = "",
+    ) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        super().__init__(folder=folder)
+        self.fleet_port = self.port
+        while self.fleet_port == self.port:
+            self.fleet_port = free_port(self.host)
+        for name, users in (("boxes.passwd", boxes), ("fleet.passwd", fleet)):
+            path = folder / name
+            path.write_text("")
+            for user, password in users.items():
+                subprocess.run(["mosquitto_passwd", "-b", str(path), user, password], check=True)
+        (folder / "acl").write_text((SHIPPED_BROKER / "acl").read_text() + acl_extra)
+        config = (SHIPPED_BROKER / "edge-agent.conf").read_text()
+        for shipped, here in (
+            ("\nlistener 1883\n", f"\nlistener {self.port} {self.host}\n"),
+            ("\nlistener 1884 127.0.0.1\n", f"\nlistener {self.fleet_port} {self.host}\n"),
+            ("/etc/mosquitto/edge-agent/", f"{folder}/"),
+        ):
+            assert shipped in config, f"edge-agent.conf no longer has {shipped.strip()!r}"
+            config = config.replace(shipped, here)
+        # LocalBroker's own settings (log, no persistence), without its anonymous listener.
+        own = self.config.read_text().splitlines(keepends=True)
+        kept = [line for line in own if not line.startswith(("listener ", "allow_anonymous "))]
+        self.config.write_text(config + "".join(kept))
 
 
 def broker_settings(broker: LocalBroker, **kw: object) -> BrokerSettings:

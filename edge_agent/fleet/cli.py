@@ -170,6 +170,16 @@ def run_publish(args: argparse.Namespace) -> int:
                 "check the broker; publishing again is safe",
                 code="broker.unreachable",
             )
+        if session.rejected:
+            # An MQTT 5 broker acknowledges a publish its ACL refuses, saying so: a user
+            # that may not write releases (serve's, in systemd/mosquitto/acl) otherwise
+            # printed "published" for a release no box can see.
+            raise EdgeAgentError(
+                f"the broker refused the release: user {session.settings.username!r} may "
+                f"not publish under {args.prefix}/releases/",
+                "publish as the fleet's console user (`fleet` in systemd/mosquitto/acl)",
+                code="error",
+            )
     finally:
         session.stop()
     release = signed.release
