@@ -39,9 +39,12 @@ from edge_agent.protocol.delivery import (
     bit,
     decode_bits,
 )
-from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, FANIN_QOS, Topics
+from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, FANIN_QOS, RESERVED_IDS, Topics
 
 log = logging.getLogger(__name__)
+
+REFUSALS_SAID = 10_000
+"""Devices whose refused requests are logged (once each); past it, only counted."""
 
 
 def owner(servers: set[str], release_id: str) -> str:
@@ -74,6 +77,9 @@ class FleetServer:
         self.servers: set[str] = {instance}
         self.repairs_served = 0
         self.repair_chunks = 0
+        self.repairs_refused = 0
+        """Requests that named a reply topic other than their device's own: dropped."""
+        self._refused_said: set[str] = set()
         self._cond = threading.Condition()
         self._started = time.time()
 
@@ -188,12 +194,12 @@ class FleetServer:
         except ValidationError as exc:
             log_event(log, logging.INFO, "fleet_bad_repair", error=exc.errors()[0]["msg"])
             return
-        reply = message.response_topic or request.response_topic
+        reply = self._reply_topic(request, message.response_topic)
+        if reply is None:
+            return
         correlation = message.correlation_data
         if correlation is None and request.correlation_data:
             correlation = base64.b64decode(request.correlation_data)
-        if not reply or reply.startswith("$") or "#" in reply or "+" in reply:
-            return
         entry = self.repo.get(request.name, request.version)
         problem = self._check(request, entry)
         if problem is not None or entry is None:
@@ -219,6 +225,31 @@ class FleetServer:
                 frame = Frame(chunks.id, index, data, repair=True)
                 self.comm.publish(reply, frame.encode(), qos=0, correlation_data=correlation)
                 self.repair_chunks += 1
+
+    def _reply_topic(self, request: RepairRequest, named: str | None) -> str | None:
+        """Where to answer `request`: its device's own reply topic, the one every agent
+        names, or None (dropped) when it names another. Answering wherever a request said
+        let any box send RepairErrors to another's reply topic (aborting its pull) and
+        have this server publish megabytes of frames on topics that box may not write."""
+        reply = self.topics.delivery_reply(request.device_id)
+        named_topics = {t for t in (named, request.response_topic) if t}
+        if request.device_id not in RESERVED_IDS and named_topics <= {reply}:
+            return reply
+        self.repairs_refused += 1
+        # Once per device: a box that keeps asking must not fill the journal; bounded, as
+        # the device ids are whatever the requests say.
+        said = self._refused_said
+        if request.device_id not in said and len(said) < REFUSALS_SAID:
+            self._refused_said.add(request.device_id)
+            log_event(
+                log,
+                logging.WARNING,
+                "fleet_repair_refused",
+                device=request.device_id,
+                reply_topic=",".join(sorted(named_topics)),
+                detail=f"a repair answers only on {reply}",
+            )
+        return None
 
     @staticmethod
     def _check(request: RepairRequest, entry: RepoEntry | None) -> tuple[str, str] | None:
