@@ -14,16 +14,22 @@ the agent.
 - repair: what is still missing is asked for in GetStream-shaped requests
   (offset, count, bitmap), one outstanding at a time, answered one chunk per
   message on this device's reply topic, with MQTT 5 request/response (the
-  Response Topic and Correlation Data ride in the payload on 3.1.1).
+  Response Topic and Correlation Data ride in the payload on 3.1.1). The
+  correlation data is random: an error, or an MQTT 5 frame, that names none of
+  this puller's latest requests is no answer to it (anyone who can have a
+  message sent to its reply topic could otherwise abort the pull).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
 import random
+import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -48,6 +54,11 @@ from edge_agent.protocol.delivery import (
 from edge_agent.protocol.topics import Topics
 
 log = logging.getLogger(__name__)
+
+CORRELATION_BYTES = 16
+"""Random correlation data per request: no one else can guess what answers it."""
+ASKED_KEPT = 4
+"""Requests whose answers are still taken for answers (the latest and the ones it resent)."""
 
 State = Literal["new", "broadcast", "repair", "complete", "stopped"]
 
@@ -86,6 +97,8 @@ class PullStats:
     repair_requests: int = 0
     rejoins: int = 0
     resumed: int = 0
+    ignored: int = 0
+    """Errors and frames on the reply topic that answered none of this puller's requests."""
     bytes_in: int = 0
     joined_at: float = field(default=0.0)
 
@@ -128,7 +141,9 @@ class Puller:
         # all come back together, again and again.
         self._rng = rng or random.Random()
         self._unanswered = 0
-        self._corr = 0
+        self._asked: deque[bytes] = deque(maxlen=ASKED_KEPT)
+        """Correlation data of the latest requests: answers to a request resent meanwhile
+        may still come, and are answers all the same."""
         self._since_sync = 0
         name, version = self.release.name, self.release.version
         self._chunk_topic = topics.chunks(name, version)
@@ -207,7 +222,13 @@ class Puller:
                 return
             if frame is not None:
                 if frame.release_id == self.rid:
+                    # Kept wherever it came from: a chunk is checked against its hash.
                     self.stats.repaired += self._store(frame.index, frame.data)
+                    if message.correlation_data is not None and not self._ours(
+                        message.correlation_data
+                    ):
+                        self.stats.ignored += 1  # but it answers no request of ours
+                        return
                     self._wanted.discard(frame.index)
                     self._unanswered = 0
                     self._deadline = self.clock() + self.options.repair_timeout_s
@@ -218,14 +239,18 @@ class Puller:
                 error = RepairError.model_validate_json(message.payload)
             except ValidationError:
                 return
-            if error.release_id == self.rid:
-                self.error = EdgeAgentError(
-                    f"the fleet cannot serve {self.release.name} v{self.release.version}: "
-                    f"{error.message}",
-                    "check `edge-fleet serve` has the release in its repository",
-                    code="transfer.failed",
-                )
-                self.stop()
+            if error.release_id != self.rid:
+                return
+            if not self._ours(message.correlation_data or _unbase64(error.correlation_data)):
+                self.stats.ignored += 1
+                return
+            self.error = EdgeAgentError(
+                f"the fleet cannot serve {self.release.name} v{self.release.version}: "
+                f"{error.message}",
+                "check `edge-fleet serve` has the release in its repository",
+                code="transfer.failed",
+            )
+            self.stop()
 
     # --- steps ------------------------------------------------------------------------------------
     def _store(self, index: int, data: bytes) -> int:
@@ -295,8 +320,8 @@ class Puller:
         limit = min(self.options.repair_blocks, MAX_REPAIR_BLOCKS)
         wanted = [i for i in missing if i < offset + MAX_REPAIR_BLOCKS][:limit]
         count = wanted[-1] - offset + 1
-        self._corr += 1
-        correlation = self._corr.to_bytes(4, "big")
+        correlation = secrets.token_bytes(CORRELATION_BYTES)
+        self._asked.append(correlation)
         v5 = self.comm.mqtt_version == "5"
         request = RepairRequest(
             device_id=self.device_id,
@@ -335,7 +360,19 @@ class Puller:
         topic = self.topics.control(self.release.name, self.release.version)
         self.comm.publish(topic, message.model_dump_json().encode(), qos=qos)
 
+    def _ours(self, correlation: bytes | None) -> bool:
+        return correlation is not None and correlation in self._asked
+
     def _unsubscribe(self) -> None:
         for unsubscribe in self._subs.values():
             unsubscribe()
         self._subs.clear()
+
+
+def _unbase64(text: str | None) -> bytes | None:
+    if text is None:
+        return None
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None

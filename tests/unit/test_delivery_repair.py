@@ -3,16 +3,27 @@ only on the asker's own reply topic, and the puller believes only answers to its
 
 from __future__ import annotations
 
+import base64
 import logging
 from pathlib import Path
 
 import pytest
 
+from edge_agent.comms.base import Message, MqttVersion
 from edge_agent.comms.fake import FakeBroker
-from edge_agent.delivery.chunks import ChunkMap
+from edge_agent.delivery.chunks import ChunkMap, read_chunk
+from edge_agent.delivery.partial import PartialTransfer
+from edge_agent.delivery.puller import Puller, PullerOptions
 from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.server import FleetServer
-from edge_agent.protocol.delivery import RepairRequest, bitmap, decode_frame, encode_bits
+from edge_agent.protocol.delivery import (
+    Frame,
+    RepairError,
+    RepairRequest,
+    bitmap,
+    decode_frame,
+    encode_bits,
+)
 from edge_agent.protocol.topics import Topics
 from tests.delivery_kit import CHUNK, make_release
 
@@ -86,3 +97,87 @@ def test_the_server_answers_a_repair_only_on_the_askers_own_reply_topic(
     frames = [decode_frame(p) for p in _on(broker, own)]
     assert len(frames) == 3 * len(chunks)
     assert all(f is not None and f.repair for f in frames)
+
+
+def _repairing(
+    tmp_path: Path, broker: FakeBroker, version: MqttVersion, asked: list[Message]
+) -> tuple[Puller, list[float]]:
+    """A puller of `m` v1 with no broadcaster, gone to repair and sending its first request
+    (each request lands in `asked`); nothing answers it."""
+    signed, _ = make_release(tmp_path, 4 * CHUNK)
+    broker.connect().subscribe(TOPICS.repair, asked.append)
+    now = [0.0]
+    puller = Puller(
+        broker.connect(version),
+        TOPICS,
+        "dev-1",
+        PartialTransfer(tmp_path / f"pull-{version}", signed),
+        clock=lambda: now[0],
+        options=PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0),
+    )
+    puller.start()
+    for step in (0.6, 0.7):
+        now[0] = step
+        puller.tick(step)
+    assert puller.state == "repair"
+    assert len(asked) == 1
+    return puller, now
+
+
+def _error(rid: str, correlation: bytes | None) -> RepairError:
+    text = base64.b64encode(correlation).decode() if correlation is not None else None
+    return RepairError(
+        release_id=rid, correlation_data=text, code="input.invalid", message="block_size"
+    )
+
+
+@pytest.mark.parametrize("version", ["5", "3.1.1"])
+def test_a_puller_believes_only_the_errors_that_answer_its_own_requests(
+    tmp_path: Path, version: MqttVersion
+) -> None:
+    # Correlation data was a counter from 1: a box that had the fleet server send an error
+    # naming the release to another box's reply topic (or sent it there itself) aborted
+    # that box's pull, whatever correlation the error carried.
+    broker, asked = FakeBroker(), list[Message]()
+    puller, _ = _repairing(tmp_path, broker, version, asked)
+    request = RepairRequest.model_validate_json(asked[0].payload)
+    sent = asked[0].correlation_data if version == "5" else None
+    if sent is None:
+        assert request.correlation_data is not None
+        sent = base64.b64decode(request.correlation_data)
+    assert len(sent) >= 8  # random, not a counter from 1
+    assert sent != (1).to_bytes(4, "big")
+    reply = TOPICS.delivery_reply("dev-1")
+    forger = broker.connect()
+    for guess in [(n).to_bytes(4, "big") for n in range(1, 5)] + [None]:
+        error = _error(puller.rid, guess).model_dump_json().encode()
+        forger.publish(reply, error, correlation_data=guess)
+    assert (puller.state, puller.error) == ("repair", None)
+    assert puller.stats.ignored == 5
+
+    # The server's own answer to the request names its correlation: that one stops the pull.
+    server = broker.connect(version)
+    error = _error(puller.rid, sent).model_dump_json().encode()
+    server.publish(reply, error, correlation_data=sent)
+    assert puller.state == "stopped"
+    assert puller.error is not None
+    assert puller.error.code == "transfer.failed"
+    assert "block_size" in str(puller.error)
+
+
+def test_frames_from_no_request_of_the_puller_are_kept_but_answer_nothing(
+    tmp_path: Path,
+) -> None:
+    # A frame is checked against the release's chunk hashes wherever it came from, so it is
+    # kept; but one no request of this puller asked for must not put off the resend.
+    broker, asked = FakeBroker(), list[Message]()
+    puller, now = _repairing(tmp_path, broker, "5", asked)
+    folder = tmp_path / "src"
+    chunks = puller.partial.chunks
+    frame = Frame(chunks.id, 0, read_chunk(folder, chunks[0]), repair=True).encode()
+    broker.connect().publish(TOPICS.delivery_reply("dev-1"), frame, correlation_data=b"other")
+    assert puller.partial.has(0)
+    assert puller.stats.ignored == 1
+    now[0] = 0.7 + 3.0 * 1.5 + 0.01  # the longest first wait: the resend is due regardless
+    puller.tick(now[0])
+    assert len(asked) == 2
