@@ -41,6 +41,7 @@ from edge_agent.delivery.partial import PartialTransfer
 from edge_agent.errors import EdgeAgentError
 from edge_agent.protocol.delivery import (
     MAX_REPAIR_BLOCKS,
+    MAX_REPAIR_BYTES,
     Ack,
     BroadcastStatus,
     Join,
@@ -73,7 +74,8 @@ class PullerOptions:
     """Rejoins in a row with no new chunk before giving up on the broadcast and repairing
     the rest; a chunk stored from the broadcast restores them."""
     repair_blocks: int = 16
-    """Chunks per repair request (at most MAX_REPAIR_BLOCKS): 2 MiB at 128 KiB chunks."""
+    """Chunks per repair request (at most MAX_REPAIR_BLOCKS, and MAX_REPAIR_BYTES of them):
+    2 MiB at 128 KiB chunks."""
     repair_timeout_s: float = 3.0
     """A repair request with no answer for this long is sent again; each time unanswered
     doubles the wait (to `repair_max_s`), and every wait is drawn from 1x to 1.5x of it."""
@@ -317,7 +319,8 @@ class Puller:
             self._complete()
             return
         offset = missing[0]
-        limit = min(self.options.repair_blocks, MAX_REPAIR_BLOCKS)
+        fit = max(1, MAX_REPAIR_BYTES // self.release.chunk_size)
+        limit = min(self.options.repair_blocks, MAX_REPAIR_BLOCKS, fit)
         wanted = [i for i in missing if i < offset + MAX_REPAIR_BLOCKS][:limit]
         count = wanted[-1] - offset + 1
         correlation = secrets.token_bytes(CORRELATION_BYTES)

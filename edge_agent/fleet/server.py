@@ -9,6 +9,9 @@ Scale-out without a coordinator: the broker is the distributed engine.
   clears). Every server sees every join and ack and acts only for the releases
   it owns; when a server appears or vanishes, the owners move, and the pullers
   of a release whose broadcaster vanished rejoin after `idle_s` and are picked up.
+- A repair is answered on the asking device's own reply topic only, at most
+  `MAX_REPAIR_BYTES` of it, and each device id's requests are rate-limited
+  (`RepairLimits`): a request is a few hundred bytes, its answer megabytes.
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from edge_agent.comms.base import Communicator, Message
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
+from edge_agent.delivery.buckets import TokenBuckets
 from edge_agent.delivery.chunks import read_chunk
 from edge_agent.fleet.repo import Repo, RepoEntry
 from edge_agent.logs import log_event
 from edge_agent.protocol.delivery import (
     CONTROL,
+    MAX_REPAIR_BYTES,
     Ack,
     BroadcastStatus,
     Frame,
@@ -43,8 +49,28 @@ from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, FANIN_QOS, RESERVED_
 
 log = logging.getLogger(__name__)
 
-REFUSALS_SAID = 10_000
-"""Devices whose refused requests are logged (once each); past it, only counted."""
+SAID_AT_MOST = 10_000
+"""Devices whose refused or limited requests are logged (once each); past it, only counted."""
+
+
+@dataclass(frozen=True, slots=True)
+class RepairLimits:
+    """How many repair requests one device id may send a server.
+
+    A puller keeps one request outstanding and sends the next when the last is answered
+    (or again after `repair_timeout_s`, 3 s and backing off), each for at most 16 chunks
+    within a span of 64. Losses a broadcast left scattered take about a request per 64
+    chunks, and a release lost whole one per 16: 60 and 240 requests for 500 MB. `burst`
+    lets all of those through at once, and `per_s` 16 MiB/s (8 requests of 2 MiB) after
+    it: a puller repairing a lossy transfer is not limited, a box that floods is.
+    """
+
+    burst: int = 256
+    """Requests a device that was quiet may send at once."""
+    per_s: float = 8.0
+    """Requests a second a device may go on sending after its burst."""
+    devices: int = 100_000
+    """Device ids whose buckets are kept (the least recently heard are forgotten)."""
 
 
 def owner(servers: set[str], release_id: str) -> str:
@@ -64,6 +90,7 @@ class FleetServer:
         topics: Topics | None = None,
         share_group: str = DEFAULT_SHARE_GROUP,
         options: BroadcastOptions | None = None,
+        limits: RepairLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.comm = comm
@@ -79,7 +106,11 @@ class FleetServer:
         self.repair_chunks = 0
         self.repairs_refused = 0
         """Requests that named a reply topic other than their device's own: dropped."""
-        self._refused_said: set[str] = set()
+        self.repairs_limited = 0
+        """Requests past their device's rate (`RepairLimits`): dropped."""
+        limits = limits or RepairLimits()
+        self._buckets = TokenBuckets(limits.burst, limits.per_s, limits.devices)
+        self._said: set[tuple[str, str]] = set()
         self._cond = threading.Condition()
         self._started = time.time()
 
@@ -197,6 +228,10 @@ class FleetServer:
         reply = self._reply_topic(request, message.response_topic)
         if reply is None:
             return
+        if not self._buckets.take(request.device_id, self.clock()):
+            self.repairs_limited += 1
+            self._say_once("fleet_repair_limited", request.device_id)
+            return
         correlation = message.correlation_data
         if correlation is None and request.correlation_data:
             correlation = base64.b64decode(request.correlation_data)
@@ -218,9 +253,15 @@ class FleetServer:
             return
         chunks = entry.chunks
         self.repairs_served += 1
+        # The first chunks asked for, up to MAX_REPAIR_BYTES: a request of 64 big chunks
+        # made one message of 200 bytes into 8 MiB. The puller asks no more than that.
+        room = MAX_REPAIR_BYTES
         for k in range(request.count):
             index = request.offset + k
             if bit(bits, k) and index < len(chunks):
+                if chunks[index].length > room:
+                    break
+                room -= chunks[index].length
                 data = read_chunk(entry.folder, chunks[index])
                 frame = Frame(chunks.id, index, data, repair=True)
                 self.comm.publish(reply, frame.encode(), qos=0, correlation_data=correlation)
@@ -236,20 +277,21 @@ class FleetServer:
         if request.device_id not in RESERVED_IDS and named_topics <= {reply}:
             return reply
         self.repairs_refused += 1
-        # Once per device: a box that keeps asking must not fill the journal; bounded, as
-        # the device ids are whatever the requests say.
-        said = self._refused_said
-        if request.device_id not in said and len(said) < REFUSALS_SAID:
-            self._refused_said.add(request.device_id)
-            log_event(
-                log,
-                logging.WARNING,
-                "fleet_repair_refused",
-                device=request.device_id,
-                reply_topic=",".join(sorted(named_topics)),
-                detail=f"a repair answers only on {reply}",
-            )
+        self._say_once(
+            "fleet_repair_refused",
+            request.device_id,
+            reply_topic=",".join(sorted(named_topics)),
+            detail=f"a repair answers only on {reply}",
+        )
         return None
+
+    def _say_once(self, event: str, device: str, **fields: object) -> None:
+        """Log `event` for `device` the first time only: a box that keeps asking must not
+        fill the journal. Bounded, as the device ids are whatever the requests say."""
+        if (event, device) in self._said or len(self._said) >= SAID_AT_MOST:
+            return
+        self._said.add((event, device))
+        log_event(log, logging.WARNING, event, device=device, **fields)
 
     @staticmethod
     def _check(request: RepairRequest, entry: RepoEntry | None) -> tuple[str, str] | None:

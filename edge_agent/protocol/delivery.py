@@ -25,6 +25,9 @@ _ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 _RELEASE_ID = r"^[0-9a-f]{16}$"
 MAX_REPAIR_BLOCKS = 64
 """Blocks one repair request may ask for; each comes back as its own message."""
+MAX_REPAIR_BYTES = 2 * 1024 * 1024
+"""Bytes of chunks one repair request is answered with at most (16 chunks of 128 KiB): a
+server answers the first chunks asked for that fit, and a puller asks no more."""
 
 
 class _Strict(BaseModel):

@@ -15,8 +15,9 @@ from edge_agent.delivery.chunks import ChunkMap, read_chunk
 from edge_agent.delivery.partial import PartialTransfer
 from edge_agent.delivery.puller import Puller, PullerOptions
 from edge_agent.fleet.repo import Repo
-from edge_agent.fleet.server import FleetServer
+from edge_agent.fleet.server import FleetServer, RepairLimits
 from edge_agent.protocol.delivery import (
+    MAX_REPAIR_BYTES,
     Frame,
     RepairError,
     RepairRequest,
@@ -30,12 +31,15 @@ from tests.delivery_kit import CHUNK, make_release
 TOPICS = Topics()
 
 
-def _serving(tmp_path: Path, chunks: int = 8) -> tuple[FakeBroker, FleetServer, ChunkMap]:
-    signed, folder = make_release(tmp_path, chunks * CHUNK)
+def _serving(
+    tmp_path: Path, size: int = 8 * CHUNK, now: list[float] | None = None
+) -> tuple[FakeBroker, FleetServer, ChunkMap]:
+    signed, folder = make_release(tmp_path, size)
     repo = Repo(tmp_path / "repo")
     repo.add(signed, folder)
     broker = FakeBroker()
-    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: 0.0)
+    clock = now or [0.0]
+    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: clock[0])
     server.start()
     return broker, server, ChunkMap(signed.release)
 
@@ -100,11 +104,16 @@ def test_the_server_answers_a_repair_only_on_the_askers_own_reply_topic(
 
 
 def _repairing(
-    tmp_path: Path, broker: FakeBroker, version: MqttVersion, asked: list[Message]
+    tmp_path: Path,
+    broker: FakeBroker,
+    version: MqttVersion,
+    asked: list[Message],
+    chunks: int = 4,
+    repair_blocks: int = 16,
 ) -> tuple[Puller, list[float]]:
     """A puller of `m` v1 with no broadcaster, gone to repair and sending its first request
     (each request lands in `asked`); nothing answers it."""
-    signed, _ = make_release(tmp_path, 4 * CHUNK)
+    signed, _ = make_release(tmp_path, chunks * CHUNK)
     broker.connect().subscribe(TOPICS.repair, asked.append)
     now = [0.0]
     puller = Puller(
@@ -113,7 +122,9 @@ def _repairing(
         "dev-1",
         PartialTransfer(tmp_path / f"pull-{version}", signed),
         clock=lambda: now[0],
-        options=PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0),
+        options=PullerOptions(
+            idle_s=0.5, rejoins=0, repair_spread_s=0.0, repair_blocks=repair_blocks
+        ),
     )
     puller.start()
     for step in (0.6, 0.7):
@@ -181,3 +192,66 @@ def test_frames_from_no_request_of_the_puller_are_kept_but_answer_nothing(
     now[0] = 0.7 + 3.0 * 1.5 + 0.01  # the longest first wait: the resend is due regardless
     puller.tick(now[0])
     assert len(asked) == 2
+
+
+def test_a_box_that_floods_repair_requests_is_answered_at_its_rate_and_no_faster(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [0.0]
+    broker, server, chunks = _serving(tmp_path, size=1000, now=now)  # one small chunk
+    dock2, dock1 = broker.connect(), broker.connect()
+    own, other = TOPICS.delivery_reply("dock-2"), TOPICS.delivery_reply("dock-1")
+    limits = RepairLimits()
+    with caplog.at_level(logging.INFO, logger="edge_agent.fleet.server"):
+        for _ in range(limits.burst + 100):
+            dock2.publish(TOPICS.repair, _request(chunks, "dock-2"))
+        assert len(_on(broker, own)) == limits.burst
+        assert server.repairs_limited == 100
+        dock1.publish(TOPICS.repair, _request(chunks, "dock-1"))  # its own bucket: answered
+        assert len(_on(broker, other)) == 1
+        now[0] = 10.0
+        for _ in range(100):
+            dock2.publish(TOPICS.repair, _request(chunks, "dock-2"))
+    assert len(_on(broker, own)) == limits.burst + 10 * limits.per_s
+    said = [r for r in caplog.records if getattr(r, "event", None) == "fleet_repair_limited"]
+    assert len(said) == 1
+
+
+def test_one_request_is_answered_with_at_most_max_repair_bytes(tmp_path: Path) -> None:
+    # 64 chunks of 128 KiB from one 200-byte message was 8 MiB; the first that fit are sent.
+    broker, _, chunks = _serving(tmp_path, size=64 * CHUNK)
+    broker.connect().publish(TOPICS.repair, _request(chunks, "dock-2"))
+    frames = [decode_frame(p) for p in _on(broker, TOPICS.delivery_reply("dock-2"))]
+    assert [f.index for f in frames if f is not None] == list(range(MAX_REPAIR_BYTES // CHUNK))
+
+
+def test_a_puller_asks_for_no_more_than_a_server_answers(tmp_path: Path) -> None:
+    asked = list[Message]()
+    _repairing(tmp_path, FakeBroker(), "5", asked, chunks=64, repair_blocks=64)
+    request = RepairRequest.model_validate_json(asked[0].payload)
+    assert request.count * CHUNK <= MAX_REPAIR_BYTES
+
+
+def test_a_puller_that_lost_the_whole_broadcast_repairs_it_unlimited(tmp_path: Path) -> None:
+    # The most a legitimate puller asks: every chunk by repair, each request sent the
+    # instant the last is answered (the fake broker answers before the publish returns).
+    now = [0.0]
+    broker, server, chunks = _serving(tmp_path, size=100 * CHUNK, now=now)
+    signed = server.repo.get("m", 1)
+    assert signed is not None
+    puller = Puller(
+        broker.connect(),
+        TOPICS,
+        "dev-1",
+        PartialTransfer(tmp_path / "pull", signed.signed),
+        clock=lambda: now[0],
+        options=PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0),
+    )
+    puller.start()  # its join is never broadcast: the server is not stepped
+    while not puller.done.is_set() and now[0] < 10.0:
+        now[0] += 0.05
+        puller.tick(now[0])
+    assert puller.state == "complete"
+    assert puller.stats.repaired == len(chunks)
+    assert puller.stats.repair_requests >= len(chunks) // 16
+    assert server.repairs_limited == 0
