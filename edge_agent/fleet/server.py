@@ -49,6 +49,9 @@ from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, FANIN_QOS, RESERVED_
 
 log = logging.getLogger(__name__)
 
+MAX_PEERS = 64
+"""Fleet servers counted at most (itself included); a fleet runs a handful. Every release's
+broadcaster is chosen among them, so a flood of presences must not make thousands."""
 SAID_AT_MOST = 10_000
 """Devices whose refused or limited requests are logged (once each); past it, only counted."""
 
@@ -163,11 +166,30 @@ class FleetServer:
     # --- handlers (dispatch thread) --------------------------------------------------------
     def on_presence(self, message: Message) -> None:
         instance = message.topic.rsplit("/", 1)[-1]
-        with self._cond:
-            if message.payload:
-                self.servers.add(instance)
-            elif instance != self.instance:
+        if instance == self.instance:
+            return
+        if not message.payload:  # a will, or a clean stop
+            with self._cond:
                 self.servers.discard(instance)
+            return
+        # Only a presence under its own name is a peer: any message there used to make
+        # one, and a release handed to a server that is not there is never broadcast.
+        try:
+            presence = ServerPresence.model_validate_json(message.payload)
+        except ValidationError:
+            presence = None
+        with self._cond:
+            if presence is None or presence.instance != instance:
+                self.servers.discard(instance)
+                self._say_once(
+                    "fleet_peer_refused", instance, instance=instance, detail="not a presence"
+                )
+            elif instance in self.servers or len(self.servers) < MAX_PEERS:
+                self.servers.add(instance)
+            else:
+                self._say_once(
+                    "fleet_peer_refused", instance, instance=instance, detail="too many peers"
+                )
 
     def on_control(self, message: Message) -> None:
         where = Topics.parse_delivery_topic(message.topic)
@@ -230,7 +252,7 @@ class FleetServer:
             return
         if not self._buckets.take(request.device_id, self.clock()):
             self.repairs_limited += 1
-            self._say_once("fleet_repair_limited", request.device_id)
+            self._say_once("fleet_repair_limited", request.device_id, device=request.device_id)
             return
         correlation = message.correlation_data
         if correlation is None and request.correlation_data:
@@ -280,18 +302,19 @@ class FleetServer:
         self._say_once(
             "fleet_repair_refused",
             request.device_id,
+            device=request.device_id,
             reply_topic=",".join(sorted(named_topics)),
             detail=f"a repair answers only on {reply}",
         )
         return None
 
-    def _say_once(self, event: str, device: str, **fields: object) -> None:
-        """Log `event` for `device` the first time only: a box that keeps asking must not
-        fill the journal. Bounded, as the device ids are whatever the requests say."""
-        if (event, device) in self._said or len(self._said) >= SAID_AT_MOST:
+    def _say_once(self, event: str, who: str, /, **fields: object) -> None:
+        """Log `event` for `who` (a device, a peer) the first time only: a box that keeps
+        asking must not fill the journal. Bounded: the names are whatever messages say."""
+        if (event, who) in self._said or len(self._said) >= SAID_AT_MOST:
             return
-        self._said.add((event, device))
-        log_event(log, logging.WARNING, event, device=device, **fields)
+        self._said.add((event, who))
+        log_event(log, logging.WARNING, event, **fields)
 
     @staticmethod
     def _check(request: RepairRequest, entry: RepoEntry | None) -> tuple[str, str] | None:
