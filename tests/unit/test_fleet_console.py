@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from edge_agent.comms.base import Message
+from edge_agent.comms.base import Handler, Message
 from edge_agent.comms.fake import FakeBroker
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet.clock import skew_of_answer
@@ -109,6 +110,60 @@ def test_a_group_command_waits_for_every_member_and_times_out_the_silent() -> No
     stop.set()
     with pytest.raises(Interrupted, match="ping"):
         send_group(console, TOPICS, "docks", "ping", {}, ["b"], timeout=5.0, stop=stop)
+
+
+def test_a_group_answer_counts_for_the_device_whose_topic_it_came_on_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # dock-2 may write only its own resp topic, but answered in dock-1's name there, and
+    # `edge-fleet deploy --group` filed it under the device_id in its body: dock-1's
+    # failed deploy read as ok.
+    broker = FakeBroker()
+    console, dock1, dock2 = broker.connect(), broker.connect(), broker.connect()
+
+    def answer(device: str, as_device: str, status: Literal["ok", "error"]) -> Handler:
+        def answered(message: Message) -> None:
+            command = msg.Command.model_validate_json(message.payload)
+            error = msg.ErrorBody(code="release.signature", message="untrusted")
+            for said in ("accepted", status):
+                reply = msg.Response(
+                    id=command.id, status=said, device_id=as_device, ts=1.0,
+                    result={"version": 1} if said == "ok" else None,
+                    error=error if said == "error" else None,
+                )  # fmt: skip
+                session = dock1 if device == "dock-1" else dock2
+                session.publish(TOPICS.device(device, "resp"), reply.model_dump_json().encode())
+
+        return answered
+
+    dock2.subscribe(TOPICS.group("docks", "cmd"), answer("dock-2", "dock-1", "ok"))  # first
+    dock1.subscribe(TOPICS.group("docks", "cmd"), answer("dock-1", "dock-1", "error"))
+    with caplog.at_level(logging.WARNING):
+        results = send_group(
+            console, TOPICS, "docks", "deploy_model", {"name": "m"}, ["dock-1"], timeout=0.3
+        )
+    assert sorted(results) == ["dock-1"]
+    assert results["dock-1"].outcome == "error"
+    said = [r for r in caplog.records if getattr(r, "event", None) == "fleet_answer_misnamed"]
+    assert len(said) == 1  # two forged answers, said once
+    assert said[0].fields == {  # type: ignore[attr-defined]
+        "topic_device": "dock-2",
+        "named": "dock-1",
+        "detail": "dropped: an answer counts for the device whose resp topic it came on",
+    }
+
+
+def test_the_device_of_a_topic_is_its_first_level_below_the_prefix() -> None:
+    assert TOPICS.device_of("edge/v1/dock-1/resp") == "dock-1"
+    assert TOPICS.device_of("edge/v1/dock-1/results/cam") == "dock-1"
+    assert Topics("site/a").device_of("site/a/dock-1/state") == "dock-1"
+    for elsewhere in (
+        "edge/v1/dock-1",
+        "other/edge/v1/dock-1/resp",
+        "edge/v2/x/resp",
+        "edge/v1//resp",
+    ):
+        assert TOPICS.device_of(elsewhere) is None
 
 
 def test_ages_read_short() -> None:
