@@ -39,5 +39,15 @@ class TokenBuckets:
             self._held.popitem(last=False)
         return taken
 
+    def wait(self, key: str, now: float, tokens: float = 1.0) -> float:
+        """Seconds from `now` until `key`'s bucket holds `tokens` (0.0: it does now)."""
+        left, then = self._held.get(key, (self.capacity, now))
+        left = min(self.capacity, left + max(0.0, now - then) * self.per_s)
+        return max(0.0, (tokens - left) / self.per_s)
+
+    def forget(self, key: str) -> None:
+        """Give `key` a full bucket again."""
+        self._held.pop(key, None)
+
     def __len__(self) -> int:
         return len(self._held)

@@ -30,6 +30,7 @@ from edge_agent.comms.base import Communicator, Message
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
 from edge_agent.delivery.buckets import TokenBuckets
 from edge_agent.delivery.chunks import read_chunk
+from edge_agent.delivery.joins import JoinGate, JoinLimits
 from edge_agent.fleet.repo import Repo, RepoEntry
 from edge_agent.logs import log_event
 from edge_agent.protocol.delivery import (
@@ -94,6 +95,7 @@ class FleetServer:
         share_group: str = DEFAULT_SHARE_GROUP,
         options: BroadcastOptions | None = None,
         limits: RepairLimits | None = None,
+        join_limits: JoinLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.comm = comm
@@ -114,6 +116,9 @@ class FleetServer:
         limits = limits or RepairLimits()
         self._buckets = TokenBuckets(limits.burst, limits.per_s, limits.devices)
         self._said: set[tuple[str, str]] = set()
+        self._joins = JoinGate(join_limits)
+        self.joins_refused = 0
+        """Joins past their device id's limits (`JoinLimits`): ignored."""
         self._cond = threading.Condition()
         self._started = time.time()
 
@@ -207,6 +212,12 @@ class FleetServer:
             if owner(self.servers, entry.chunks.id) != self.instance:
                 self.broadcasts.pop(where, None)
                 return
+            if isinstance(control, Join) and not self._joins.join(control.device_id, now):
+                self.joins_refused += 1
+                self._say_once("fleet_join_refused", control.device_id, device=control.device_id)
+                return
+            if isinstance(control, Ack):
+                self._joins.ack(control.device_id)
             broadcast = self.broadcasts.get(where)
             if broadcast is None:
                 if not isinstance(control, Join):
