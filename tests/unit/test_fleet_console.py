@@ -20,8 +20,16 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet.clock import skew_of_answer
 from edge_agent.fleet.console import Interrupted
 from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg
-from edge_agent.fleet.roster import Roster, send_group
-from edge_agent.fleet.tables import age, status_json, status_table, watch_json, watch_table
+from edge_agent.fleet.roster import DeviceResult, Roster, send_group
+from edge_agent.fleet.tables import (
+    age,
+    printable,
+    results_table,
+    status_json,
+    status_table,
+    watch_json,
+    watch_table,
+)
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 
@@ -550,3 +558,53 @@ def test_a_state_stamped_infinity_does_not_end_watch_or_status() -> None:
     out = Console(file=io.StringIO(), width=200)
     out.print(watch_table(roster.snapshot(), now=NOW))
     out.print(status_table(roster.snapshot(), now=NOW))
+
+
+# A title change, a clipboard write (OSC 52), a screen clear and colour; a bell, an 8-bit CSI.
+ESCAPES = "\x1b]0;owned\x1b\\\x1b]52;c;ZWNobw==\x07\x1b[2J\x1b[31m\x9b2J\x07"
+
+
+def _controls(text: str) -> list[str]:
+    return [c for c in text if (c < " " and c != "\n") or "\x7f" <= c <= "\x9f"]
+
+
+def test_a_boxs_own_words_reach_the_terminal_without_control_characters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A box's state (its own to write, under any ACL) set the operator's terminal title,
+    # wrote to the clipboard and cleared the screen through `edge-fleet status`.
+    evil = f"ALL{ESCAPES}GOOD"
+    roster = Roster(TOPICS)
+    body = msg.State(
+        online=True, seq=1, ts=NOW, agent_version=evil, group=evil,
+        models=[msg.ModelState(name=evil, version=1, digest="x", device=evil, fallback=evil)],
+        pipelines=[msg.PipelineState(id=evil, model=evil, status="failed", detail=evil)],
+    )  # fmt: skip
+    device = f"box{ESCAPES}"  # a topic level may hold them too
+    roster.on_state(Message(TOPICS.device(device, "state"), body.model_dump_json().encode()))
+    roster.on_telemetry(telemetry(device, NOW))
+    error = msg.ErrorBody(code=evil, message=evil, field=evil)
+    failed = msg.Response(id="c", status="error", device_id=device, ts=NOW, error=error)
+    done = msg.Response(
+        id="c", status="ok", device_id=device, ts=NOW,
+        result={"version": evil, "activated": True, "pipelines_swapped": [evil]},
+    )  # fmt: skip
+    out = Console(file=io.StringIO(), width=400, force_terminal=False, color_system=None)
+    out.print(status_table(roster.snapshot(), now=NOW))
+    out.print(watch_table(roster.snapshot(), now=NOW))
+    out.print(
+        results_table(
+            "deploy",
+            [DeviceResult(device, "error", failed), DeviceResult(f"{device}2", "ok", done)],
+        )
+    )
+    bars = Bars(Console(file=io.StringIO(), force_terminal=False))
+    bars.update(device, msg.Progress(stage=evil, fraction=0.5))
+    shown = out.file.getvalue()  # type: ignore[attr-defined]
+    assert shown.count("GOOD") >= 10  # every one of its words is still shown
+    assert _controls(shown) == []
+    err = capsys.readouterr().err
+    assert "GOOD" in err
+    assert _controls(err) == []
+    # One line: a tab or a newline is a space; the rest goes.
+    assert printable(f"a\tb\n{ESCAPES}c") == "a b ]0;owned\\]52;c;ZWNobw==[2J[31m2Jc"
