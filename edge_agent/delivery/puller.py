@@ -23,7 +23,6 @@ the agent.
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
 import random
 import secrets
@@ -49,6 +48,7 @@ from edge_agent.protocol.delivery import (
     RepairError,
     RepairRequest,
     bitmap,
+    decode_base64,
     decode_frame,
     encode_bits,
 )
@@ -243,7 +243,9 @@ class Puller:
                 return
             if error.release_id != self.rid:
                 return
-            if not self._ours(message.correlation_data or _unbase64(error.correlation_data)):
+            text = error.correlation_data  # on 3.1.1, where no property comes
+            carried = decode_base64(text) if text else None
+            if not self._ours(message.correlation_data or carried):
                 self.stats.ignored += 1
                 return
             self.error = EdgeAgentError(
@@ -370,12 +372,3 @@ class Puller:
         for unsubscribe in self._subs.values():
             unsubscribe()
         self._subs.clear()
-
-
-def _unbase64(text: str | None) -> bytes | None:
-    if text is None:
-        return None
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        return None

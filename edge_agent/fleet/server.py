@@ -44,6 +44,7 @@ from edge_agent.protocol.delivery import (
     RepairRequest,
     ServerPresence,
     bit,
+    decode_base64,
     decode_bits,
 )
 from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, FANIN_QOS, RESERVED_IDS, Topics
@@ -267,7 +268,10 @@ class FleetServer:
             return
         correlation = message.correlation_data
         if correlation is None and request.correlation_data:
-            correlation = base64.b64decode(request.correlation_data)
+            correlation = decode_base64(request.correlation_data)
+            if correlation is None:
+                log_event(log, logging.INFO, "fleet_bad_repair", error="correlation_data")
+                return
         entry = self.repo.get(request.name, request.version)
         problem = self._check(request, entry)
         if problem is not None or entry is None:

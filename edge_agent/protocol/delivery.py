@@ -200,13 +200,18 @@ def encode_bits(bits: bytes | bytearray) -> str:
     return base64.b64encode(bytes(bits)).decode("ascii")
 
 
-def decode_bits(text: str, count: int) -> bytearray | None:
-    """A bitmap of at least `count` bits from base64; None if malformed or short."""
+def decode_base64(text: str) -> bytes | None:
+    """`text` as base64 (a bitmap, correlation data); None if it is not."""
     try:
-        raw = base64.b64decode(text, validate=True)
+        return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         return None
-    return bytearray(raw) if len(raw) * 8 >= count else None
+
+
+def decode_bits(text: str, count: int) -> bytearray | None:
+    """A bitmap of at least `count` bits from base64; None if malformed or short."""
+    raw = decode_base64(text)
+    return bytearray(raw) if raw is not None and len(raw) * 8 >= count else None
 
 
 def bit(bits: bytes | bytearray, i: int) -> bool:

@@ -255,3 +255,14 @@ def test_a_puller_that_lost_the_whole_broadcast_repairs_it_unlimited(tmp_path: P
     assert puller.stats.repaired == len(chunks)
     assert puller.stats.repair_requests >= len(chunks) // 16
     assert server.repairs_limited == 0
+
+
+def test_correlation_data_that_is_not_base64_drops_the_request_not_the_handler(
+    tmp_path: Path,
+) -> None:
+    # It raised in the server's message handler: a traceback in the journal per request.
+    broker, server, chunks = _serving(tmp_path)
+    old = broker.connect("3.1.1")
+    old.publish(TOPICS.repair, _request(chunks, "dock-2", correlation_data="not base64!"))
+    assert _on(broker, TOPICS.delivery_reply("dock-2")) == []
+    assert server.repairs_served == 0
