@@ -19,13 +19,20 @@ frames per subscriber and the rate follows the pullers, not a guess.
   fleet that finished on one frame sent 5,000 x 100 KB through the broker at once.
 - A short `gather_s` after the first join lets a fleet that is told to deploy
   at once join before the first frame, so the carousel rarely wraps.
+- A join's `device_id` is whatever its sender wrote (docs/PROTOCOL.md): at most
+  `max_pullers` are tracked (each costs a bitmap of the release and a name in a
+  status), and statuses are paced and carry at most `max_done_names` names, so a
+  flood of forged joins makes a few statuses, never one each. The server limits
+  how often one device id may join (delivery/joins.py).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edge_agent.delivery.buckets import TokenBuckets
 from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.protocol.delivery import (
     Ack,
@@ -36,6 +43,7 @@ from edge_agent.protocol.delivery import (
     Leave,
     bit,
     decode_bits,
+    set_bit,
 )
 
 
@@ -52,11 +60,26 @@ class BroadcastOptions:
     done_grace_s: float = 1.0
     """How long a puller sent everything it asked for has to say it is complete (its
     leave) before a status names it in `done`, to repair what it lost."""
+    max_pullers: int = 10_000
+    """Pullers tracked at most (in the window, or waiting to be named in `done`); a join
+    past it is ignored, and its puller takes the frames others asked for, then repairs.
+    Twice a 5,000-box fleet: what it bounds is memory (a bitmap of the release each) and
+    the names a status may have to carry to every puller."""
+    max_done_names: int = 500
+    """Names in one status at most (about 10 KB); the rest go in the next."""
+    status_burst: int = 8
+    """Statuses sent at once at most: a broadcast's whole life (gathering, sending, idle,
+    done) is four."""
+    statuses_per_s: float = 4.0
+    """Statuses a second after the burst: more news waits and goes in one."""
 
 
 @dataclass(slots=True)
 class _Puller:
-    needed: set[int]
+    needed: bytearray
+    """Bitmap of the chunks it still needs from this pass (as in its join)."""
+    left: int
+    """Bits set in `needed`."""
     acked: int
     last: float
 
@@ -68,6 +91,8 @@ class BroadcastStats:
     joins: int = 0
     stalls: int = 0
     passes_done: int = 0
+    refused: int = 0
+    """Joins of new pullers past `max_pullers`."""
 
 
 class Broadcast:
@@ -96,30 +121,49 @@ class Broadcast:
         self._sent_at: dict[int, float] = {}
         self._gather_until: float | None = None
         self._done: dict[str, float] = {}
-        """Pullers sent everything they asked for, and when: named in a status once
-        `done_grace_s` passes without their leave."""
+        """Pullers sent everything they asked for, and when they are due to be named in a
+        status (`done_grace_s` later), unless they leave first."""
+        self._due: list[tuple[float, str]] = []
+        """`_done` as a heap by due time; an entry no longer in `_done` is skipped."""
         self._state: BroadcastState = "idle"
+        self._state_said = True
+        self._statuses = TokenBuckets(self.options.status_burst, self.options.statuses_per_s, 1)
 
     @property
     def active(self) -> bool:
         return bool(self._pullers)
 
+    @property
+    def tracked(self) -> int:
+        """Pullers in the window or waiting to be named in `done` (at most `max_pullers`)."""
+        return len(self._pullers) + len(self._done)
+
     # --- control -----------------------------------------------------------------------------
     def join(self, msg: Join, now: float) -> None:
-        if msg.release_id != self.chunks.id or msg.chunks != len(self.chunks):
+        n = len(self.chunks)
+        if msg.release_id != self.chunks.id or msg.chunks != n:
             return
-        bits = decode_bits(msg.missing, len(self.chunks))
+        bits = decode_bits(msg.missing, n)
         if bits is None:
             return
-        self._drop(msg.device_id)
-        self._done.pop(msg.device_id, None)
-        needed = {i for i in range(len(self.chunks)) if bit(bits, i)}
-        if not needed:
-            self._done[msg.device_id] = now - self.options.done_grace_s  # said at once
+        device = msg.device_id
+        known = device in self._pullers or device in self._done
+        if not known and self.tracked >= self.options.max_pullers:
+            self.stats.refused += 1
             return
-        for i in needed:
-            self._demand[i] += 1
-        self._pullers[msg.device_id] = _Puller(needed, self._seq - 1, now)
+        self._drop(device)
+        self._done.pop(device, None)
+        needed = bytearray(bits[: (n + 7) // 8])
+        for i in range(n, len(needed) * 8):  # bits past the last chunk mean nothing
+            set_bit(needed, i, False)
+        left = int.from_bytes(needed, "little").bit_count()
+        if not left:
+            self._name_done(device, now - self.options.done_grace_s)  # said at once
+            return
+        for i in range(n):
+            if bit(needed, i):
+                self._demand[i] += 1
+        self._pullers[device] = _Puller(needed, left, self._seq - 1, now)
         self.stats.joins += 1
         if self._state == "idle":
             self._gather_until = now + self.options.gather_s
@@ -171,9 +215,9 @@ class Broadcast:
                 self.stats.stalls += 1
                 self._drop(device)
         self._set_state(self._state if self._pullers else "idle", now)
-        if self._done:  # some not said yet: back when the first is due
-            due = max(0.0, min(self._done.values()) + self.options.done_grace_s - now)
-            wait = due if wait is None else min(wait, due)
+        news = self._news_in(now)
+        if news is not None:  # back when the next status is due and may go
+            wait = news if wait is None else min(wait, news)
         return wait
 
     def _send_next(self, now: float) -> None:
@@ -195,33 +239,57 @@ class Broadcast:
         self._seq += 1
         self._pos = (index + 1) % n
         for device, puller in list(self._pullers.items()):
-            if index in puller.needed:
-                puller.needed.discard(index)
+            if bit(puller.needed, index):
+                set_bit(puller.needed, index, False)
+                puller.left -= 1
                 self._demand[index] -= 1
-                if not puller.needed:
+                if not puller.left:
                     del self._pullers[device]
-                    self._done[device] = now
+                    self._name_done(device, now)
                     self.stats.passes_done += 1
 
     def _drop(self, device: str) -> None:
         puller = self._pullers.pop(device, None)
-        if puller is not None:
-            for i in puller.needed:
-                self._demand[i] -= 1
+        if puller is not None and puller.left:
+            for i in range(len(self.chunks)):
+                if bit(puller.needed, i):
+                    self._demand[i] -= 1
+
+    def _name_done(self, device: str, since: float) -> None:
+        """Name `device` in `done` once `done_grace_s` has passed `since`, unless it leaves."""
+        due = since + self.options.done_grace_s
+        self._done[device] = due
+        heapq.heappush(self._due, (due, device))
 
     def _set_state(self, state: BroadcastState, now: float) -> None:
-        """Say `state`, if it changed, and the pullers now due in `done`."""
-        changed = state != self._state
-        self._state = state
-        done = [d for d, at in self._done.items() if now - at >= self.options.done_grace_s]
-        if changed or done:
-            for device in done:
+        """Say `state`, if it changed, and the pullers now due in `done`, as the pace allows."""
+        if state != self._state:
+            self._state = state
+            self._state_said = False
+        if self._news_in(now) != 0.0 or not self._statuses.take("", now):
+            return
+        done: list[str] = []
+        while self._due and self._due[0][0] <= now and len(done) < self.options.max_done_names:
+            due, device = heapq.heappop(self._due)
+            if self._done.get(device) == due:  # else it left, or joined again since
                 del self._done[device]
-            status = BroadcastStatus(
-                release_id=self.chunks.id,
-                broadcaster=self.instance,
-                state=state,
-                seq=self._seq,
-                done=done,
-            )
-            self.send_status(status)
+                done.append(device)
+        status = BroadcastStatus(
+            release_id=self.chunks.id,
+            broadcaster=self.instance,
+            state=state,
+            seq=self._seq,
+            done=done,
+        )
+        self._state_said = True
+        self.send_status(status)
+
+    def _news_in(self, now: float) -> float | None:
+        """Seconds until a status has news (a state not said, a puller due in `done`) and
+        the pace lets it go; 0.0 for now, None when no news is coming."""
+        while self._due and self._done.get(self._due[0][1]) != self._due[0][0]:
+            heapq.heappop(self._due)  # left, or joined again: not news
+        if self._state_said and not self._due:
+            return None
+        news = 0.0 if not self._state_said else max(0.0, self._due[0][0] - now)
+        return max(news, self._statuses.wait("", now))

@@ -14,7 +14,10 @@ the agent.
 - repair: what is still missing is asked for in GetStream-shaped requests
   (offset, count, bitmap), one outstanding at a time, answered one chunk per
   message on this device's reply topic, with MQTT 5 request/response (the
-  Response Topic and Correlation Data ride in the payload on 3.1.1).
+  Response Topic and Correlation Data ride in the payload on 3.1.1). The
+  correlation data is random: an error, or an MQTT 5 frame, that names none of
+  this puller's latest requests is no answer to it (anyone who can have a
+  message sent to its reply topic could otherwise abort the pull).
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from __future__ import annotations
 import base64
 import logging
 import random
+import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -35,6 +40,7 @@ from edge_agent.delivery.partial import PartialTransfer
 from edge_agent.errors import EdgeAgentError
 from edge_agent.protocol.delivery import (
     MAX_REPAIR_BLOCKS,
+    MAX_REPAIR_BYTES,
     Ack,
     BroadcastStatus,
     Join,
@@ -42,12 +48,18 @@ from edge_agent.protocol.delivery import (
     RepairError,
     RepairRequest,
     bitmap,
+    decode_base64,
     decode_frame,
     encode_bits,
 )
 from edge_agent.protocol.topics import Topics
 
 log = logging.getLogger(__name__)
+
+CORRELATION_BYTES = 16
+"""Random correlation data per request: no one else can guess what answers it."""
+ASKED_KEPT = 4
+"""Requests whose answers are still taken for answers (the latest and the ones it resent)."""
 
 State = Literal["new", "broadcast", "repair", "complete", "stopped"]
 
@@ -62,7 +74,8 @@ class PullerOptions:
     """Rejoins in a row with no new chunk before giving up on the broadcast and repairing
     the rest; a chunk stored from the broadcast restores them."""
     repair_blocks: int = 16
-    """Chunks per repair request (at most MAX_REPAIR_BLOCKS): 2 MiB at 128 KiB chunks."""
+    """Chunks per repair request (at most MAX_REPAIR_BLOCKS, and MAX_REPAIR_BYTES of them):
+    2 MiB at 128 KiB chunks."""
     repair_timeout_s: float = 3.0
     """A repair request with no answer for this long is sent again; each time unanswered
     doubles the wait (to `repair_max_s`), and every wait is drawn from 1x to 1.5x of it."""
@@ -86,6 +99,8 @@ class PullStats:
     repair_requests: int = 0
     rejoins: int = 0
     resumed: int = 0
+    ignored: int = 0
+    """Errors and frames on the reply topic that answered none of this puller's requests."""
     bytes_in: int = 0
     joined_at: float = field(default=0.0)
 
@@ -128,7 +143,9 @@ class Puller:
         # all come back together, again and again.
         self._rng = rng or random.Random()
         self._unanswered = 0
-        self._corr = 0
+        self._asked: deque[bytes] = deque(maxlen=ASKED_KEPT)
+        """Correlation data of the latest requests: answers to a request resent meanwhile
+        may still come, and are answers all the same."""
         self._since_sync = 0
         name, version = self.release.name, self.release.version
         self._chunk_topic = topics.chunks(name, version)
@@ -207,7 +224,13 @@ class Puller:
                 return
             if frame is not None:
                 if frame.release_id == self.rid:
+                    # Kept wherever it came from: a chunk is checked against its hash.
                     self.stats.repaired += self._store(frame.index, frame.data)
+                    if message.correlation_data is not None and not self._ours(
+                        message.correlation_data
+                    ):
+                        self.stats.ignored += 1  # but it answers no request of ours
+                        return
                     self._wanted.discard(frame.index)
                     self._unanswered = 0
                     self._deadline = self.clock() + self.options.repair_timeout_s
@@ -218,14 +241,20 @@ class Puller:
                 error = RepairError.model_validate_json(message.payload)
             except ValidationError:
                 return
-            if error.release_id == self.rid:
-                self.error = EdgeAgentError(
-                    f"the fleet cannot serve {self.release.name} v{self.release.version}: "
-                    f"{error.message}",
-                    "check `edge-fleet serve` has the release in its repository",
-                    code="transfer.failed",
-                )
-                self.stop()
+            if error.release_id != self.rid:
+                return
+            text = error.correlation_data  # on 3.1.1, where no property comes
+            carried = decode_base64(text) if text else None
+            if not self._ours(message.correlation_data or carried):
+                self.stats.ignored += 1
+                return
+            self.error = EdgeAgentError(
+                f"the fleet cannot serve {self.release.name} v{self.release.version}: "
+                f"{error.message}",
+                "check `edge-fleet serve` has the release in its repository",
+                code="transfer.failed",
+            )
+            self.stop()
 
     # --- steps ------------------------------------------------------------------------------------
     def _store(self, index: int, data: bytes) -> int:
@@ -292,11 +321,12 @@ class Puller:
             self._complete()
             return
         offset = missing[0]
-        limit = min(self.options.repair_blocks, MAX_REPAIR_BLOCKS)
+        fit = max(1, MAX_REPAIR_BYTES // self.release.chunk_size)
+        limit = min(self.options.repair_blocks, MAX_REPAIR_BLOCKS, fit)
         wanted = [i for i in missing if i < offset + MAX_REPAIR_BLOCKS][:limit]
         count = wanted[-1] - offset + 1
-        self._corr += 1
-        correlation = self._corr.to_bytes(4, "big")
+        correlation = secrets.token_bytes(CORRELATION_BYTES)
+        self._asked.append(correlation)
         v5 = self.comm.mqtt_version == "5"
         request = RepairRequest(
             device_id=self.device_id,
@@ -334,6 +364,9 @@ class Puller:
     def _control(self, message: Join | Ack | Leave, qos: int = 1) -> None:
         topic = self.topics.control(self.release.name, self.release.version)
         self.comm.publish(topic, message.model_dump_json().encode(), qos=qos)
+
+    def _ours(self, correlation: bytes | None) -> bool:
+        return correlation is not None and correlation in self._asked
 
     def _unsubscribe(self) -> None:
         for unsubscribe in self._subs.values():

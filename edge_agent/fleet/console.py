@@ -133,11 +133,19 @@ _newer = _NewerFields()
 
 
 class Replies:
-    """Answers routed to whoever waits for their command id (one `resp` handler, many waits)."""
+    """Answers routed to whoever waits for their command id (one `resp` handler, many waits).
 
-    def __init__(self) -> None:
+    An answer is the answer of the device whose `resp` topic it came on: a broker's ACL
+    lets a box write its own topics only, but not choose what its messages say. One whose
+    `device_id` names another device is dropped, and said once: filed under the name in
+    its body, one box's answer passed for another's (a failed deploy read as ok).
+    """
+
+    def __init__(self, topics: Topics) -> None:
+        self.topics = topics
         self._waiting: dict[str, queue.Queue[msg.Response]] = {}
         self._lock = threading.Lock()
+        self._misnamed: set[tuple[str | None, str]] = set()
 
     def expect(self, command_id: str) -> queue.Queue[msg.Response]:
         answers: queue.Queue[msg.Response] = queue.Queue()
@@ -152,6 +160,24 @@ class Replies:
     def on_response(self, message: Message) -> None:
         answer = parse(msg.Response, message.payload)
         if answer is None:
+            return
+        device = self.topics.device_of(message.topic)
+        if answer.device_id != device:
+            pair = (device, answer.device_id)
+            with self._lock:
+                # Bounded: a box may put any name in its answers.
+                fresh = pair not in self._misnamed and len(self._misnamed) < 100
+                if fresh:
+                    self._misnamed.add(pair)
+            if fresh:
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "fleet_answer_misnamed",
+                    topic_device=device,
+                    named=answer.device_id,
+                    detail="dropped: an answer counts for the device whose resp topic it came on",
+                )
             return
         with self._lock:
             waiting = self._waiting.get(answer.id)
@@ -217,7 +243,7 @@ class DeviceConsole:
         self.topics = topics
         self.device = device_id
         self.view = DeviceView()
-        self._replies = Replies()
+        self._replies = Replies(topics)
         wanted = [("resp", self._replies.on_response), ("state", self._on_state)]
         if follow:
             wanted += [

@@ -212,6 +212,9 @@ class Bars:
         self._summarised = -math.inf
 
     def update(self, key: str, progress: msg.Progress) -> None:
+        # A box's words (its id, its stage names) on the operator's terminal: printable only.
+        key = tables.printable(key)
+        progress = msg.Progress(stage=tables.printable(progress.stage), fraction=progress.fraction)
         self._latest[key] = progress
         many = len(self._latest) > MAX_BARS
         if not self.err.is_terminal:
@@ -229,9 +232,9 @@ class Bars:
             return
         if self._progress is None:
             self._progress = Progress(
-                TextColumn("{task.fields[key]}"),
+                TextColumn("{task.fields[key]}", markup=False),
                 BarColumn(),
-                TextColumn("{task.percentage:>3.0f}% {task.description}"),
+                TextColumn("{task.percentage:>3.0f}% {task.description}", markup=False),
                 console=self.err,
             )
             self._progress.start()
@@ -310,9 +313,11 @@ def run_cmd(args: argparse.Namespace) -> int:
         session.stop()
     _print_json(answer.model_dump(mode="json", exclude_none=True))
     if answer.error is not None:
-        where = f" (field {answer.error.field})" if answer.error.field else ""
+        error = answer.error  # the box's words, for the operator's terminal
+        where = f" (field {tables.printable(error.field)})" if error.field else ""
         _error_line(
-            f"{args.device}: {args.type} failed{where}: {answer.error.message}", answer.error.code
+            f"{args.device}: {args.type} failed{where}: {tables.printable(error.message)}",
+            tables.printable(error.code),
         )
         return EXIT_FAILED
     return 0
@@ -389,7 +394,7 @@ def run_deploy(args: argparse.Namespace) -> int:
                 )
                 return EXIT_FAILED
             print(
-                f"deploy_model to group {args.group}: {', '.join(members)}",
+                f"deploy_model to group {args.group}: {tables.printable(', '.join(members))}",
                 file=sys.stderr,
                 flush=True,
             )

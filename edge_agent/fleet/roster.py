@@ -133,12 +133,11 @@ class Roster:
             )
         return undo
 
-    def _device_of(self, topic: str) -> str:
-        return topic[len(self.topics.prefix) + 1 :].split("/", 1)[0]
-
     def on_state(self, message: Message) -> None:
         arrived = self._now()
-        device = self._device_of(message.topic)
+        device = self.topics.device_of(message.topic)
+        if device is None:
+            return
         if not message.payload:  # a cleared retained state: the device was decommissioned
             with self._lock:
                 self._records.pop(device, None)
@@ -170,9 +169,9 @@ class Roster:
     def on_telemetry(self, message: Message) -> None:
         arrived = self._now()
         telemetry = parse(msg.Telemetry, message.payload)
-        if telemetry is None:
+        device = self.topics.device_of(message.topic)
+        if telemetry is None or device is None:
             return
-        device = self._device_of(message.topic)
         with self._lock:
             held = self._records.get(device)
             if not accept_telemetry(held, telemetry):
@@ -258,12 +257,13 @@ def send_group(
     """Send one command to `group` and wait for the final answer of every member.
 
     Devices outside `members` that answer too (one came online meanwhile) are included.
+    An answer counts for the device whose `resp` topic it came on (see `Replies`).
 
     Raises:
         Interrupted: `stop` was set before every answer came.
     """
     results = {device: DeviceResult(device, "timeout") for device in members}
-    replies = Replies()
+    replies = Replies(topics)
     undo = comm.subscribe(topics.device("+", "resp"), replies.on_response, qos=FANIN_QOS)
     command = new_command(kind, args, timeout)
     answers = replies.expect(command.id)

@@ -9,6 +9,9 @@ Scale-out without a coordinator: the broker is the distributed engine.
   clears). Every server sees every join and ack and acts only for the releases
   it owns; when a server appears or vanishes, the owners move, and the pullers
   of a release whose broadcaster vanished rejoin after `idle_s` and are picked up.
+- A repair is answered on the asking device's own reply topic only, at most
+  `MAX_REPAIR_BYTES` of it, and each device id's requests are rate-limited
+  (`RepairLimits`): a request is a few hundred bytes, its answer megabytes.
 """
 
 from __future__ import annotations
@@ -19,16 +22,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from edge_agent.comms.base import Communicator, Message
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
+from edge_agent.delivery.buckets import TokenBuckets
 from edge_agent.delivery.chunks import read_chunk
+from edge_agent.delivery.joins import JoinGate, JoinLimits
 from edge_agent.fleet.repo import Repo, RepoEntry
 from edge_agent.logs import log_event
 from edge_agent.protocol.delivery import (
     CONTROL,
+    MAX_REPAIR_BYTES,
     Ack,
     BroadcastStatus,
     Frame,
@@ -37,11 +44,38 @@ from edge_agent.protocol.delivery import (
     RepairRequest,
     ServerPresence,
     bit,
+    decode_base64,
     decode_bits,
 )
-from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, FANIN_QOS, Topics
+from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, FANIN_QOS, RESERVED_IDS, Topics
 
 log = logging.getLogger(__name__)
+
+MAX_PEERS = 64
+"""Fleet servers counted at most (itself included); a fleet runs a handful. Every release's
+broadcaster is chosen among them, so a flood of presences must not make thousands."""
+SAID_AT_MOST = 10_000
+"""Devices whose refused or limited requests are logged (once each); past it, only counted."""
+
+
+@dataclass(frozen=True, slots=True)
+class RepairLimits:
+    """How many repair requests one device id may send a server.
+
+    A puller keeps one request outstanding and sends the next when the last is answered
+    (or again after `repair_timeout_s`, 3 s and backing off), each for at most 16 chunks
+    within a span of 64. Losses a broadcast left scattered take about a request per 64
+    chunks, and a release lost whole one per 16: 60 and 240 requests for 500 MB. `burst`
+    lets all of those through at once, and `per_s` 16 MiB/s (8 requests of 2 MiB) after
+    it: a puller repairing a lossy transfer is not limited, a box that floods is.
+    """
+
+    burst: int = 256
+    """Requests a device that was quiet may send at once."""
+    per_s: float = 8.0
+    """Requests a second a device may go on sending after its burst."""
+    devices: int = 100_000
+    """Device ids whose buckets are kept (the least recently heard are forgotten)."""
 
 
 def owner(servers: set[str], release_id: str) -> str:
@@ -61,6 +95,8 @@ class FleetServer:
         topics: Topics | None = None,
         share_group: str = DEFAULT_SHARE_GROUP,
         options: BroadcastOptions | None = None,
+        limits: RepairLimits | None = None,
+        join_limits: JoinLimits | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.comm = comm
@@ -74,6 +110,16 @@ class FleetServer:
         self.servers: set[str] = {instance}
         self.repairs_served = 0
         self.repair_chunks = 0
+        self.repairs_refused = 0
+        """Requests that named a reply topic other than their device's own: dropped."""
+        self.repairs_limited = 0
+        """Requests past their device's rate (`RepairLimits`): dropped."""
+        limits = limits or RepairLimits()
+        self._buckets = TokenBuckets(limits.burst, limits.per_s, limits.devices)
+        self._said: set[tuple[str, str]] = set()
+        self._joins = JoinGate(join_limits)
+        self.joins_refused = 0
+        """Joins past their device id's limits (`JoinLimits`): ignored."""
         self._cond = threading.Condition()
         self._started = time.time()
 
@@ -126,11 +172,30 @@ class FleetServer:
     # --- handlers (dispatch thread) --------------------------------------------------------
     def on_presence(self, message: Message) -> None:
         instance = message.topic.rsplit("/", 1)[-1]
-        with self._cond:
-            if message.payload:
-                self.servers.add(instance)
-            elif instance != self.instance:
+        if instance == self.instance:
+            return
+        if not message.payload:  # a will, or a clean stop
+            with self._cond:
                 self.servers.discard(instance)
+            return
+        # Only a presence under its own name is a peer: any message there used to make
+        # one, and a release handed to a server that is not there is never broadcast.
+        try:
+            presence = ServerPresence.model_validate_json(message.payload)
+        except ValidationError:
+            presence = None
+        with self._cond:
+            if presence is None or presence.instance != instance:
+                self.servers.discard(instance)
+                self._say_once(
+                    "fleet_peer_refused", instance, instance=instance, detail="not a presence"
+                )
+            elif instance in self.servers or len(self.servers) < MAX_PEERS:
+                self.servers.add(instance)
+            else:
+                self._say_once(
+                    "fleet_peer_refused", instance, instance=instance, detail="too many peers"
+                )
 
     def on_control(self, message: Message) -> None:
         where = Topics.parse_delivery_topic(message.topic)
@@ -148,6 +213,12 @@ class FleetServer:
             if owner(self.servers, entry.chunks.id) != self.instance:
                 self.broadcasts.pop(where, None)
                 return
+            if isinstance(control, Join) and not self._joins.join(control.device_id, now):
+                self.joins_refused += 1
+                self._say_once("fleet_join_refused", control.device_id, device=control.device_id)
+                return
+            if isinstance(control, Ack):
+                self._joins.ack(control.device_id)
             broadcast = self.broadcasts.get(where)
             if broadcast is None:
                 if not isinstance(control, Join):
@@ -188,12 +259,19 @@ class FleetServer:
         except ValidationError as exc:
             log_event(log, logging.INFO, "fleet_bad_repair", error=exc.errors()[0]["msg"])
             return
-        reply = message.response_topic or request.response_topic
+        reply = self._reply_topic(request, message.response_topic)
+        if reply is None:
+            return
+        if not self._buckets.take(request.device_id, self.clock()):
+            self.repairs_limited += 1
+            self._say_once("fleet_repair_limited", request.device_id, device=request.device_id)
+            return
         correlation = message.correlation_data
         if correlation is None and request.correlation_data:
-            correlation = base64.b64decode(request.correlation_data)
-        if not reply or reply.startswith("$") or "#" in reply or "+" in reply:
-            return
+            correlation = decode_base64(request.correlation_data)
+            if correlation is None:
+                log_event(log, logging.INFO, "fleet_bad_repair", error="correlation_data")
+                return
         entry = self.repo.get(request.name, request.version)
         problem = self._check(request, entry)
         if problem is not None or entry is None:
@@ -212,13 +290,46 @@ class FleetServer:
             return
         chunks = entry.chunks
         self.repairs_served += 1
+        # The first chunks asked for, up to MAX_REPAIR_BYTES: a request of 64 big chunks
+        # made one message of 200 bytes into 8 MiB. The puller asks no more than that.
+        room = MAX_REPAIR_BYTES
         for k in range(request.count):
             index = request.offset + k
             if bit(bits, k) and index < len(chunks):
+                if chunks[index].length > room:
+                    break
+                room -= chunks[index].length
                 data = read_chunk(entry.folder, chunks[index])
                 frame = Frame(chunks.id, index, data, repair=True)
                 self.comm.publish(reply, frame.encode(), qos=0, correlation_data=correlation)
                 self.repair_chunks += 1
+
+    def _reply_topic(self, request: RepairRequest, named: str | None) -> str | None:
+        """Where to answer `request`: its device's own reply topic, the one every agent
+        names, or None (dropped) when it names another. Answering wherever a request said
+        let any box send RepairErrors to another's reply topic (aborting its pull) and
+        have this server publish megabytes of frames on topics that box may not write."""
+        reply = self.topics.delivery_reply(request.device_id)
+        named_topics = {t for t in (named, request.response_topic) if t}
+        if request.device_id not in RESERVED_IDS and named_topics <= {reply}:
+            return reply
+        self.repairs_refused += 1
+        self._say_once(
+            "fleet_repair_refused",
+            request.device_id,
+            device=request.device_id,
+            reply_topic=",".join(sorted(named_topics)),
+            detail=f"a repair answers only on {reply}",
+        )
+        return None
+
+    def _say_once(self, event: str, who: str, /, **fields: object) -> None:
+        """Log `event` for `who` (a device, a peer) the first time only: a box that keeps
+        asking must not fill the journal. Bounded: the names are whatever messages say."""
+        if (event, who) in self._said or len(self._said) >= SAID_AT_MOST:
+            return
+        self._said.add((event, who))
+        log_event(log, logging.WARNING, event, **fields)
 
     @staticmethod
     def _check(request: RepairRequest, entry: RepoEntry | None) -> tuple[str, str] | None:

@@ -1,10 +1,15 @@
 """What `edge-fleet status`, `watch` and `deploy` print: rich tables, and the same as JSON.
 
-Pure: records in, tables and dicts out; the caller picks the console.
+Pure: records in, tables and dicts out; the caller picks the console. Every word a box
+supplies (its id, group, versions, model and pipeline names, details, error codes and
+messages) goes through `printable` before it reaches a terminal: a box writes its own
+state and answers under any ACL, and a terminal obeys the escape sequences in what it
+prints (a title change, a clipboard write, a cleared screen). JSON escapes them itself.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +27,26 @@ DETAIL_WIDTH = 48
 camera's reason runs to 100 characters, and a row must still fit a terminal."""
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters, and DEL: ESC starts a sequence, and 0x9b is CSI alone."""
+
+
+def printable(text: object) -> str:
+    """`text` as one line a terminal only shows: every control character removed (tabs and
+    line breaks become spaces), runs of spaces made one.
+
+    rich's `escape` keeps a box's `[red]` from being read as markup; this keeps its
+    `\\x1b]52;...` from being obeyed by the terminal.
+    """
+    spaced = _CONTROL.sub(lambda c: " " if c.group().isspace() else "", str(text))
+    return " ".join(spaced.split())
+
+
+def cell(text: object) -> str:
+    """A box's word as a rich table cell: printable, and not taken for markup."""
+    return escape(printable(text))
+
+
 def age(ts: float | None, now: float | None = None) -> str:
     """`ts` as a short age against `now` (the console's clock): 4s, 3m, 2h, 5d."""
     if ts is None:
@@ -34,8 +59,8 @@ def age(ts: float | None, now: float | None = None) -> str:
 
 
 def short(text: str, width: int = DETAIL_WIDTH) -> str:
-    """`text` on one line, cut to `width` with an ellipsis."""
-    text = " ".join(text.split())
+    """`text` on one printable line, cut to `width` with an ellipsis."""
+    text = printable(text)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -71,25 +96,25 @@ def status_table(records: Iterable[DeviceRecord], now: float | None = None) -> T
         if state is None:
             continue
         models = ", ".join(
-            m.name
+            cell(m.name)
             + (f" v{m.version}" if m.version else "")
-            + (f" @{m.device}" if m.device else "")
+            + (f" @{cell(m.device)}" if m.device else "")
             + (" (fallback)" if m.fallback else "")
             for m in state.models
         )
         pipelines = ", ".join(
             # escaped: a box's words (`refused [errno 111]`) are not rich markup
-            f"{p.id} {p.status}" + (f": {escape(short(p.detail))}" if p.detail else "")
+            f"{cell(p.id)} {p.status}" + (f": {escape(short(p.detail))}" if p.detail else "")
             for p in state.pipelines
         )
         table.add_row(
-            record.device,
+            cell(record.device),
             "[green]online[/]" if state.online else "[red]offline[/]",
-            state.group or "-",
+            cell(state.group or "-"),
             str(state.seq),
             seen(record, now) if not state.online else device_age(record, state.ts, now),
             # The build tells builds of one version apart; boxes before it send none.
-            " ".join(filter(None, (state.agent_version, state.agent_build))) or "-",
+            cell(" ".join(filter(None, (state.agent_version, state.agent_build))) or "-"),
             models or "-",
             pipelines or "-",
             ", ".join(device_flags(record)) or "-",
@@ -189,9 +214,9 @@ def watch_table(
             flags = (own if i == 0 else []) + figures.get("flags", [])
             rows.append(
                 [
-                    record.device if i == 0 else "",
+                    cell(record.device) if i == 0 else "",
                     state if i == 0 else "",
-                    pipeline,
+                    cell(pipeline),
                     figures.get("status") or "-",
                     f"{fps:.1f}" if fps is not None else "-",
                     f"{p95:.1f} ms" if p95 is not None else "-",
@@ -199,11 +224,7 @@ def watch_table(
                     last if i == 0 else "",
                     Text(", ".join(flags), style="yellow"),
                     # One line, cut: a row per pipeline keeps a screenful a screenful.
-                    Text(
-                        " ".join((figures.get("detail") or "").split()),
-                        no_wrap=True,
-                        overflow="ellipsis",
-                    ),
+                    Text(printable(figures.get("detail") or ""), no_wrap=True, overflow="ellipsis"),
                 ]
             )
     table = Table(title="fleet (telemetry, last interval)", expand=False, caption=caption)
@@ -246,7 +267,7 @@ def results_table(title: str, results: Iterable[DeviceResult]) -> Table:
             outcome, version, code = "[green]ok[/]", str(entry.result.get("version", "-")), ""
             swapped = entry.result.get("pipelines_swapped") or []
             detail = "activated" if entry.result.get("activated") else "installed"
-            detail += f", swapped {', '.join(swapped)}" if swapped else ""
+            detail += f", swapped {', '.join(map(str, swapped))}" if swapped else ""
         elif entry.outcome == "error" and entry.answer and entry.answer.error:
             outcome, version, code = "[red]error[/]", "-", entry.answer.error.code
             detail = entry.answer.error.message
@@ -254,7 +275,7 @@ def results_table(title: str, results: Iterable[DeviceResult]) -> Table:
             outcome, version, code = "[yellow]timeout[/]", "-", "command.timeout"
             last = entry.progress
             detail = f"no answer; last {last.stage} {last.fraction:.0%}" if last else "no answer"
-        table.add_row(entry.device, outcome, version, code, detail)
+        table.add_row(cell(entry.device), outcome, cell(version), cell(code), cell(detail))
     return table
 
 

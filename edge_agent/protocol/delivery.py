@@ -25,6 +25,9 @@ _ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 _RELEASE_ID = r"^[0-9a-f]{16}$"
 MAX_REPAIR_BLOCKS = 64
 """Blocks one repair request may ask for; each comes back as its own message."""
+MAX_REPAIR_BYTES = 2 * 1024 * 1024
+"""Bytes of chunks one repair request is answered with at most (16 chunks of 128 KiB): a
+server answers the first chunks asked for that fit, and a puller asks no more."""
 
 
 class _Strict(BaseModel):
@@ -197,13 +200,18 @@ def encode_bits(bits: bytes | bytearray) -> str:
     return base64.b64encode(bytes(bits)).decode("ascii")
 
 
-def decode_bits(text: str, count: int) -> bytearray | None:
-    """A bitmap of at least `count` bits from base64; None if malformed or short."""
+def decode_base64(text: str) -> bytes | None:
+    """`text` as base64 (a bitmap, correlation data); None if it is not."""
     try:
-        raw = base64.b64decode(text, validate=True)
+        return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         return None
-    return bytearray(raw) if len(raw) * 8 >= count else None
+
+
+def decode_bits(text: str, count: int) -> bytearray | None:
+    """A bitmap of at least `count` bits from base64; None if malformed or short."""
+    raw = decode_base64(text)
+    return bytearray(raw) if raw is not None and len(raw) * 8 >= count else None
 
 
 def bit(bits: bytes | bytearray, i: int) -> bool:

@@ -46,6 +46,14 @@ class Topics:
     def device(self, device_id: str, leaf: str) -> str:
         return f"{self.prefix}/{device_id}/{leaf}"
 
+    def device_of(self, topic: str) -> str | None:
+        """The device a `<prefix>/<device>/...` topic belongs to; None for another topic."""
+        head, sep, rest = topic.partition(self.prefix + "/")
+        device = rest.split("/", 1)[0]
+        if head or not sep or not device or "/" not in rest:
+            return None
+        return device
+
     def delivery_reply(self, device_id: str) -> str:
         """Where the fleet answers a device's repair requests (its MQTT 5 Response Topic)."""
         return self.device(device_id, "delivery")

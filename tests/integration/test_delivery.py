@@ -8,23 +8,27 @@ activated behind the health gate, and serves.
 from __future__ import annotations
 
 import subprocess
+import threading
 from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from edge_agent.comms.base import Message
+from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.delivery.pull import pull
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Classification
 from edge_agent.infer import infer_frame
 from edge_agent.paths import Layout
+from edge_agent.protocol.delivery import RepairRequest, bitmap, encode_bits
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import RuntimeOptions
 from edge_agent.store.health import HealthGate
 from edge_agent.store.release import SignedRelease, build_release, generate_key, sign
 from edge_agent.store.store import ModelStore
-from tests.broker import FAST, Fleet, device_session
+from tests.broker import FAST, TOPICS, Fleet, device_session
 from tests.conftest import sample
 
 
@@ -176,3 +180,61 @@ def test_mosquitto_sub_sees_the_retained_release(fleet: Fleet) -> None:
     )
     signed = SignedRelease.model_validate_json(out.stdout)
     assert signed == fleet.signed
+
+
+def test_a_pull_outlives_another_box_asking_the_fleet_for_errors_in_its_name(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # Another box asks the fleet server, as dev-1 and with a wrong block size, for answers
+    # on dev-1's reply topic, with the correlation data pullers used to count from 1: the
+    # server's RepairErrors reach dev-1, and used to abort its pull. And it asks for frames
+    # on dev-1's cmd topic, which the server used to send there too.
+    rid = ChunkMap(fleet.signed.release).id
+    reply, cmd = TOPICS.delivery_reply("dev-1"), TOPICS.device("dev-1", "cmd")
+    seen: dict[str, int] = {reply: 0, cmd: 0}
+    errors = threading.Event()
+
+    def spied(message: Message) -> None:
+        seen[message.topic] += 1
+        errors.set()
+
+    spy = device_session(fleet.broker)
+    spy.subscribe(reply, spied, qos=0)
+    spy.subscribe(cmd, spied, qos=0)
+    forger = device_session(fleet.broker)
+    stop = threading.Event()
+
+    def ask(block_size: int, topic: str, guess: int) -> None:
+        request = RepairRequest(
+            device_id="dev-1", name="orient", version=1, release_id=rid,
+            block_size=block_size, offset=0, count=1, bitmap=encode_bits(bitmap(1, [0])),
+        )  # fmt: skip
+        payload = request.model_dump_json().encode()
+        forger.publish(TOPICS.repair, payload, qos=0, response_topic=topic,
+                       correlation_data=guess.to_bytes(4, "big"))  # fmt: skip
+
+    def forge() -> None:
+        ask(fleet.signed.release.chunk_size, cmd, 1)
+        guess = 0
+        while not stop.wait(0.01):
+            guess = guess % 8 + 1
+            ask(1, reply, guess)
+
+    forging = threading.Thread(target=forge, daemon=True)
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    device = device_session(fleet.broker)
+    try:
+        forging.start()
+        assert errors.wait(10.0)  # the forged errors reach dev-1's reply topic
+        result = pull(device, ModelStore(layout), layout, "orient", device_id="dev-1",
+                      options=FAST)  # fmt: skip
+    finally:
+        stop.set()
+        forging.join()
+        for session in (device, forger, spy):
+            session.stop()
+    assert result.installed
+    assert result.stats.stored == fleet.chunks
+    assert result.stats.ignored > 0  # errors came during the pull, and were not believed
+    assert seen[cmd] == 0
+    assert fleet.server.repairs_refused >= 1

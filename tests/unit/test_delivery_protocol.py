@@ -15,8 +15,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_agent.catalog.catalog import default_models_dir
-from edge_agent.catalog.manifest import load_manifest
 from edge_agent.comms.base import Message, topic_matches
 from edge_agent.comms.fake import FakeBroker
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
@@ -37,9 +35,7 @@ from edge_agent.protocol.delivery import (
     encode_bits,
 )
 from edge_agent.protocol.topics import Topics
-from edge_agent.store.release import SignedRelease, build_release, generate_key, sign
-
-CHUNK = 64 * 1024
+from tests.delivery_kit import CHUNK, make_release
 
 
 @given(st.binary(max_size=300), st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
@@ -77,25 +73,8 @@ def test_topic_matches(topic_filter: str, topic: str, matches: bool) -> None:
     assert topic_matches(topic_filter, topic) is matches
 
 
-def _release(tmp_path: Path, size: int, version: int = 1) -> tuple[SignedRelease, Path]:
-    folder = tmp_path / "src"
-    folder.mkdir(exist_ok=True)
-    (folder / "m.onnx").write_bytes(random.Random(size).randbytes(size))
-    manifest = load_manifest(default_models_dir() / "text-orientation.toml")
-    release = build_release(
-        name="m",
-        version=version,
-        folder=folder,
-        files=["m.onnx"],
-        model="m.onnx",
-        manifest=manifest,
-        chunk_size=CHUNK,
-    )
-    return sign(release, generate_key()), folder
-
-
 def test_window_paces_to_the_slowest_puller_and_drops_a_stalled_one(tmp_path: Path) -> None:
-    signed, _ = _release(tmp_path, 10 * CHUNK)
+    signed, _ = make_release(tmp_path, 10 * CHUNK)
     chunks = ChunkMap(signed.release)
     sent: list[Frame] = []
     statuses: list[BroadcastStatus] = []
@@ -138,7 +117,7 @@ def test_done_names_only_the_pullers_that_did_not_say_they_are_complete(
     # Every puller gets every status: naming all of a fleet that finished on one frame
     # sent 5,000 ids to each of 5,000 boxes through the broker at once. Those that left
     # complete within the grace need no `done`; only one that lost chunks does.
-    signed, _ = _release(tmp_path, 4 * CHUNK)
+    signed, _ = make_release(tmp_path, 4 * CHUNK)
     chunks = ChunkMap(signed.release)
     statuses: list[BroadcastStatus] = []
     cast = Broadcast(
@@ -186,7 +165,7 @@ def _pull(
 
 
 def test_pull_over_the_fake_broker_with_loss_repairs_everything(tmp_path: Path) -> None:
-    signed, folder = _release(tmp_path, 40 * CHUNK + 123)
+    signed, folder = make_release(tmp_path, 40 * CHUNK + 123)
     broker = FakeBroker()
     repo = Repo(tmp_path / "repo")
     repo.add(signed, folder)
@@ -217,7 +196,7 @@ def test_every_gap_in_a_long_broadcast_is_rejoined_not_repaired(tmp_path: Path) 
     # Three outages in one pull (a broker restart, a cellular handover, ...), each long
     # enough to spend both rejoins: the broadcast that flows again between them restores
     # the rejoins. Left spent, the third gap sent the rest as unicast repair, per box.
-    signed, folder = _release(tmp_path, 40 * CHUNK)
+    signed, folder = make_release(tmp_path, 40 * CHUNK)
     broker, repo, now = FakeBroker(), Repo(tmp_path / "repo"), [0.0]
     repo.add(signed, folder)
     options = BroadcastOptions(gather_s=0.0)
@@ -252,7 +231,7 @@ def test_unanswered_repairs_are_spread_and_back_off(tmp_path: Path) -> None:
     # A fleet's boxes leave the broadcast on one status message; a repair server that
     # drops a burst drops it for all. Resent every 3.0 s exactly, the dropped all came
     # back together, for ever: each box now spreads its first request and backs off.
-    signed, _ = _release(tmp_path, 3 * CHUNK)
+    signed, _ = make_release(tmp_path, 3 * CHUNK)
     broker, now = FakeBroker(), [0.0]
     asked: dict[str, list[float]] = {}
     server = broker.connect()
@@ -298,7 +277,7 @@ def test_rendezvous_owner_is_stable_and_spreads() -> None:
 
 
 def test_a_frame_outside_the_release_is_counted_bad_not_raised(tmp_path: Path) -> None:
-    signed, _ = _release(tmp_path, 3 * CHUNK)
+    signed, _ = make_release(tmp_path, 3 * CHUNK)
     partial = PartialTransfer(tmp_path / "pull", signed)
     assert not partial.has(10**6)
     assert not partial.has(-1)

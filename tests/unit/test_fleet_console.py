@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -13,14 +14,22 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from edge_agent.comms.base import Message
+from edge_agent.comms.base import Handler, Message
 from edge_agent.comms.fake import FakeBroker
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet.clock import skew_of_answer
 from edge_agent.fleet.console import Interrupted
 from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg
-from edge_agent.fleet.roster import Roster, send_group
-from edge_agent.fleet.tables import age, status_json, status_table, watch_json, watch_table
+from edge_agent.fleet.roster import DeviceResult, Roster, send_group
+from edge_agent.fleet.tables import (
+    age,
+    printable,
+    results_table,
+    status_json,
+    status_table,
+    watch_json,
+    watch_table,
+)
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 
@@ -109,6 +118,60 @@ def test_a_group_command_waits_for_every_member_and_times_out_the_silent() -> No
     stop.set()
     with pytest.raises(Interrupted, match="ping"):
         send_group(console, TOPICS, "docks", "ping", {}, ["b"], timeout=5.0, stop=stop)
+
+
+def test_a_group_answer_counts_for_the_device_whose_topic_it_came_on_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # dock-2 may write only its own resp topic, but answered in dock-1's name there, and
+    # `edge-fleet deploy --group` filed it under the device_id in its body: dock-1's
+    # failed deploy read as ok.
+    broker = FakeBroker()
+    console, dock1, dock2 = broker.connect(), broker.connect(), broker.connect()
+
+    def answer(device: str, as_device: str, status: Literal["ok", "error"]) -> Handler:
+        def answered(message: Message) -> None:
+            command = msg.Command.model_validate_json(message.payload)
+            error = msg.ErrorBody(code="release.signature", message="untrusted")
+            for said in ("accepted", status):
+                reply = msg.Response(
+                    id=command.id, status=said, device_id=as_device, ts=1.0,
+                    result={"version": 1} if said == "ok" else None,
+                    error=error if said == "error" else None,
+                )  # fmt: skip
+                session = dock1 if device == "dock-1" else dock2
+                session.publish(TOPICS.device(device, "resp"), reply.model_dump_json().encode())
+
+        return answered
+
+    dock2.subscribe(TOPICS.group("docks", "cmd"), answer("dock-2", "dock-1", "ok"))  # first
+    dock1.subscribe(TOPICS.group("docks", "cmd"), answer("dock-1", "dock-1", "error"))
+    with caplog.at_level(logging.WARNING):
+        results = send_group(
+            console, TOPICS, "docks", "deploy_model", {"name": "m"}, ["dock-1"], timeout=0.3
+        )
+    assert sorted(results) == ["dock-1"]
+    assert results["dock-1"].outcome == "error"
+    said = [r for r in caplog.records if getattr(r, "event", None) == "fleet_answer_misnamed"]
+    assert len(said) == 1  # two forged answers, said once
+    assert said[0].fields == {  # type: ignore[attr-defined]
+        "topic_device": "dock-2",
+        "named": "dock-1",
+        "detail": "dropped: an answer counts for the device whose resp topic it came on",
+    }
+
+
+def test_the_device_of_a_topic_is_its_first_level_below_the_prefix() -> None:
+    assert TOPICS.device_of("edge/v1/dock-1/resp") == "dock-1"
+    assert TOPICS.device_of("edge/v1/dock-1/results/cam") == "dock-1"
+    assert Topics("site/a").device_of("site/a/dock-1/state") == "dock-1"
+    for elsewhere in (
+        "edge/v1/dock-1",
+        "other/edge/v1/dock-1/resp",
+        "edge/v2/x/resp",
+        "edge/v1//resp",
+    ):
+        assert TOPICS.device_of(elsewhere) is None
 
 
 def test_ages_read_short() -> None:
@@ -505,3 +568,53 @@ def test_status_tells_builds_of_one_version_apart_and_reads_boxes_without_a_buil
         roster.on_state(Message(TOPICS.device(device, "state"), payload, retain=True))
     rows = rows_by_device(status_table(roster.snapshot(), now=NOW))
     assert (rows["new"]["agent"], rows["old"]["agent"]) == ("0.1.0 c23cb3843fd7", "0.1.0")
+
+
+# A title change, a clipboard write (OSC 52), a screen clear and colour; a bell, an 8-bit CSI.
+ESCAPES = "\x1b]0;owned\x1b\\\x1b]52;c;ZWNobw==\x07\x1b[2J\x1b[31m\x9b2J\x07"
+
+
+def _controls(text: str) -> list[str]:
+    return [c for c in text if (c < " " and c != "\n") or "\x7f" <= c <= "\x9f"]
+
+
+def test_a_boxs_own_words_reach_the_terminal_without_control_characters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A box's state (its own to write, under any ACL) set the operator's terminal title,
+    # wrote to the clipboard and cleared the screen through `edge-fleet status`.
+    evil = f"ALL{ESCAPES}GOOD"
+    roster = Roster(TOPICS)
+    body = msg.State(
+        online=True, seq=1, ts=NOW, agent_version=evil, group=evil,
+        models=[msg.ModelState(name=evil, version=1, digest="x", device=evil, fallback=evil)],
+        pipelines=[msg.PipelineState(id=evil, model=evil, status="failed", detail=evil)],
+    )  # fmt: skip
+    device = f"box{ESCAPES}"  # a topic level may hold them too
+    roster.on_state(Message(TOPICS.device(device, "state"), body.model_dump_json().encode()))
+    roster.on_telemetry(telemetry(device, NOW))
+    error = msg.ErrorBody(code=evil, message=evil, field=evil)
+    failed = msg.Response(id="c", status="error", device_id=device, ts=NOW, error=error)
+    done = msg.Response(
+        id="c", status="ok", device_id=device, ts=NOW,
+        result={"version": evil, "activated": True, "pipelines_swapped": [evil]},
+    )  # fmt: skip
+    out = Console(file=io.StringIO(), width=400, force_terminal=False, color_system=None)
+    out.print(status_table(roster.snapshot(), now=NOW))
+    out.print(watch_table(roster.snapshot(), now=NOW))
+    out.print(
+        results_table(
+            "deploy",
+            [DeviceResult(device, "error", failed), DeviceResult(f"{device}2", "ok", done)],
+        )
+    )
+    bars = Bars(Console(file=io.StringIO(), force_terminal=False))
+    bars.update(device, msg.Progress(stage=evil, fraction=0.5))
+    shown = out.file.getvalue()  # type: ignore[attr-defined]
+    assert shown.count("GOOD") >= 10  # every one of its words is still shown
+    assert _controls(shown) == []
+    err = capsys.readouterr().err
+    assert "GOOD" in err
+    assert _controls(err) == []
+    # One line: a tab or a newline is a space; the rest goes.
+    assert printable(f"a\tb\n{ESCAPES}c") == "a b ]0;owned\\]52;c;ZWNobw==[2J[31m2Jc"

@@ -1,0 +1,108 @@
+"""The broadcast under forged control messages: a `device_id` in a join is whatever its
+sender wrote, and every puller of a release may write its `ctl` topic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge_agent.comms.fake import FakeBroker
+from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
+from edge_agent.delivery.chunks import ChunkMap
+from edge_agent.delivery.joins import JoinGate, JoinLimits
+from edge_agent.delivery.partial import PartialTransfer
+from edge_agent.delivery.puller import Puller, PullerOptions
+from edge_agent.fleet.repo import Repo
+from edge_agent.fleet.server import FleetServer
+from edge_agent.protocol.delivery import BroadcastStatus, Join, bitmap, encode_bits
+from edge_agent.protocol.topics import Topics
+from tests.delivery_kit import CHUNK, make_release
+
+TOPICS = Topics()
+
+
+def test_a_flood_of_joins_makes_a_paced_few_statuses_and_tracks_a_bounded_number(
+    tmp_path: Path,
+) -> None:
+    # 20,000 forged joins that missed nothing made 1,683 status messages, each sent to every
+    # puller of the release, and named all 20,000 invented devices.
+    signed, _ = make_release(tmp_path, 4 * CHUNK)
+    chunks = ChunkMap(signed.release)
+    statuses: list[BroadcastStatus] = []
+    options = BroadcastOptions()
+    cast = Broadcast(chunks, lambda i: b"x", lambda p: None, statuses.append, "s1", options)
+    nothing = encode_bits(bitmap(len(chunks), []))
+    for i in range(20_000):
+        now = i * 1e-5
+        cast.join(
+            Join(device_id=f"ghost-{i}", release_id=chunks.id, chunks=4, missing=nothing), now
+        )
+        cast.step(now)  # the server steps its broadcasts after every message
+        assert cast.tracked <= options.max_pullers
+    now = 0.2
+    while now < 10.0:
+        cast.step(now)
+        now += 0.05
+    assert len(statuses) <= options.status_burst + options.statuses_per_s * 10.0
+    assert max(len(s.done) for s in statuses) <= options.max_done_names
+    assert cast.stats.refused > 0
+    assert sum(len(s.done) for s in statuses) + cast.stats.refused == 20_000  # each said once
+    assert cast.step(10.0) is None  # all said: nothing more to come
+
+
+def test_a_fake_puller_that_rejoins_and_never_acks_holds_the_window_a_while_only(
+    tmp_path: Path,
+) -> None:
+    # Rejoining every 1.4 s (under the 1.5 s stall) and never acking, a fake puller held
+    # the window for ever: a deploy took 16.8 s instead of 0.15 s. It also rejoined in the
+    # name of the real puller, with every chunk missing.
+    signed, folder = make_release(tmp_path, 40 * CHUNK)
+    repo = Repo(tmp_path / "repo")
+    repo.add(signed, folder)
+    broker, now = FakeBroker(), [0.0]
+    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: now[0])
+    server.start()
+    puller = Puller(
+        broker.connect(),
+        TOPICS,
+        "dock-1",
+        PartialTransfer(tmp_path / "pull", signed),
+        clock=lambda: now[0],
+        options=PullerOptions(idle_s=2.0, rejoins=100),  # it takes the broadcast, or nothing
+    )
+    forger = broker.connect()
+    everything = encode_bits(bitmap(40, range(40)))
+    hog_at = 0.0
+    puller.start()
+    while not puller.done.is_set() and now[0] < 30.0:
+        if now[0] >= hog_at:
+            for device in ("ghost-hog", "dock-1"):
+                join = Join(device_id=device, release_id=puller.rid, chunks=40, missing=everything)
+                forger.publish(TOPICS.control("m", 1), join.model_dump_json().encode())
+            hog_at += 1.4
+        now[0] += 0.05
+        server.step(now[0])
+        puller.tick(now[0])
+    assert puller.state == "complete"
+    assert puller.stats.repair_requests == 0
+    # Three joins with no ack between them (a puller's join and its two rejoins), then
+    # the stall: the window is its own again after 3 x 1.4 + 1.5 s, not after the deploy.
+    assert now[0] < 3 * 1.4 + 1.5 + 1.0
+    assert server.joins_refused > 0
+
+
+def test_a_device_id_joins_as_often_as_a_real_puller_does_and_no_more() -> None:
+    gate = JoinGate()
+    # A join, then a rejoin every 2 s (idle_s) with acks between: never refused.
+    for n in range(100):
+        assert gate.join("dock-1", 2.0 * n)
+        gate.ack("dock-1")
+    # A join and two rejoins with no ack, as a real puller before it repairs; no fourth.
+    assert [gate.join("ghost", 2.0 * n) for n in range(4)] == [True, True, True, False]
+    gate.ack("ghost")  # it receives after all
+    assert gate.join("ghost", 8.0)
+    # Faster than a puller ever rejoins, acking meanwhile: the burst, then one a second.
+    taken = 0
+    for n in range(100):
+        taken += gate.join("fast", 0.01 * n)
+        gate.ack("fast")
+    assert JoinLimits().burst <= taken <= JoinLimits().burst + 1

@@ -1,0 +1,268 @@
+"""Repair requests as a box that is not what it says may send them: the fleet server answers
+only on the asker's own reply topic, and the puller believes only answers to its requests."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from pathlib import Path
+
+import pytest
+
+from edge_agent.comms.base import Message, MqttVersion
+from edge_agent.comms.fake import FakeBroker
+from edge_agent.delivery.chunks import ChunkMap, read_chunk
+from edge_agent.delivery.partial import PartialTransfer
+from edge_agent.delivery.puller import Puller, PullerOptions
+from edge_agent.fleet.repo import Repo
+from edge_agent.fleet.server import FleetServer, RepairLimits
+from edge_agent.protocol.delivery import (
+    MAX_REPAIR_BYTES,
+    Frame,
+    RepairError,
+    RepairRequest,
+    bitmap,
+    decode_frame,
+    encode_bits,
+)
+from edge_agent.protocol.topics import Topics
+from tests.delivery_kit import CHUNK, make_release
+
+TOPICS = Topics()
+
+
+def _serving(
+    tmp_path: Path, size: int = 8 * CHUNK, now: list[float] | None = None
+) -> tuple[FakeBroker, FleetServer, ChunkMap]:
+    signed, folder = make_release(tmp_path, size)
+    repo = Repo(tmp_path / "repo")
+    repo.add(signed, folder)
+    broker = FakeBroker()
+    clock = now or [0.0]
+    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: clock[0])
+    server.start()
+    return broker, server, ChunkMap(signed.release)
+
+
+def _request(chunks: ChunkMap, device: str, **fields: object) -> bytes:
+    count = min(len(chunks), 64)
+    body: dict[str, object] = {
+        "device_id": device,
+        "name": "m",
+        "version": 1,
+        "release_id": chunks.id,
+        "block_size": chunks.chunk_size,
+        "offset": 0,
+        "count": count,
+        "bitmap": encode_bits(bitmap(count, range(count))),
+        **fields,
+    }
+    return RepairRequest.model_validate(body).model_dump_json(exclude_none=True).encode()
+
+
+def _on(broker: FakeBroker, topic: str) -> list[bytes]:
+    return [m.payload for m in broker.published if m.topic == topic]
+
+
+def test_the_server_answers_a_repair_only_on_the_askers_own_reply_topic(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A box asked the server to answer on another box's topics: RepairErrors on dock-1's
+    # reply topic aborted its deploy, and one 194-byte request put 6.8 MB of frames on
+    # dock-1's cmd topic, which dock-2 may not write itself.
+    broker, server, chunks = _serving(tmp_path)
+    dock2 = broker.connect()
+    victim_cmd = TOPICS.device("dock-1", "cmd")
+    victim_reply = TOPICS.delivery_reply("dock-1")
+    with caplog.at_level(logging.INFO, logger="edge_agent.fleet.server"):
+        dock2.publish(TOPICS.repair, _request(chunks, "dock-2"), response_topic=victim_cmd)
+        dock2.publish(
+            TOPICS.repair, _request(chunks, "dock-2", block_size=1), response_topic=victim_reply
+        )
+        # On 3.1.1 the reply topic rides in the payload: the same rule.
+        old = broker.connect("3.1.1")
+        old.publish(TOPICS.repair, _request(chunks, "dock-2", response_topic=victim_cmd))
+        # A reserved word is no device: its "reply topic" would be a fleet-wide one.
+        dock2.publish(TOPICS.repair, _request(chunks, "fleet"))
+    assert _on(broker, victim_cmd) == []
+    assert _on(broker, victim_reply) == []
+    assert _on(broker, TOPICS.delivery_reply("fleet")) == []
+    assert server.repairs_refused == 4
+    said = [r for r in caplog.records if getattr(r, "event", None) == "fleet_repair_refused"]
+    assert len(said) == 2  # once per device, however often it asks
+    assert server.repair_chunks == 0
+
+    # Its own requests are answered where the protocol says, as every agent names them:
+    # the Response Topic (MQTT 5), the payload (3.1.1), or none at all.
+    own = TOPICS.delivery_reply("dock-2")
+    dock2.publish(TOPICS.repair, _request(chunks, "dock-2"), response_topic=own)
+    old.publish(TOPICS.repair, _request(chunks, "dock-2", response_topic=own))
+    dock2.publish(TOPICS.repair, _request(chunks, "dock-2"))
+    frames = [decode_frame(p) for p in _on(broker, own)]
+    assert len(frames) == 3 * len(chunks)
+    assert all(f is not None and f.repair for f in frames)
+
+
+def _repairing(
+    tmp_path: Path,
+    broker: FakeBroker,
+    version: MqttVersion,
+    asked: list[Message],
+    chunks: int = 4,
+    repair_blocks: int = 16,
+) -> tuple[Puller, list[float]]:
+    """A puller of `m` v1 with no broadcaster, gone to repair and sending its first request
+    (each request lands in `asked`); nothing answers it."""
+    signed, _ = make_release(tmp_path, chunks * CHUNK)
+    broker.connect().subscribe(TOPICS.repair, asked.append)
+    now = [0.0]
+    puller = Puller(
+        broker.connect(version),
+        TOPICS,
+        "dev-1",
+        PartialTransfer(tmp_path / f"pull-{version}", signed),
+        clock=lambda: now[0],
+        options=PullerOptions(
+            idle_s=0.5, rejoins=0, repair_spread_s=0.0, repair_blocks=repair_blocks
+        ),
+    )
+    puller.start()
+    for step in (0.6, 0.7):
+        now[0] = step
+        puller.tick(step)
+    assert puller.state == "repair"
+    assert len(asked) == 1
+    return puller, now
+
+
+def _error(rid: str, correlation: bytes | None) -> RepairError:
+    text = base64.b64encode(correlation).decode() if correlation is not None else None
+    return RepairError(
+        release_id=rid, correlation_data=text, code="input.invalid", message="block_size"
+    )
+
+
+@pytest.mark.parametrize("version", ["5", "3.1.1"])
+def test_a_puller_believes_only_the_errors_that_answer_its_own_requests(
+    tmp_path: Path, version: MqttVersion
+) -> None:
+    # Correlation data was a counter from 1: a box that had the fleet server send an error
+    # naming the release to another box's reply topic (or sent it there itself) aborted
+    # that box's pull, whatever correlation the error carried.
+    broker, asked = FakeBroker(), list[Message]()
+    puller, _ = _repairing(tmp_path, broker, version, asked)
+    request = RepairRequest.model_validate_json(asked[0].payload)
+    sent = asked[0].correlation_data if version == "5" else None
+    if sent is None:
+        assert request.correlation_data is not None
+        sent = base64.b64decode(request.correlation_data)
+    assert len(sent) >= 8  # random, not a counter from 1
+    assert sent != (1).to_bytes(4, "big")
+    reply = TOPICS.delivery_reply("dev-1")
+    forger = broker.connect()
+    for guess in [(n).to_bytes(4, "big") for n in range(1, 5)] + [None]:
+        error = _error(puller.rid, guess).model_dump_json().encode()
+        forger.publish(reply, error, correlation_data=guess)
+    assert (puller.state, puller.error) == ("repair", None)
+    assert puller.stats.ignored == 5
+
+    # The server's own answer to the request names its correlation: that one stops the pull.
+    server = broker.connect(version)
+    error = _error(puller.rid, sent).model_dump_json().encode()
+    server.publish(reply, error, correlation_data=sent)
+    assert puller.state == "stopped"
+    assert puller.error is not None
+    assert puller.error.code == "transfer.failed"
+    assert "block_size" in str(puller.error)
+
+
+def test_frames_from_no_request_of_the_puller_are_kept_but_answer_nothing(
+    tmp_path: Path,
+) -> None:
+    # A frame is checked against the release's chunk hashes wherever it came from, so it is
+    # kept; but one no request of this puller asked for must not put off the resend.
+    broker, asked = FakeBroker(), list[Message]()
+    puller, now = _repairing(tmp_path, broker, "5", asked)
+    folder = tmp_path / "src"
+    chunks = puller.partial.chunks
+    frame = Frame(chunks.id, 0, read_chunk(folder, chunks[0]), repair=True).encode()
+    broker.connect().publish(TOPICS.delivery_reply("dev-1"), frame, correlation_data=b"other")
+    assert puller.partial.has(0)
+    assert puller.stats.ignored == 1
+    now[0] = 0.7 + 3.0 * 1.5 + 0.01  # the longest first wait: the resend is due regardless
+    puller.tick(now[0])
+    assert len(asked) == 2
+
+
+def test_a_box_that_floods_repair_requests_is_answered_at_its_rate_and_no_faster(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = [0.0]
+    broker, server, chunks = _serving(tmp_path, size=1000, now=now)  # one small chunk
+    dock2, dock1 = broker.connect(), broker.connect()
+    own, other = TOPICS.delivery_reply("dock-2"), TOPICS.delivery_reply("dock-1")
+    limits = RepairLimits()
+    with caplog.at_level(logging.INFO, logger="edge_agent.fleet.server"):
+        for _ in range(limits.burst + 100):
+            dock2.publish(TOPICS.repair, _request(chunks, "dock-2"))
+        assert len(_on(broker, own)) == limits.burst
+        assert server.repairs_limited == 100
+        dock1.publish(TOPICS.repair, _request(chunks, "dock-1"))  # its own bucket: answered
+        assert len(_on(broker, other)) == 1
+        now[0] = 10.0
+        for _ in range(100):
+            dock2.publish(TOPICS.repair, _request(chunks, "dock-2"))
+    assert len(_on(broker, own)) == limits.burst + 10 * limits.per_s
+    said = [r for r in caplog.records if getattr(r, "event", None) == "fleet_repair_limited"]
+    assert len(said) == 1
+
+
+def test_one_request_is_answered_with_at_most_max_repair_bytes(tmp_path: Path) -> None:
+    # 64 chunks of 128 KiB from one 200-byte message was 8 MiB; the first that fit are sent.
+    broker, _, chunks = _serving(tmp_path, size=64 * CHUNK)
+    broker.connect().publish(TOPICS.repair, _request(chunks, "dock-2"))
+    frames = [decode_frame(p) for p in _on(broker, TOPICS.delivery_reply("dock-2"))]
+    assert [f.index for f in frames if f is not None] == list(range(MAX_REPAIR_BYTES // CHUNK))
+
+
+def test_a_puller_asks_for_no_more_than_a_server_answers(tmp_path: Path) -> None:
+    asked = list[Message]()
+    _repairing(tmp_path, FakeBroker(), "5", asked, chunks=64, repair_blocks=64)
+    request = RepairRequest.model_validate_json(asked[0].payload)
+    assert request.count * CHUNK <= MAX_REPAIR_BYTES
+
+
+def test_a_puller_that_lost_the_whole_broadcast_repairs_it_unlimited(tmp_path: Path) -> None:
+    # The most a legitimate puller asks: every chunk by repair, each request sent the
+    # instant the last is answered (the fake broker answers before the publish returns).
+    now = [0.0]
+    broker, server, chunks = _serving(tmp_path, size=100 * CHUNK, now=now)
+    signed = server.repo.get("m", 1)
+    assert signed is not None
+    puller = Puller(
+        broker.connect(),
+        TOPICS,
+        "dev-1",
+        PartialTransfer(tmp_path / "pull", signed.signed),
+        clock=lambda: now[0],
+        options=PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0),
+    )
+    puller.start()  # its join is never broadcast: the server is not stepped
+    while not puller.done.is_set() and now[0] < 10.0:
+        now[0] += 0.05
+        puller.tick(now[0])
+    assert puller.state == "complete"
+    assert puller.stats.repaired == len(chunks)
+    assert puller.stats.repair_requests >= len(chunks) // 16
+    assert server.repairs_limited == 0
+
+
+def test_correlation_data_that_is_not_base64_drops_the_request_not_the_handler(
+    tmp_path: Path,
+) -> None:
+    # It raised in the server's message handler: a traceback in the journal per request.
+    broker, server, chunks = _serving(tmp_path)
+    old = broker.connect("3.1.1")
+    old.publish(TOPICS.repair, _request(chunks, "dock-2", correlation_data="not base64!"))
+    assert _on(broker, TOPICS.delivery_reply("dock-2")) == []
+    assert server.repairs_served == 0
