@@ -27,8 +27,10 @@ DETAIL_WIDTH = 48
 camera's reason runs to 100 characters, and a row must still fit a terminal."""
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-"""C0 and C1 control characters, and DEL: ESC starts a sequence, and 0x9b is CSI alone."""
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""C0 and C1 control characters, and DEL: ESC starts a sequence, and 0x9b is CSI alone.
+And the bidirectional marks and overrides: U+202E showed a box's `gnissim` as `missing`,
+and could turn a row's cells around."""
 
 
 def printable(text: object) -> str:

@@ -618,3 +618,5 @@ def test_a_boxs_own_words_reach_the_terminal_without_control_characters(
     assert _controls(err) == []
     # One line: a tab or a newline is a space; the rest goes.
     assert printable(f"a\tb\n{ESCAPES}c") == "a b ]0;owned\\]52;c;ZWNobw==[2J[31m2Jc"
+    # Bidirectional overrides: shown, U+202E turned a box's "gnissim" into "missing".
+    assert printable("ok \u202egnissim\u202c \u2067x\u2069 \u200fy") == "ok gnissim x y"
