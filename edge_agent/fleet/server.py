@@ -217,8 +217,6 @@ class FleetServer:
                 self.joins_refused += 1
                 self._say_once("fleet_join_refused", control.device_id, device=control.device_id)
                 return
-            if isinstance(control, Ack):
-                self._joins.ack(control.device_id)
             broadcast = self.broadcasts.get(where)
             if broadcast is None:
                 if not isinstance(control, Join):
@@ -228,7 +226,11 @@ class FleetServer:
             if isinstance(control, Join):
                 broadcast.join(control, now)
             elif isinstance(control, Ack):
-                broadcast.ack(control, now)
+                # Only an ack that moved its puller on starts its joins in a row again:
+                # taken from any ack in its name, a stale one sent with each rejoin kept a
+                # fake puller's joins coming, and the window waiting on it, for good.
+                if broadcast.ack(control, now):
+                    self._joins.ack(control.device_id)
             else:
                 broadcast.leave(control)
             self._cond.notify()
