@@ -194,6 +194,73 @@ def test_frames_from_no_request_of_the_puller_are_kept_but_answer_nothing(
     assert len(asked) == 2
 
 
+def test_answers_to_requests_forged_in_its_name_do_not_keep_a_puller_on_a_gone_broadcast(
+    tmp_path: Path,
+) -> None:
+    # A frame on the reply topic counted as the broadcast being alive: one request a second
+    # forged as dev-1 (for a chunk it has) kept a puller whose broadcaster was gone waiting
+    # for 600 s with no repair request, and its pull then failed at stall_s.
+    now = [0.0]
+    broker, server, chunks = _serving(tmp_path, size=8 * CHUNK, now=now)
+    entry = server.repo.get("m", 1)
+    assert entry is not None
+    puller = Puller(
+        broker.connect(),
+        TOPICS,
+        "dev-1",
+        PartialTransfer(tmp_path / "pull", entry.signed),
+        clock=lambda: now[0],
+        options=PullerOptions(idle_s=2.0, rejoins=2),
+    )
+    puller.start()  # the server is never stepped: its join is never broadcast
+    # A broadcast that sends only a chunk the puller has (others need it) is alive all the
+    # same: a frame every 1.5 s keeps it from rejoining, however long.
+    fleet = broker.connect()
+    chunk0 = read_chunk(entry.folder, chunks[0])
+    for seq in range(1, 8):
+        fleet.publish(TOPICS.chunks("m", 1), Frame(chunks.id, 0, chunk0, seq=seq).encode())
+        now[0] += 1.5
+        puller.tick(now[0])
+    assert (puller.state, puller.stats.rejoins) == ("broadcast", 0)
+
+    # The broadcaster goes; a box asks for chunk 0 as dev-1 once a second.
+    forged = _request(chunks, "dev-1", count=1, bitmap=encode_bits(bitmap(1, [0])))
+    gone, forger = now[0], broker.connect()
+    while not puller.done.is_set() and now[0] < gone + 60.0:
+        if round(now[0] - gone, 2) % 1.0 == 0.0:
+            forger.publish(TOPICS.repair, forged)
+        now[0] = round(now[0] + 0.05, 2)
+        puller.tick(now[0])
+    assert server.repair_chunks > 10  # its answers reached dev-1 all along
+    assert puller.state == "complete"
+    assert puller.stats.rejoins == 2
+    assert puller.stats.repair_requests > 0
+    # Two rejoins of 2 s of silence each, then repair: as with nobody forging.
+    assert now[0] - gone < 3 * 2.0 + PullerOptions().repair_spread_s + 0.5
+
+
+def test_frames_that_answer_no_request_do_not_put_off_a_resend_on_mqtt_3(
+    tmp_path: Path,
+) -> None:
+    # On 3.1.1 a frame carries no correlation data, and every frame was taken for an
+    # answer: a chunk the puller has, answering a request forged in its name each second,
+    # put off the resend of its own lost request for as long as they came.
+    broker, asked = FakeBroker(), list[Message]()
+    puller, now = _repairing(tmp_path, broker, "3.1.1", asked)
+    chunks = puller.partial.chunks
+    frame = Frame(chunks.id, 0, read_chunk(tmp_path / "src", chunks[0]), repair=True).encode()
+    fleet = broker.connect("3.1.1")
+    while now[0] < 12.0:
+        if round(now[0] % 1.0, 2) == 0.0:
+            fleet.publish(TOPICS.delivery_reply("dev-1"), frame)
+        now[0] = round(now[0] + 0.05, 2)
+        puller.tick(now[0])
+    assert puller.partial.has(0)  # a chunk it asked for: kept, and an answer
+    assert puller.stats.ignored >= 10  # the same chunk again answers nothing
+    # Answered at 1 s, the request is due again 3 s later, not when the frames stop.
+    assert len(asked) >= 2
+
+
 def test_a_box_that_floods_repair_requests_is_answered_at_its_rate_and_no_faster(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
