@@ -32,14 +32,19 @@ TOPICS = Topics()
 
 
 def _serving(
-    tmp_path: Path, size: int = 8 * CHUNK, now: list[float] | None = None
+    tmp_path: Path,
+    size: int = 8 * CHUNK,
+    now: list[float] | None = None,
+    limits: RepairLimits | None = None,
 ) -> tuple[FakeBroker, FleetServer, ChunkMap]:
     signed, folder = make_release(tmp_path, size)
     repo = Repo(tmp_path / "repo")
     repo.add(signed, folder)
     broker = FakeBroker()
     clock = now or [0.0]
-    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: clock[0])
+    server = FleetServer(
+        broker.connect(), repo, instance="s1", limits=limits, clock=lambda: clock[0]
+    )
     server.start()
     return broker, server, ChunkMap(signed.release)
 
@@ -265,23 +270,93 @@ def test_a_box_that_floods_repair_requests_is_answered_at_its_rate_and_no_faster
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     now = [0.0]
-    broker, server, chunks = _serving(tmp_path, size=1000, now=now)  # one small chunk
+    limits = RepairLimits(burst=4, per_s=1.0)
+    # 32 chunks of 64 KiB: a request for all of them is one full answer (MAX_REPAIR_BYTES).
+    broker, server, chunks = _serving(tmp_path, size=32 * CHUNK, now=now, limits=limits)
     dock2, dock1 = broker.connect(), broker.connect()
     own, other = TOPICS.delivery_reply("dock-2"), TOPICS.delivery_reply("dock-1")
-    limits = RepairLimits()
     with caplog.at_level(logging.INFO, logger="edge_agent.fleet.server"):
-        for _ in range(limits.burst + 100):
+        for _ in range(limits.burst + 10):
             dock2.publish(TOPICS.repair, _request(chunks, "dock-2"))
-        assert len(_on(broker, own)) == limits.burst
-        assert server.repairs_limited == 100
+        assert len(_on(broker, own)) == limits.burst * len(chunks)
+        assert server.repairs_limited == 10
         dock1.publish(TOPICS.repair, _request(chunks, "dock-1"))  # its own bucket: answered
-        assert len(_on(broker, other)) == 1
-        now[0] = 10.0
-        for _ in range(100):
-            dock2.publish(TOPICS.repair, _request(chunks, "dock-2"))
-    assert len(_on(broker, own)) == limits.burst + 10 * limits.per_s
+        assert len(_on(broker, other)) == len(chunks)
+        # A request is charged for what it is answered with: a second's budget is one
+        # full answer, or 32 answers of one 64 KiB chunk.
+        now[0] = 1.0
+        one = _request(chunks, "dock-2", count=1, bitmap=encode_bits(bitmap(1, [0])))
+        for _ in range(50):
+            dock2.publish(TOPICS.repair, one)
+    assert len(_on(broker, own)) == limits.burst * len(chunks) + 32
     said = [r for r in caplog.records if getattr(r, "event", None) == "fleet_repair_limited"]
     assert len(said) == 1
+
+
+def test_requests_the_server_refuses_do_not_spend_the_named_devices_repairs(
+    tmp_path: Path,
+) -> None:
+    # The bucket was taken before the request was read: a box flooding requests "as dev-1"
+    # with a wrong block_size (each answered with an error dev-1 ignores) emptied dev-1's
+    # budget, and its own repair was then dropped: 32 of 40 chunks in 400 s.
+    now = [0.0]
+    limits = RepairLimits(burst=4, per_s=1.0)
+    broker, server, chunks = _serving(tmp_path, size=4 * CHUNK, now=now, limits=limits)
+    forger, dev1 = broker.connect(), broker.connect()
+    reply = TOPICS.delivery_reply("dev-1")
+    refused = [
+        _request(chunks, "dev-1", block_size=1),
+        _request(chunks, "dev-1", release_id="0" * 16),
+        _request(chunks, "dev-1", name="other"),
+        _request(chunks, "dev-1", offset=len(chunks)),
+    ]
+    for _ in range(100):
+        for payload in refused:
+            forger.publish(TOPICS.repair, payload)
+    # Errors have a budget of their own (the same numbers): a flood is not answered in full.
+    assert len(_on(broker, reply)) == limits.burst
+    assert server.repairs_limited == 4 * 100 - limits.burst
+    dev1.publish(TOPICS.repair, _request(chunks, "dev-1"))
+    frames = [decode_frame(p) for p in _on(broker, reply)]
+    assert sum(f is not None for f in frames) == len(chunks)
+
+
+def test_a_flood_of_small_requests_in_its_name_leaves_a_puller_its_repair(
+    tmp_path: Path,
+) -> None:
+    # Counted per request, 20 requests a second for one 64 KiB chunk in dev-1's name spent
+    # a budget of 2 full answers (4 MiB) a second: dev-1's own requests went unanswered.
+    now = [0.0]
+    limits = RepairLimits(burst=8, per_s=2.0)
+    broker, server, chunks = _serving(tmp_path, size=8 * CHUNK, now=now, limits=limits)
+    entry = server.repo.get("m", 1)
+    assert entry is not None
+    forger = broker.connect()
+    forged = _request(chunks, "dev-1", count=1, bitmap=encode_bits(bitmap(1, [0])))
+
+    def step() -> None:
+        if round(now[0] % 0.05, 3) in (0.0, 0.05):  # 20 a second
+            forger.publish(TOPICS.repair, forged)
+        now[0] = round(now[0] + 0.01, 2)
+
+    while now[0] < 3.0:  # flooding before the pull starts, as after it
+        step()
+    puller = Puller(
+        broker.connect(),
+        TOPICS,
+        "dev-1",
+        PartialTransfer(tmp_path / "pull", entry.signed),
+        clock=lambda: now[0],
+        # A request per chunk: a pull that needs many answers, as a big release does.
+        options=PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0, repair_blocks=1),
+    )
+    puller.start()  # its join is never broadcast: the server is not stepped
+    while not puller.done.is_set() and now[0] < 60.0:
+        step()
+        puller.tick(now[0])
+    assert puller.state == "complete"
+    assert now[0] < 3.0 + 0.5 + 1.0
+    assert server.repairs_limited == 0
 
 
 def test_one_request_is_answered_with_at_most_max_repair_bytes(tmp_path: Path) -> None:
