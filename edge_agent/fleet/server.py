@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from edge_agent.comms.base import Communicator, Message
+from edge_agent.config_files import drop_unknown_fields
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
 from edge_agent.delivery.buckets import TokenBuckets
 from edge_agent.delivery.chunks import ChunkRef, read_chunk
@@ -189,9 +191,14 @@ class FleetServer:
             return
         # Only a presence under its own name is a peer: any message there used to make
         # one, and a release handed to a server that is not there is never broadcast.
+        # A field a newer server adds is dropped, not the peer: refused whole, that server
+        # went uncounted here while it counted this one, and during a rolling upgrade
+        # both took the same releases for their own and broadcast them twice.
         try:
-            presence = ServerPresence.model_validate_json(message.payload)
-        except ValidationError:
+            presence, _ = drop_unknown_fields(
+                ServerPresence.model_validate, json.loads(message.payload)
+            )
+        except (ValueError, RecursionError):  # ValidationError is a ValueError
             presence = None
         with self._cond:
             if presence is None or presence.instance != instance:
