@@ -382,6 +382,10 @@ class Puller:
         resend of a request that was lost for as long as they came."""
         if message.correlation_data is not None:
             return self._ours(message.correlation_data)
+        if self.comm.mqtt_version == "5":
+            # Every request of ours carries correlation data, and a server echoes it on
+            # each frame: one with none answers a request someone else sent without.
+            return False
         # MQTT 3.1.1 carries no correlation with a frame: a chunk the latest request asked
         # for answers it, whoever asked.
         return index in self._wanted
