@@ -123,6 +123,8 @@ class MqttSession:
         """QoS 0 messages dropped because handlers fell behind by dispatch_limit_bytes."""
         self.rejected = 0
         """QoS 1 messages the broker acknowledged with a failure reason (MQTT 5)."""
+        self.last_refusal: ReasonCode | None = None
+        """The broker's reason for the latest of those ("Not authorized", "Quota exceeded")."""
         self.last_error: str | None = None
         """Why the last connect failed, for an operator."""
         self.refused = False
@@ -587,6 +589,7 @@ class MqttSession:
             # quota, a bad topic). Sending it again gets the same answer, so it counts as
             # acknowledged, but never in silence.
             self.rejected += 1
+            self.last_refusal = reason
             # Once a minute per reason, with the running count: a broker that refuses every
             # result (an ACL changed, a quota hit) would otherwise log a line per message,
             # 30 a second, and rotate every useful line out of the journal within days.

@@ -169,11 +169,23 @@ class Broadcast:
             self._gather_until = now + self.options.gather_s
             self._set_state("gathering", now)
 
-    def ack(self, msg: Ack, now: float) -> None:
+    def ack(self, msg: Ack, now: float) -> bool:
+        """Note how far `msg`'s puller has got.
+
+        Returns:
+            True only when the ack moved a puller in the window forward: what shows that a
+            device receives. A stale ack (a seq it acked already, or any seq from a device
+            not in the window) changes nothing and says nothing about its sender.
+        """
         puller = self._pullers.get(msg.device_id)
-        if puller is not None and msg.seq > puller.acked:
-            puller.acked = min(msg.seq, self._seq - 1)
-            puller.last = now
+        if puller is None:
+            return False
+        acked = min(msg.seq, self._seq - 1)
+        if acked <= puller.acked:
+            return False
+        puller.acked = acked
+        puller.last = now
+        return True
 
     def leave(self, msg: Leave) -> None:
         self._drop(msg.device_id)

@@ -14,9 +14,10 @@ that. So one device id may join:
 
 - at most `burst` times at once, then `per_s` times a second: the rejoins of a puller
   on a link that keeps failing, and no faster;
-- at most `unacked` times with no ack from it in between: a join and its two rejoins.
-  A fake puller that never acks is refused after that (and the window drops it
-  `stall_s` later); one that acks does not hold the window back.
+- at most `unacked` times with no ack from it in between that moved it on in the window
+  (an ack of a frame it had not acked yet): a join and its two rejoins. A fake puller
+  that never acks is refused after that (and the window drops it `stall_s` later); a
+  stale ack does not count, and one that acks the frames does not hold the window back.
 
 Both are per device id, and ids are free: a flood of new names is bounded by the
 broadcast's `max_pullers` and its paced statuses, not here.
@@ -59,5 +60,6 @@ class JoinGate:
         return self._rate.take(device, now) and self._unacked.take(device, now)
 
     def ack(self, device: str) -> None:
-        """`device` acked a frame: it is receiving, its joins in a row start again."""
+        """`device` acked a frame it had not acked before: it is receiving, its joins in a
+        row start again. The caller says when (`Broadcast.ack`)."""
         self._unacked.forget(device)

@@ -200,8 +200,22 @@ class Puller:
         with self._lock:
             if self.state in ("complete", "stopped"):
                 return
-            self._store(frame.index, frame.data)
-            if frame.seq and self.state == "broadcast":
+            stored = self._store(frame.index, frame.data)
+            if self.state != "broadcast":
+                return
+            # Only the broadcast says the broadcast is alive: a frame on its topic, which
+            # no box may write, even of a chunk this puller has (others need it). Frames
+            # on the reply topic did too, so answers to requests forged in this device's
+            # name (one a second) kept a puller whose broadcaster was gone waiting for it,
+            # asking nothing, until the pull failed at stall_s.
+            self._last_rx = self.clock()
+            if stored:
+                # The broadcast flows again: a later outage gets its rejoins too. Kept
+                # spent, a long pull's third gap (a broker restart, a cellular handover)
+                # sent the rest as unicast repair, per box: at fleet scale, the broker's
+                # whole load.
+                self._rejoins_left = self.options.rejoins
+            if frame.seq:
                 ack = Ack(device_id=self.device_id, seq=frame.seq)
                 self._control(ack, qos=0)
 
@@ -226,9 +240,7 @@ class Puller:
                 if frame.release_id == self.rid:
                     # Kept wherever it came from: a chunk is checked against its hash.
                     self.stats.repaired += self._store(frame.index, frame.data)
-                    if message.correlation_data is not None and not self._ours(
-                        message.correlation_data
-                    ):
+                    if not self._answers(message, frame.index):
                         self.stats.ignored += 1  # but it answers no request of ours
                         return
                     self._wanted.discard(frame.index)
@@ -258,9 +270,9 @@ class Puller:
 
     # --- steps ------------------------------------------------------------------------------------
     def _store(self, index: int, data: bytes) -> int:
+        """Keep chunk `index` if it is new and its hash matches; 1 if it was kept, else 0."""
         self.stats.frames += 1
         self.stats.bytes_in += len(data)
-        self._last_rx = self.clock()
         if self.partial.has(index):
             self.stats.duplicates += 1
             return 0
@@ -269,11 +281,6 @@ class Puller:
                 self.stats.bad += 1
                 return 0
             self.stats.stored += 1
-            if self.state == "broadcast":
-                # The broadcast flows again: a later outage gets its rejoins too. Kept spent,
-                # a long pull's third gap (a broker restart, a cellular handover) sent the
-                # rest as unicast repair, per box: at fleet scale, the broker's whole load.
-                self._rejoins_left = self.options.rejoins
             self._since_sync += 1
             if self._since_sync >= self.options.sync_every or self.partial.complete:
                 self.partial.sync()
@@ -367,6 +374,21 @@ class Puller:
 
     def _ours(self, correlation: bytes | None) -> bool:
         return correlation is not None and correlation in self._asked
+
+    def _answers(self, message: Message, index: int) -> bool:
+        """Whether a repair frame of chunk `index` answers a request of this puller: only
+        an answer moves the resend on. Any box may have the fleet answer requests it sends
+        in this device's name, once a second, say; taken for answers, those put off the
+        resend of a request that was lost for as long as they came."""
+        if message.correlation_data is not None:
+            return self._ours(message.correlation_data)
+        if self.comm.mqtt_version == "5":
+            # Every request of ours carries correlation data, and a server echoes it on
+            # each frame: one with none answers a request someone else sent without.
+            return False
+        # MQTT 3.1.1 carries no correlation with a frame: a chunk the latest request asked
+        # for answers it, whoever asked.
+        return index in self._wanted
 
     def _unsubscribe(self) -> None:
         for unsubscribe in self._subs.values():

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_agent.cli.common import positive_days, positive_int, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
@@ -23,6 +23,11 @@ from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.fleet.console_cmd import add_console_verbs
 from edge_agent.paths import default_fleet_repo
 from edge_agent.protocol.topics import DEFAULT_PREFIX, DEFAULT_SHARE_GROUP, Topics
+
+if TYPE_CHECKING:
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    from edge_agent.store.release import Release
 
 EXIT_USER_ERROR = 2
 
@@ -162,23 +167,22 @@ def run_publish(args: argparse.Namespace) -> int:
         lifetime=timedelta(days=args.expires_days),
     )
     session = connect(broker_settings(args))
+    repo = _repo(args)
     try:
-        publish_release(session, Topics(args.prefix), _repo(args), signed, args.file.parent)
+        # The repository first, then the broker: a box that sees the release pulls it at
+        # once, and a server must hold it by then. MQTT cannot ask whether a publish would
+        # be refused without making it, so a refusal leaves the release in the repository.
+        publish_release(session, Topics(args.prefix), repo, signed, args.file.parent)
         if not session.flush(30.0):
             raise EdgeAgentError(
                 "the broker did not acknowledge the release within 30 s",
                 "check the broker; publishing again is safe",
                 code="broker.unreachable",
             )
-        if session.rejected:
-            # An MQTT 5 broker acknowledges a publish its ACL refuses, saying so: a user
-            # that may not write releases (serve's, in systemd/mosquitto/acl) otherwise
-            # printed "published" for a release no box can see.
-            raise EdgeAgentError(
-                f"the broker refused the release: user {session.settings.username!r} may "
-                f"not publish under {args.prefix}/releases/",
-                "publish as the fleet's console user (`fleet` in systemd/mosquitto/acl)",
-                code="error",
+        if session.last_refusal is not None:
+            user = session.settings.username
+            raise _refused(
+                session.last_refusal, user, Topics(args.prefix), repo.root, signed.release
             )
     finally:
         session.stop()
@@ -188,6 +192,32 @@ def run_publish(args: argparse.Namespace) -> int:
         f"{sum(len(f.chunks) for f in release.files)} chunks, key {release.key_id})"
     )
     return 0
+
+
+def _refused(
+    reason: ReasonCode, user: str | None, topics: Topics, repo: Path, release: Release
+) -> EdgeAgentError:
+    """The error for a release an MQTT 5 broker acknowledged and refused, in its words.
+
+    Said as the broker says it: "user X may not publish" blamed the ACL for a refusal of
+    any kind (a quota, a packet too large). Said at all: "published" was printed for a
+    release no box can see.
+    """
+    where = topics.release(release.name, release.version).rsplit("/", 1)[0] + "/"
+    if reason.getName() == "Not authorized":
+        fix = (
+            f"publish it again as a user the broker lets write {where}# (the fleet's "
+            "console user, `fleet` in systemd/mosquitto/acl)"
+        )
+    else:
+        fix = "the broker's log says why; publish it again once that is fixed"
+    return EdgeAgentError(
+        f"the broker refused the release on {where}: {reason.getName()} (reason code "
+        f"{reason.value}, user {user or 'anonymous'}); the fleet's repository {repo} holds "
+        f"{release.name} v{release.version} now, but no box can see it",
+        f"{fix} (the same file again is safe)",
+        code="error",
+    )
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -10,14 +10,15 @@ Scale-out without a coordinator: the broker is the distributed engine.
   it owns; when a server appears or vanishes, the owners move, and the pullers
   of a release whose broadcaster vanished rejoin after `idle_s` and are picked up.
 - A repair is answered on the asking device's own reply topic only, at most
-  `MAX_REPAIR_BYTES` of it, and each device id's requests are rate-limited
-  (`RepairLimits`): a request is a few hundred bytes, its answer megabytes.
+  `MAX_REPAIR_BYTES` of it, and what each device id is answered with is limited
+  in bytes (`RepairLimits`): a request is a few hundred bytes, its answer megabytes.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -27,9 +28,10 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from edge_agent.comms.base import Communicator, Message
+from edge_agent.config_files import drop_unknown_fields
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
 from edge_agent.delivery.buckets import TokenBuckets
-from edge_agent.delivery.chunks import read_chunk
+from edge_agent.delivery.chunks import ChunkRef, read_chunk
 from edge_agent.delivery.joins import JoinGate, JoinLimits
 from edge_agent.fleet.repo import Repo, RepoEntry
 from edge_agent.logs import log_event
@@ -60,20 +62,27 @@ SAID_AT_MOST = 10_000
 
 @dataclass(frozen=True, slots=True)
 class RepairLimits:
-    """How many repair requests one device id may send a server.
+    """How much one device id may have a server answer it with, and refuse it.
+
+    A request is charged for the chunks it is answered with (a short last chunk as a whole
+    one), in full answers of `MAX_REPAIR_BYTES` (2 MiB). One the server refuses takes
+    from the device id's budget of refusals instead (the same numbers, in errors sent),
+    and one that asks for no chunk the release has, from neither. Any box may ask in
+    another's name: charged before it was even read, a flood of refused requests (a wrong
+    block_size) starved the named device's real repair.
 
     A puller keeps one request outstanding and sends the next when the last is answered
     (or again after `repair_timeout_s`, 3 s and backing off), each for at most 16 chunks
     within a span of 64. Losses a broadcast left scattered take about a request per 64
     chunks, and a release lost whole one per 16: 60 and 240 requests for 500 MB. `burst`
-    lets all of those through at once, and `per_s` 16 MiB/s (8 requests of 2 MiB) after
-    it: a puller repairing a lossy transfer is not limited, a box that floods is.
+    lets all of those through at once, and `per_s` 16 MiB/s after it: a puller repairing
+    a lossy transfer is not limited, a box that floods is.
     """
 
     burst: int = 256
-    """Requests a device that was quiet may send at once."""
+    """Full answers (512 MiB in all) a device that was quiet may have at once."""
     per_s: float = 8.0
-    """Requests a second a device may go on sending after its burst."""
+    """Full answers a second (16 MiB/s) a device may go on having after its burst."""
     devices: int = 100_000
     """Device ids whose buckets are kept (the least recently heard are forgotten)."""
 
@@ -113,9 +122,11 @@ class FleetServer:
         self.repairs_refused = 0
         """Requests that named a reply topic other than their device's own: dropped."""
         self.repairs_limited = 0
-        """Requests past their device's rate (`RepairLimits`): dropped."""
+        """Requests past their device's budget of answers, or of refusals (`RepairLimits`):
+        dropped."""
         limits = limits or RepairLimits()
         self._buckets = TokenBuckets(limits.burst, limits.per_s, limits.devices)
+        self._refusals = TokenBuckets(limits.burst, limits.per_s, limits.devices)
         self._said: set[tuple[str, str]] = set()
         self._joins = JoinGate(join_limits)
         self.joins_refused = 0
@@ -180,9 +191,14 @@ class FleetServer:
             return
         # Only a presence under its own name is a peer: any message there used to make
         # one, and a release handed to a server that is not there is never broadcast.
+        # A field a newer server adds is dropped, not the peer: refused whole, that server
+        # went uncounted here while it counted this one, and during a rolling upgrade
+        # both took the same releases for their own and broadcast them twice.
         try:
-            presence = ServerPresence.model_validate_json(message.payload)
-        except ValidationError:
+            presence, _ = drop_unknown_fields(
+                ServerPresence.model_validate, json.loads(message.payload)
+            )
+        except (ValueError, RecursionError):  # ValidationError is a ValueError
             presence = None
         with self._cond:
             if presence is None or presence.instance != instance:
@@ -217,8 +233,6 @@ class FleetServer:
                 self.joins_refused += 1
                 self._say_once("fleet_join_refused", control.device_id, device=control.device_id)
                 return
-            if isinstance(control, Ack):
-                self._joins.ack(control.device_id)
             broadcast = self.broadcasts.get(where)
             if broadcast is None:
                 if not isinstance(control, Join):
@@ -228,7 +242,11 @@ class FleetServer:
             if isinstance(control, Join):
                 broadcast.join(control, now)
             elif isinstance(control, Ack):
-                broadcast.ack(control, now)
+                # Only an ack that moved its puller on starts its joins in a row again:
+                # taken from any ack in its name, a stale one sent with each rejoin kept a
+                # fake puller's joins coming, and the window waiting on it, for good.
+                if broadcast.ack(control, now):
+                    self._joins.ack(control.device_id)
             else:
                 broadcast.leave(control)
             self._cond.notify()
@@ -262,10 +280,6 @@ class FleetServer:
         reply = self._reply_topic(request, message.response_topic)
         if reply is None:
             return
-        if not self._buckets.take(request.device_id, self.clock()):
-            self.repairs_limited += 1
-            self._say_once("fleet_repair_limited", request.device_id, device=request.device_id)
-            return
         correlation = message.correlation_data
         if correlation is None and request.correlation_data:
             correlation = decode_base64(request.correlation_data)
@@ -275,6 +289,8 @@ class FleetServer:
         entry = self.repo.get(request.name, request.version)
         problem = self._check(request, entry)
         if problem is not None or entry is None:
+            if not self._take(self._refusals, request.device_id, 1.0):
+                return
             error = RepairError(
                 release_id=request.release_id,
                 correlation_data=base64.b64encode(correlation).decode() if correlation else None,
@@ -285,13 +301,38 @@ class FleetServer:
                 reply, error.model_dump_json().encode(), qos=1, correlation_data=correlation
             )
             return
+        answer = self._answer(request, entry)
+        # Charged for what it is answered with, as the budget is bytes sent to one device:
+        # counted per request, a box asking for one chunk in another's name 8 times a
+        # second spent all of that device's repair, at a sixteenth of what it allows.
+        cost = len(answer) * entry.chunks.chunk_size / MAX_REPAIR_BYTES
+        if not answer or not self._take(self._buckets, request.device_id, cost):
+            return
+        self.repairs_served += 1
+        for ref in answer:
+            frame = Frame(entry.chunks.id, ref.index, read_chunk(entry.folder, ref), repair=True)
+            self.comm.publish(reply, frame.encode(), qos=0, correlation_data=correlation)
+            self.repair_chunks += 1
+
+    def _take(self, buckets: TokenBuckets, device: str, cost: float) -> bool:
+        """Take `cost` from `device`'s bucket; False (counted, said once) if it lacks it."""
+        if buckets.take(device, self.clock(), cost):
+            return True
+        self.repairs_limited += 1
+        self._say_once("fleet_repair_limited", device, device=device)
+        return False
+
+    @staticmethod
+    def _answer(request: RepairRequest, entry: RepoEntry) -> list[ChunkRef]:
+        """The chunks `request` is answered with: the first it asks for that the release
+        has, up to MAX_REPAIR_BYTES (a request of 64 big chunks made one message of 200
+        bytes into 8 MiB; the puller asks no more than that). None for a bitmap that is
+        not one."""
         bits = decode_bits(request.bitmap, request.count)
         if bits is None:
-            return
+            return []
         chunks = entry.chunks
-        self.repairs_served += 1
-        # The first chunks asked for, up to MAX_REPAIR_BYTES: a request of 64 big chunks
-        # made one message of 200 bytes into 8 MiB. The puller asks no more than that.
+        answer: list[ChunkRef] = []
         room = MAX_REPAIR_BYTES
         for k in range(request.count):
             index = request.offset + k
@@ -299,10 +340,8 @@ class FleetServer:
                 if chunks[index].length > room:
                     break
                 room -= chunks[index].length
-                data = read_chunk(entry.folder, chunks[index])
-                frame = Frame(chunks.id, index, data, repair=True)
-                self.comm.publish(reply, frame.encode(), qos=0, correlation_data=correlation)
-                self.repair_chunks += 1
+                answer.append(chunks[index])
+        return answer
 
     def _reply_topic(self, request: RepairRequest, named: str | None) -> str | None:
         """Where to answer `request`: its device's own reply topic, the one every agent

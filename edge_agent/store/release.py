@@ -366,16 +366,16 @@ def same_content(a: Release, b: Release) -> bool:
     """Whether two releases install the same model: the same files, loaded the same way.
 
     Not the release id: the fleet re-signs a version with a fresh expiry for the boxes that
-    missed it, and a box holding it already must take that for the same one.
+    missed it, and a box holding it already must take that for the same one. Nor how
+    the files travel: each file's chunk hashes and URL changed with `--chunk-kib` and a
+    mirror, and the same bytes published again that way were refused (`release.conflict`).
     """
-    return (a.name, a.version, a.model, a.format, a.files, a.manifest) == (
-        b.name,
-        b.version,
-        b.model,
-        b.format,
-        b.files,
-        b.manifest,
-    )
+
+    def installs(release: Release) -> tuple[object, ...]:
+        files = sorted((f.path, f.sha256, f.size) for f in release.files)
+        return (release.name, release.version, release.model, release.format, files)
+
+    return installs(a) == installs(b) and a.manifest == b.manifest
 
 
 def trusted_key_ids(keys: Iterable[Ed25519PublicKey]) -> dict[str, Ed25519PublicKey]:

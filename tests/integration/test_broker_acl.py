@@ -320,7 +320,12 @@ def test_publish_model_says_so_when_its_user_may_not_publish(site: Site) -> None
         "--repo", str(site.folder / "serve-repo"), user="fleet-serve",
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "the broker refused the release: user 'fleet-serve'" in done.stderr
+    # In the broker's words, and saying where the release is now: it blamed the ACL for a
+    # refusal of any kind, and left unsaid that the fleet's repository kept the release.
+    assert "the broker refused the release on edge/v1/releases/orient/: " in done.stderr
+    assert "Not authorized (reason code 135, user fleet-serve)" in done.stderr
+    assert f"the fleet's repository {site.folder / 'serve-repo'} holds orient v2" in done.stderr
+    assert "`fleet` in systemd/mosquitto/acl" in done.stderr
     assert "published" not in done.stdout
 
 

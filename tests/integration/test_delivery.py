@@ -216,7 +216,11 @@ def test_a_pull_outlives_another_box_asking_the_fleet_for_errors_in_its_name(
     def forge() -> None:
         ask(fleet.signed.release.chunk_size, cmd, 1)
         guess = 0
-        while not stop.wait(0.01):
+        # 40 a second: an error reaches dev-1 every 25 ms of its pull, and the budget of
+        # errors in dev-1's name (256, then 8 a second) lasts 8 s. At 100 a second it ran
+        # out in 2.8 s, and when those requests still spent dev-1's repair budget, a pull
+        # that a loaded runner sent to repair was starved by them, and failed.
+        while not stop.wait(0.025):
             guess = guess % 8 + 1
             ask(1, reply, guess)
 

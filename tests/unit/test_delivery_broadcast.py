@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from edge_agent.comms.fake import FakeBroker
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
 from edge_agent.delivery.chunks import ChunkMap
@@ -13,7 +15,7 @@ from edge_agent.delivery.partial import PartialTransfer
 from edge_agent.delivery.puller import Puller, PullerOptions
 from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.server import FleetServer
-from edge_agent.protocol.delivery import BroadcastStatus, Join, bitmap, encode_bits
+from edge_agent.protocol.delivery import Ack, BroadcastStatus, Join, bitmap, encode_bits
 from edge_agent.protocol.topics import Topics
 from tests.delivery_kit import CHUNK, make_release
 
@@ -49,12 +51,14 @@ def test_a_flood_of_joins_makes_a_paced_few_statuses_and_tracks_a_bounded_number
     assert cast.step(10.0) is None  # all said: nothing more to come
 
 
+@pytest.mark.parametrize("stale_ack", [False, True])
 def test_a_fake_puller_that_rejoins_and_never_acks_holds_the_window_a_while_only(
-    tmp_path: Path,
+    tmp_path: Path, stale_ack: bool
 ) -> None:
     # Rejoining every 1.4 s (under the 1.5 s stall) and never acking, a fake puller held
     # the window for ever: a deploy took 16.8 s instead of 0.15 s. It also rejoined in the
-    # name of the real puller, with every chunk missing.
+    # name of the real puller, with every chunk missing. Then an ack of seq 0 sent with
+    # each join, which moves no puller on, started its joins in a row again: 12.65 s.
     signed, folder = make_release(tmp_path, 40 * CHUNK)
     repo = Repo(tmp_path / "repo")
     repo.add(signed, folder)
@@ -78,6 +82,9 @@ def test_a_fake_puller_that_rejoins_and_never_acks_holds_the_window_a_while_only
             for device in ("ghost-hog", "dock-1"):
                 join = Join(device_id=device, release_id=puller.rid, chunks=40, missing=everything)
                 forger.publish(TOPICS.control("m", 1), join.model_dump_json().encode())
+                if stale_ack:
+                    ack = Ack(device_id=device, seq=0)
+                    forger.publish(TOPICS.control("m", 1), ack.model_dump_json().encode())
             hog_at += 1.4
         now[0] += 0.05
         server.step(now[0])

@@ -32,14 +32,19 @@ TOPICS = Topics()
 
 
 def _serving(
-    tmp_path: Path, size: int = 8 * CHUNK, now: list[float] | None = None
+    tmp_path: Path,
+    size: int = 8 * CHUNK,
+    now: list[float] | None = None,
+    limits: RepairLimits | None = None,
 ) -> tuple[FakeBroker, FleetServer, ChunkMap]:
     signed, folder = make_release(tmp_path, size)
     repo = Repo(tmp_path / "repo")
     repo.add(signed, folder)
     broker = FakeBroker()
     clock = now or [0.0]
-    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: clock[0])
+    server = FleetServer(
+        broker.connect(), repo, instance="s1", limits=limits, clock=lambda: clock[0]
+    )
     server.start()
     return broker, server, ChunkMap(signed.release)
 
@@ -176,17 +181,21 @@ def test_a_puller_believes_only_the_errors_that_answer_its_own_requests(
     assert "block_size" in str(puller.error)
 
 
+@pytest.mark.parametrize("correlation", [b"other", None], ids=["other", "none"])
 def test_frames_from_no_request_of_the_puller_are_kept_but_answer_nothing(
-    tmp_path: Path,
+    tmp_path: Path, correlation: bytes | None
 ) -> None:
     # A frame is checked against the release's chunk hashes wherever it came from, so it is
-    # kept; but one no request of this puller asked for must not put off the resend.
+    # kept; but one no request of this puller asked for must not put off the resend. On
+    # MQTT 5 that was so only for a frame with other correlation data: one with none
+    # (the answer to a request sent in this device's name without any) was an answer.
     broker, asked = FakeBroker(), list[Message]()
     puller, now = _repairing(tmp_path, broker, "5", asked)
     folder = tmp_path / "src"
     chunks = puller.partial.chunks
     frame = Frame(chunks.id, 0, read_chunk(folder, chunks[0]), repair=True).encode()
-    broker.connect().publish(TOPICS.delivery_reply("dev-1"), frame, correlation_data=b"other")
+    now[0] = 3.6  # just before the first resend can be due (3.7 s at the soonest)
+    broker.connect().publish(TOPICS.delivery_reply("dev-1"), frame, correlation_data=correlation)
     assert puller.partial.has(0)
     assert puller.stats.ignored == 1
     now[0] = 0.7 + 3.0 * 1.5 + 0.01  # the longest first wait: the resend is due regardless
@@ -194,27 +203,164 @@ def test_frames_from_no_request_of_the_puller_are_kept_but_answer_nothing(
     assert len(asked) == 2
 
 
+def test_answers_to_requests_forged_in_its_name_do_not_keep_a_puller_on_a_gone_broadcast(
+    tmp_path: Path,
+) -> None:
+    # A frame on the reply topic counted as the broadcast being alive: one request a second
+    # forged as dev-1 (for a chunk it has) kept a puller whose broadcaster was gone waiting
+    # for 600 s with no repair request, and its pull then failed at stall_s.
+    now = [0.0]
+    broker, server, chunks = _serving(tmp_path, size=8 * CHUNK, now=now)
+    entry = server.repo.get("m", 1)
+    assert entry is not None
+    puller = Puller(
+        broker.connect(),
+        TOPICS,
+        "dev-1",
+        PartialTransfer(tmp_path / "pull", entry.signed),
+        clock=lambda: now[0],
+        options=PullerOptions(idle_s=2.0, rejoins=2),
+    )
+    puller.start()  # the server is never stepped: its join is never broadcast
+    # A broadcast that sends only a chunk the puller has (others need it) is alive all the
+    # same: a frame every 1.5 s keeps it from rejoining, however long.
+    fleet = broker.connect()
+    chunk0 = read_chunk(entry.folder, chunks[0])
+    for seq in range(1, 8):
+        fleet.publish(TOPICS.chunks("m", 1), Frame(chunks.id, 0, chunk0, seq=seq).encode())
+        now[0] += 1.5
+        puller.tick(now[0])
+    assert (puller.state, puller.stats.rejoins) == ("broadcast", 0)
+
+    # The broadcaster goes; a box asks for chunk 0 as dev-1 once a second.
+    forged = _request(chunks, "dev-1", count=1, bitmap=encode_bits(bitmap(1, [0])))
+    gone, forger = now[0], broker.connect()
+    while not puller.done.is_set() and now[0] < gone + 60.0:
+        if round(now[0] - gone, 2) % 1.0 == 0.0:
+            forger.publish(TOPICS.repair, forged)
+        now[0] = round(now[0] + 0.05, 2)
+        puller.tick(now[0])
+    assert server.repair_chunks > 10  # its answers reached dev-1 all along
+    assert puller.state == "complete"
+    assert puller.stats.rejoins == 2
+    assert puller.stats.repair_requests > 0
+    # Two rejoins of 2 s of silence each, then repair: as with nobody forging.
+    assert now[0] - gone < 3 * 2.0 + PullerOptions().repair_spread_s + 0.5
+
+
+def test_frames_that_answer_no_request_do_not_put_off_a_resend_on_mqtt_3(
+    tmp_path: Path,
+) -> None:
+    # On 3.1.1 a frame carries no correlation data, and every frame was taken for an
+    # answer: a chunk the puller has, answering a request forged in its name each second,
+    # put off the resend of its own lost request for as long as they came.
+    broker, asked = FakeBroker(), list[Message]()
+    puller, now = _repairing(tmp_path, broker, "3.1.1", asked)
+    chunks = puller.partial.chunks
+    frame = Frame(chunks.id, 0, read_chunk(tmp_path / "src", chunks[0]), repair=True).encode()
+    fleet = broker.connect("3.1.1")
+    while now[0] < 12.0:
+        if round(now[0] % 1.0, 2) == 0.0:
+            fleet.publish(TOPICS.delivery_reply("dev-1"), frame)
+        now[0] = round(now[0] + 0.05, 2)
+        puller.tick(now[0])
+    assert puller.partial.has(0)  # a chunk it asked for: kept, and an answer
+    assert puller.stats.ignored >= 10  # the same chunk again answers nothing
+    # Answered at 1 s, the request is due again 3 s later, not when the frames stop.
+    assert len(asked) >= 2
+
+
 def test_a_box_that_floods_repair_requests_is_answered_at_its_rate_and_no_faster(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     now = [0.0]
-    broker, server, chunks = _serving(tmp_path, size=1000, now=now)  # one small chunk
+    limits = RepairLimits(burst=4, per_s=1.0)
+    # 32 chunks of 64 KiB: a request for all of them is one full answer (MAX_REPAIR_BYTES).
+    broker, server, chunks = _serving(tmp_path, size=32 * CHUNK, now=now, limits=limits)
     dock2, dock1 = broker.connect(), broker.connect()
     own, other = TOPICS.delivery_reply("dock-2"), TOPICS.delivery_reply("dock-1")
-    limits = RepairLimits()
     with caplog.at_level(logging.INFO, logger="edge_agent.fleet.server"):
-        for _ in range(limits.burst + 100):
+        for _ in range(limits.burst + 10):
             dock2.publish(TOPICS.repair, _request(chunks, "dock-2"))
-        assert len(_on(broker, own)) == limits.burst
-        assert server.repairs_limited == 100
+        assert len(_on(broker, own)) == limits.burst * len(chunks)
+        assert server.repairs_limited == 10
         dock1.publish(TOPICS.repair, _request(chunks, "dock-1"))  # its own bucket: answered
-        assert len(_on(broker, other)) == 1
-        now[0] = 10.0
-        for _ in range(100):
-            dock2.publish(TOPICS.repair, _request(chunks, "dock-2"))
-    assert len(_on(broker, own)) == limits.burst + 10 * limits.per_s
+        assert len(_on(broker, other)) == len(chunks)
+        # A request is charged for what it is answered with: a second's budget is one
+        # full answer, or 32 answers of one 64 KiB chunk.
+        now[0] = 1.0
+        one = _request(chunks, "dock-2", count=1, bitmap=encode_bits(bitmap(1, [0])))
+        for _ in range(50):
+            dock2.publish(TOPICS.repair, one)
+    assert len(_on(broker, own)) == limits.burst * len(chunks) + 32
     said = [r for r in caplog.records if getattr(r, "event", None) == "fleet_repair_limited"]
     assert len(said) == 1
+
+
+def test_requests_the_server_refuses_do_not_spend_the_named_devices_repairs(
+    tmp_path: Path,
+) -> None:
+    # The bucket was taken before the request was read: a box flooding requests "as dev-1"
+    # with a wrong block_size (each answered with an error dev-1 ignores) emptied dev-1's
+    # budget, and its own repair was then dropped: 32 of 40 chunks in 400 s.
+    now = [0.0]
+    limits = RepairLimits(burst=4, per_s=1.0)
+    broker, server, chunks = _serving(tmp_path, size=4 * CHUNK, now=now, limits=limits)
+    forger, dev1 = broker.connect(), broker.connect()
+    reply = TOPICS.delivery_reply("dev-1")
+    refused = [
+        _request(chunks, "dev-1", block_size=1),
+        _request(chunks, "dev-1", release_id="0" * 16),
+        _request(chunks, "dev-1", name="other"),
+        _request(chunks, "dev-1", offset=len(chunks)),
+    ]
+    for _ in range(100):
+        for payload in refused:
+            forger.publish(TOPICS.repair, payload)
+    # Errors have a budget of their own (the same numbers): a flood is not answered in full.
+    assert len(_on(broker, reply)) == limits.burst
+    assert server.repairs_limited == 4 * 100 - limits.burst
+    dev1.publish(TOPICS.repair, _request(chunks, "dev-1"))
+    frames = [decode_frame(p) for p in _on(broker, reply)]
+    assert sum(f is not None for f in frames) == len(chunks)
+
+
+def test_a_flood_of_small_requests_in_its_name_leaves_a_puller_its_repair(
+    tmp_path: Path,
+) -> None:
+    # Counted per request, 20 requests a second for one 64 KiB chunk in dev-1's name spent
+    # a budget of 2 full answers (4 MiB) a second: dev-1's own requests went unanswered.
+    now = [0.0]
+    limits = RepairLimits(burst=8, per_s=2.0)
+    broker, server, chunks = _serving(tmp_path, size=8 * CHUNK, now=now, limits=limits)
+    entry = server.repo.get("m", 1)
+    assert entry is not None
+    forger = broker.connect()
+    forged = _request(chunks, "dev-1", count=1, bitmap=encode_bits(bitmap(1, [0])))
+
+    def step() -> None:
+        if round(now[0] % 0.05, 3) in (0.0, 0.05):  # 20 a second
+            forger.publish(TOPICS.repair, forged)
+        now[0] = round(now[0] + 0.01, 2)
+
+    while now[0] < 3.0:  # flooding before the pull starts, as after it
+        step()
+    puller = Puller(
+        broker.connect(),
+        TOPICS,
+        "dev-1",
+        PartialTransfer(tmp_path / "pull", entry.signed),
+        clock=lambda: now[0],
+        # A request per chunk: a pull that needs many answers, as a big release does.
+        options=PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0, repair_blocks=1),
+    )
+    puller.start()  # its join is never broadcast: the server is not stepped
+    while not puller.done.is_set() and now[0] < 60.0:
+        step()
+        puller.tick(now[0])
+    assert puller.state == "complete"
+    assert now[0] < 3.0 + 0.5 + 1.0
+    assert server.repairs_limited == 0
 
 
 def test_one_request_is_answered_with_at_most_max_repair_bytes(tmp_path: Path) -> None:

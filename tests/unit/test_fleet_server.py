@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from edge_agent.comms.fake import FakeBroker
@@ -63,3 +64,23 @@ def test_no_more_peers_than_the_bound_are_counted(tmp_path: Path) -> None:
     other.publish(TOPICS.server("s-0"), b"", retain=True)  # one goes: room for another
     other.publish(TOPICS.server("s-late"), _presence("s-late"), retain=True)
     assert "s-late" in server.servers
+
+
+def test_a_presence_with_fields_this_server_does_not_know_is_still_a_peer(
+    tmp_path: Path,
+) -> None:
+    # Parsed with extra="forbid", a presence from a newer server (one field more) was no
+    # presence: each of two servers counted only itself during a rolling upgrade, and
+    # both broadcast the same releases.
+    broker = FakeBroker()
+    server = FleetServer(broker.connect(), Repo(tmp_path / "repo"), instance="s1")
+    server.start()
+    other = broker.connect()
+    newer = {"instance": "s2", "started_at": 1.0, "serves": ["repair-v2"]}
+    other.publish(TOPICS.server("s2"), json.dumps(newer).encode(), retain=True)
+    assert server.servers == {"s1", "s2"}
+    # What it does know is still checked: a presence whose fields are wrong is none.
+    for wrong in ({**newer, "started_at": "soon"}, {**newer, "instance": "s9"}, [newer]):
+        other.publish(TOPICS.server("s2"), json.dumps(wrong).encode(), retain=True)
+        assert server.servers == {"s1"}
+        other.publish(TOPICS.server("s2"), json.dumps(newer).encode(), retain=True)

@@ -29,6 +29,7 @@ from edge_agent.store.release import (
     load_private_key,
     load_public_key,
     parse_signed_release,
+    same_content,
     save_private_key,
     save_public_key,
     sign,
@@ -94,6 +95,34 @@ def test_canonical_bytes_are_sorted_compact_json(release: Release) -> None:
     raw = canonical_bytes(release)
     assert b" " not in raw.split(b'"description"')[0]
     assert list(json.loads(raw)) == sorted(json.loads(raw))
+
+
+def test_the_same_files_published_in_other_chunks_or_from_a_mirror_are_the_same_release(
+    tmp_path: Path, release: Release, manifest: Manifest
+) -> None:
+    # same_content compared each file's chunk hashes and URL: the same model bytes
+    # published again with another --chunk-kib, or from a mirror, were refused as
+    # release.conflict "(other files)" on a box that held them.
+    again = build_release(
+        name="orient",
+        version=3,
+        folder=tmp_path,
+        files=["model.onnx"],
+        model="model.onnx",
+        manifest=manifest,
+        chunk_size=MAX_CHUNK,
+        now=NOW + timedelta(days=1),
+    )
+    mirrored = [again.files[0].model_copy(update={"url": "https://mirror.example/m.onnx"})]
+    again = again.model_copy(update={"files": mirrored})
+    assert again.files[0].chunks != release.files[0].chunks
+    assert same_content(release, again)
+    # Other bytes, or the same bytes under another path or loaded as another model, are not.
+    other = release.files[0].model_copy(update={"sha256": "0" * 64})
+    moved = release.files[0].model_copy(update={"path": "other.onnx"})
+    assert not same_content(release, release.model_copy(update={"files": [other]}))
+    assert not same_content(release, release.model_copy(update={"files": [moved]}))
+    assert not same_content(release, release.model_copy(update={"version": 4}))
 
 
 @pytest.mark.parametrize(
