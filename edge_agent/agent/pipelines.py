@@ -160,6 +160,9 @@ class Pipelines:
         self._lock = threading.Lock()
         self._record_lock = threading.Lock()
         self._running: dict[str, _Running] = {}
+        # Pipelines a restart has stopped and is starting again (`_restart`): their slots
+        # stay theirs meanwhile, against a start_pipeline that came during the stop's join.
+        self._restarting: set[str] = set()
         # Last intervals of runs that ended, oldest first per pipeline, for the next ticks.
         self._last_intervals: dict[str, list[_Ended]] = {}
         self._closed = threading.Event()
@@ -167,9 +170,11 @@ class Pipelines:
     # --- commands ----------------------------------------------------------------------------
     def start(self, data: dict[str, Any], persist: bool = True) -> PipelineState:
         """Build and start a pipeline from a spec; raises if the id runs or the spec is bad."""
-        spec = self._checked(data)
+        return self._start(self._checked(data), persist)
+
+    def _start(self, spec: PipelineSpec, persist: bool, own_slot: bool = False) -> PipelineState:
         with self._lock:
-            entry = self._register(spec)
+            entry = self._register(spec, own_slot)
         return self._start_registered(entry, persist)
 
     def _checked(self, data: dict[str, Any]) -> PipelineSpec:
@@ -182,24 +187,30 @@ class Pipelines:
         refuse_protected(spec, self.protected, code=code, field_prefix=prefix)
         return spec
 
-    def _register(self, spec: PipelineSpec) -> _Running:
-        """Hold a place for `spec` among the running (under `_lock`), or refuse it."""
+    def _register(self, spec: PipelineSpec, own_slot: bool = False) -> _Running:
+        """Hold a place for `spec` among the running (under `_lock`), or refuse it.
+        `own_slot`: a restart's, which takes the slot it kept whatever the count."""
         if spec.id in self._running:
             raise EdgeAgentError(
                 f"pipeline {spec.id} is already running",
                 "stop it first, or use swap_model to change its model",
                 code="pipeline.exists",
             )
-        if len(self._running) >= self.max_running:
+        taken = self._slots_taken(spec.id)
+        if not own_slot and taken >= self.max_running:
             raise EdgeAgentError(
-                f"the agent holds {len(self._running)} pipelines, its most "
-                f"(max_pipelines = {self.max_running})",
+                f"the agent holds {taken} pipelines, its most (max_pipelines = {self.max_running})",
                 "stop one with stop_pipeline (failed ones count too), or raise "
                 "max_pipelines in the agent's config",
                 code="command.busy",
             )
         entry = self._running[spec.id] = _Running(spec, outage=SourceOutage(spec.id))
         return entry
+
+    def _slots_taken(self, pipeline_id: str) -> int:
+        """Slots held by others than `pipeline_id` (under `_lock`): every listed pipeline,
+        held and failed ones too, and those a restart is starting again."""
+        return len((self._running.keys() | self._restarting) - {pipeline_id})
 
     def _start_registered(self, entry: _Running, persist: bool) -> PipelineState:
         spec = entry.spec
@@ -562,17 +573,26 @@ class Pipelines:
 
     def _restart(self, entry: _Running) -> bool:
         """Stop a pipeline and start it again from its spec (its record untouched); a
-        failure is said as the pipeline's, never raised (the store has changed)."""
+        failure is said as the pipeline's, never raised (the store has changed).
+
+        It keeps its slot throughout: reserved before the stop, so no start_pipeline takes
+        it during the join, and started again whatever the count. Counted like a new one,
+        a deploy stopped an audio pipeline for good whenever pipelines held over the cap
+        (`restore`) filled it: the restart held the very pipeline it had stopped.
+        """
         pipeline_id = entry.spec.id
         spec = entry.spec.model_dump(mode="json")
         recorded = pipeline_id in self.records.record.pipelines
+        with self._lock:
+            self._restarting.add(pipeline_id)
         try:
             self.stop(pipeline_id, forget=False)
             if recorded:
                 # Only if still recorded, as a restore does: a stop_pipeline that came
                 # during this stop's join found it not running and forgot it.
-                return self._restore_one(pipeline_id, spec) in ("started", "running")
-            self.start(spec, persist=False)
+                restored = self._restore_one(pipeline_id, spec, own_slot=True)
+                return restored in ("started", "running")
+            self._start(self._checked(spec), persist=False, own_slot=True)
         except EdgeAgentError as exc:
             detail = f"restart on the new model failed: {exc}"
             self._event("pipeline_failed", pipeline_id, code=exc.code, detail=detail)
@@ -581,6 +601,9 @@ class Pipelines:
             log_crash(log, "pipeline_restart_crashed", pipeline=pipeline_id)
             self._event("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
             return False
+        finally:
+            with self._lock:
+                self._restarting.discard(pipeline_id)
         return True
 
     def restore(self) -> list[str]:
@@ -633,13 +656,14 @@ class Pipelines:
         return started
 
     def _restore_one(
-        self, pipeline_id: str, data: dict[str, Any]
+        self, pipeline_id: str, data: dict[str, Any], own_slot: bool = False
     ) -> Literal["started", "held", "running", "forgotten"]:
         """Start a recorded pipeline, or hold it over the cap; which it came to. `restore`
         works from the record as it read it, and commands the broker held for the box come
         in meanwhile: a stop_pipeline that forgot it (this used to start it anyway,
         unrecorded, gone at the next restart), or a start_pipeline of it (this used to
-        report a running pipeline failed)."""
+        report a running pipeline failed). `own_slot`: a restart's (`_restart`), never held.
+        """
         spec = self._checked(self._as_known(pipeline_id, data))
         over_cap = (
             f"over max_pipelines ({self.max_running}): raise the cap in the config, or stop "
@@ -652,7 +676,7 @@ class Pipelines:
                 outcome: Literal["started", "held", "running", "forgotten"] = "forgotten"
             elif spec.id in self._running:
                 outcome = "running"
-            elif len(self._running) >= self.max_running:
+            elif not own_slot and self._slots_taken(spec.id) >= self.max_running:
                 # Listed as failed, not started: stop_pipeline forgets it as any failed
                 # one, and it holds its slot against a start that would take its place.
                 outcome = "held"
@@ -665,7 +689,7 @@ class Pipelines:
                 )
             else:
                 outcome = "started"
-                entry = self._register(spec)
+                entry = self._register(spec, own_slot)
         if entry is not None:
             self._start_registered(entry, persist=False)
         elif outcome == "held":
