@@ -163,6 +163,9 @@ class Pipelines:
         # Pipelines a restart has stopped and is starting again (`_restart`): their slots
         # stay theirs meanwhile, against a start_pipeline that came during the stop's join.
         self._restarting: set[str] = set()
+        # Recorded pipelines a restore or a restart could not start, as list_pipelines
+        # shows them, until a stop_pipeline forgets them (`_list_unrestored`).
+        self._unrestored: dict[str, PipelineState] = {}
         # Last intervals of runs that ended, oldest first per pipeline, for the next ticks.
         self._last_intervals: dict[str, list[_Ended]] = {}
         self._closed = threading.Event()
@@ -194,6 +197,13 @@ class Pipelines:
             raise EdgeAgentError(
                 f"pipeline {spec.id} is already running",
                 "stop it first, or use swap_model to change its model",
+                code="pipeline.exists",
+            )
+        if spec.id in self._unrestored:
+            raise EdgeAgentError(
+                f"pipeline {spec.id} is recorded, and failed to start from its record "
+                "(list_pipelines says why)",
+                "stop it first: stop_pipeline forgets it",
                 code="pipeline.exists",
             )
         taken = self._slots_taken(spec.id)
@@ -411,7 +421,10 @@ class Pipelines:
                     try:
                         self._persist_locked(pipeline_id, None)
                     except OSError as exc:
-                        unwritable = exc
+                        unwritable = exc  # still recorded: still listed, if it was
+                    else:
+                        with self._lock:
+                            self._unrestored.pop(pipeline_id, None)
         if entry is None:
             # Recorded, not running: its restore failed (a model since removed, a spec this
             # version refuses), or is yet to come. Not found, it was tried and refused at
@@ -420,9 +433,8 @@ class Pipelines:
                 raise _not_forgotten(pipeline_id, unwritable, stopped=False)
             if recorded is not None:
                 self._event("pipeline_stopped", pipeline_id, detail="forgotten: not running")
-                model = recorded.get("model")
-                name = model.get("name") if isinstance(model, dict) else None
-                return PipelineState(id=pipeline_id, model=str(name or "-"), status="stopped")
+                model = _recorded_model(recorded)
+                return PipelineState(id=pipeline_id, model=model, status="stopped")
             raise EdgeAgentError(
                 f"no pipeline {pipeline_id!r}",
                 "list them with list_pipelines",
@@ -617,6 +629,9 @@ class Pipelines:
         failed pipeline does, so a start_pipeline cannot take their place and then be the
         one left out at the next restart. Commands the broker held for the box may start
         pipelines before these, and take slots: the last recorded ones are held then.
+
+        One that fails to start (a spec this build refuses, a model gone, a bug) is listed
+        failed too (`_list_unrestored`), and kept in the record.
         """
         started = []
         held = []
@@ -657,6 +672,40 @@ class Pipelines:
 
     def _restore_one(
         self, pipeline_id: str, data: dict[str, Any], own_slot: bool = False
+    ) -> Literal["started", "held", "running", "forgotten"]:
+        """`_restore_or_hold`, listing the pipeline failed if it raises (and raising)."""
+        try:
+            return self._restore_or_hold(pipeline_id, data, own_slot)
+        except Exception as exc:
+            self._list_unrestored(pipeline_id, data, exc)
+            raise
+
+    def _list_unrestored(self, pipeline_id: str, data: dict[str, Any], exc: Exception) -> None:
+        """List a recorded pipeline that failed to start from its record as failed, with
+        why, until a stop_pipeline forgets it.
+
+        Unlisted, it was in no list_pipelines and no retained state, with only an event and
+        a log line to say so: after an upgrade that refuses what older builds recorded (a
+        sink outside the state folder, a mic name ALSA would take for config), pipelines
+        stopped coming back unseen. It takes no slot of `max_pipelines`: it holds nothing,
+        and it would hold a recorded one that can run out of the restore.
+        """
+        code = exc.code if isinstance(exc, EdgeAgentError) else "internal"
+        fix = exc.fix if isinstance(exc, EdgeAgentError) and exc.fix else "see the agent's log"
+        detail = (
+            f"not started from its record ({code}): {exc}; stop_pipeline forgets it, and a "
+            f"start_pipeline can then start it anew ({fix})"
+        )
+        state = PipelineState(
+            id=pipeline_id, model=_recorded_model(data), status="failed", detail=detail
+        )
+        with self._record_lock, self._lock:
+            # Not one a stop_pipeline forgot meanwhile, nor one a start_pipeline runs.
+            if pipeline_id in self.records.record.pipelines and pipeline_id not in self._running:
+                self._unrestored[pipeline_id] = state
+
+    def _restore_or_hold(
+        self, pipeline_id: str, data: dict[str, Any], own_slot: bool
     ) -> Literal["started", "held", "running", "forgotten"]:
         """Start a recorded pipeline, or hold it over the cap; which it came to. `restore`
         works from the record as it read it, and commands the broker held for the box come
@@ -749,7 +798,8 @@ class Pipelines:
     def states(self) -> list[PipelineState]:
         with self._lock:
             entries = list(self._running.values())
-        return [self._state(e) for e in entries]
+            unrestored = list(self._unrestored.values())
+        return [*(self._state(e) for e in entries), *unrestored]
 
     def handles(self) -> dict[str, PipelineHandle]:
         """The running pipelines' handles, for telemetry."""
@@ -859,6 +909,13 @@ class Pipelines:
             left = max(0.1, deadline - time.monotonic())
             with contextlib.suppress(EdgeAgentError):
                 self.stop(pipeline_id, forget=False, timeout=left)
+
+
+def _recorded_model(data: dict[str, Any]) -> str:
+    """The model a recorded spec names, read without validating it ("-" for none)."""
+    model = data.get("model")
+    name = model.get("name") if isinstance(model, dict) else None
+    return str(name or "-")
 
 
 def _stopped_while_starting(pipeline_id: str) -> EdgeAgentError:
