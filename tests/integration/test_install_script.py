@@ -112,3 +112,22 @@ def test_a_second_build_of_the_same_version_replaces_the_first(venv: Path, tmp_p
     assert running.strip() == "b"
     # A dependency already in place is left alone: not every package reinstalled each time.
     assert dep_file.read_text() == "KEPT = True\n"
+
+
+def test_sourcing_the_script_defines_its_functions_and_installs_nothing(tmp_path: Path) -> None:
+    # Sourced as the tests here source it, the old guard (${BASH_SOURCE[0]} != $0) found
+    # the two names equal and ran the whole install: as root, a user, /opt/edge-agent and
+    # the unit on the test host. `id` here says non-root, so the run stops at its check.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "id").write_text("#!/bin/sh\necho 1000\n")
+    (bin_dir / "id").chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", 'source "$0"; echo "sourced: $?"; type -t install_package', INSTALL_SH],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.stdout.split("\n")[:2] == ["sourced: 0", "function"], done.stderr
+    assert done.stderr == ""
