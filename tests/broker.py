@@ -51,7 +51,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
 
 
 class ShippedBroker(LocalBroker):
-    """mosquitto with the shipped `edge-agent.conf` and `acl`, on free loopback ports.
+    """mosquitto with the shipped `edge-agent.conf` and ACLs, on free loopback ports.
 
     Only the listeners' ports and the folder of the files they name are changed, so a
     shipped line mosquitto refuses, or one that lets a box too far, fails the tests that
@@ -61,8 +61,8 @@ class ShippedBroker(LocalBroker):
         folder: For the config, the password files, the ACL and the log.
         boxes: The boxes' users and passwords (user name = device id).
         fleet: The fleet listener's users and passwords.
-        acl_extra: Lines added to the ACL, as systemd/README.md has an operator add them
-            (a group's members).
+        acl_extra: Lines added to the boxes' ACL, as systemd/README.md has an operator
+            add them (a group's members).
     """
 
     def __init__(
@@ -82,7 +82,8 @@ class ShippedBroker(LocalBroker):
             path.write_text("")
             for user, password in users.items():
                 subprocess.run(["mosquitto_passwd", "-b", str(path), user, password], check=True)
-        (folder / "acl").write_text((SHIPPED_BROKER / "acl").read_text() + acl_extra)
+        for acl, extra in (("boxes.acl", acl_extra), ("fleet.acl", "")):
+            (folder / acl).write_text((SHIPPED_BROKER / acl).read_text() + extra)
         config = (SHIPPED_BROKER / "edge-agent.conf").read_text()
         for shipped, here in (
             ("\nlistener 1883\n", f"\nlistener {self.port} {self.host}\n"),

@@ -160,6 +160,12 @@ class Pipelines:
         self._lock = threading.Lock()
         self._record_lock = threading.Lock()
         self._running: dict[str, _Running] = {}
+        # Pipelines a restart has stopped and is starting again (`_restart`): their slots
+        # stay theirs meanwhile, against a start_pipeline that came during the stop's join.
+        self._restarting: set[str] = set()
+        # Recorded pipelines a restore or a restart could not start, as list_pipelines
+        # shows them, until a stop_pipeline forgets them (`_list_unrestored`).
+        self._unrestored: dict[str, PipelineState] = {}
         # Last intervals of runs that ended, oldest first per pipeline, for the next ticks.
         self._last_intervals: dict[str, list[_Ended]] = {}
         self._closed = threading.Event()
@@ -167,9 +173,11 @@ class Pipelines:
     # --- commands ----------------------------------------------------------------------------
     def start(self, data: dict[str, Any], persist: bool = True) -> PipelineState:
         """Build and start a pipeline from a spec; raises if the id runs or the spec is bad."""
-        spec = self._checked(data)
+        return self._start(self._checked(data), persist)
+
+    def _start(self, spec: PipelineSpec, persist: bool, own_slot: bool = False) -> PipelineState:
         with self._lock:
-            entry = self._register(spec)
+            entry = self._register(spec, own_slot)
         return self._start_registered(entry, persist)
 
     def _checked(self, data: dict[str, Any]) -> PipelineSpec:
@@ -182,24 +190,37 @@ class Pipelines:
         refuse_protected(spec, self.protected, code=code, field_prefix=prefix)
         return spec
 
-    def _register(self, spec: PipelineSpec) -> _Running:
-        """Hold a place for `spec` among the running (under `_lock`), or refuse it."""
+    def _register(self, spec: PipelineSpec, own_slot: bool = False) -> _Running:
+        """Hold a place for `spec` among the running (under `_lock`), or refuse it.
+        `own_slot`: a restart's, which takes the slot it kept whatever the count."""
         if spec.id in self._running:
             raise EdgeAgentError(
                 f"pipeline {spec.id} is already running",
                 "stop it first, or use swap_model to change its model",
                 code="pipeline.exists",
             )
-        if len(self._running) >= self.max_running:
+        if spec.id in self._unrestored:
             raise EdgeAgentError(
-                f"the agent holds {len(self._running)} pipelines, its most "
-                f"(max_pipelines = {self.max_running})",
+                f"pipeline {spec.id} is recorded, and failed to start from its record "
+                "(list_pipelines says why)",
+                "stop it first: stop_pipeline forgets it",
+                code="pipeline.exists",
+            )
+        taken = self._slots_taken(spec.id)
+        if not own_slot and taken >= self.max_running:
+            raise EdgeAgentError(
+                f"the agent holds {taken} pipelines, its most (max_pipelines = {self.max_running})",
                 "stop one with stop_pipeline (failed ones count too), or raise "
                 "max_pipelines in the agent's config",
                 code="command.busy",
             )
         entry = self._running[spec.id] = _Running(spec, outage=SourceOutage(spec.id))
         return entry
+
+    def _slots_taken(self, pipeline_id: str) -> int:
+        """Slots held by others than `pipeline_id` (under `_lock`): every listed pipeline,
+        held and failed ones too, and those a restart is starting again."""
+        return len((self._running.keys() | self._restarting) - {pipeline_id})
 
     def _start_registered(self, entry: _Running, persist: bool) -> PipelineState:
         spec = entry.spec
@@ -400,7 +421,10 @@ class Pipelines:
                     try:
                         self._persist_locked(pipeline_id, None)
                     except OSError as exc:
-                        unwritable = exc
+                        unwritable = exc  # still recorded: still listed, if it was
+                    else:
+                        with self._lock:
+                            self._unrestored.pop(pipeline_id, None)
         if entry is None:
             # Recorded, not running: its restore failed (a model since removed, a spec this
             # version refuses), or is yet to come. Not found, it was tried and refused at
@@ -409,9 +433,8 @@ class Pipelines:
                 raise _not_forgotten(pipeline_id, unwritable, stopped=False)
             if recorded is not None:
                 self._event("pipeline_stopped", pipeline_id, detail="forgotten: not running")
-                model = recorded.get("model")
-                name = model.get("name") if isinstance(model, dict) else None
-                return PipelineState(id=pipeline_id, model=str(name or "-"), status="stopped")
+                model = _recorded_model(recorded)
+                return PipelineState(id=pipeline_id, model=model, status="stopped")
             raise EdgeAgentError(
                 f"no pipeline {pipeline_id!r}",
                 "list them with list_pipelines",
@@ -562,17 +585,26 @@ class Pipelines:
 
     def _restart(self, entry: _Running) -> bool:
         """Stop a pipeline and start it again from its spec (its record untouched); a
-        failure is said as the pipeline's, never raised (the store has changed)."""
+        failure is said as the pipeline's, never raised (the store has changed).
+
+        It keeps its slot throughout: reserved before the stop, so no start_pipeline takes
+        it during the join, and started again whatever the count. Counted like a new one,
+        a deploy stopped an audio pipeline for good whenever pipelines held over the cap
+        (`restore`) filled it: the restart held the very pipeline it had stopped.
+        """
         pipeline_id = entry.spec.id
         spec = entry.spec.model_dump(mode="json")
         recorded = pipeline_id in self.records.record.pipelines
+        with self._lock:
+            self._restarting.add(pipeline_id)
         try:
             self.stop(pipeline_id, forget=False)
             if recorded:
                 # Only if still recorded, as a restore does: a stop_pipeline that came
                 # during this stop's join found it not running and forgot it.
-                return self._restore_one(pipeline_id, spec) in ("started", "running")
-            self.start(spec, persist=False)
+                restored = self._restore_one(pipeline_id, spec, own_slot=True)
+                return restored in ("started", "running")
+            self._start(self._checked(spec), persist=False, own_slot=True)
         except EdgeAgentError as exc:
             detail = f"restart on the new model failed: {exc}"
             self._event("pipeline_failed", pipeline_id, code=exc.code, detail=detail)
@@ -581,6 +613,9 @@ class Pipelines:
             log_crash(log, "pipeline_restart_crashed", pipeline=pipeline_id)
             self._event("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
             return False
+        finally:
+            with self._lock:
+                self._restarting.discard(pipeline_id)
         return True
 
     def restore(self) -> list[str]:
@@ -594,6 +629,9 @@ class Pipelines:
         failed pipeline does, so a start_pipeline cannot take their place and then be the
         one left out at the next restart. Commands the broker held for the box may start
         pipelines before these, and take slots: the last recorded ones are held then.
+
+        One that fails to start (a spec this build refuses, a model gone, a bug) is listed
+        failed too (`_list_unrestored`), and kept in the record.
         """
         started = []
         held = []
@@ -633,13 +671,48 @@ class Pipelines:
         return started
 
     def _restore_one(
-        self, pipeline_id: str, data: dict[str, Any]
+        self, pipeline_id: str, data: dict[str, Any], own_slot: bool = False
+    ) -> Literal["started", "held", "running", "forgotten"]:
+        """`_restore_or_hold`, listing the pipeline failed if it raises (and raising)."""
+        try:
+            return self._restore_or_hold(pipeline_id, data, own_slot)
+        except Exception as exc:
+            self._list_unrestored(pipeline_id, data, exc)
+            raise
+
+    def _list_unrestored(self, pipeline_id: str, data: dict[str, Any], exc: Exception) -> None:
+        """List a recorded pipeline that failed to start from its record as failed, with
+        why, until a stop_pipeline forgets it.
+
+        Unlisted, it was in no list_pipelines and no retained state, with only an event and
+        a log line to say so: after an upgrade that refuses what older builds recorded (a
+        sink outside the state folder, a mic name ALSA would take for config), pipelines
+        stopped coming back unseen. It takes no slot of `max_pipelines`: it holds nothing,
+        and it would hold a recorded one that can run out of the restore.
+        """
+        code = exc.code if isinstance(exc, EdgeAgentError) else "internal"
+        fix = exc.fix if isinstance(exc, EdgeAgentError) and exc.fix else "see the agent's log"
+        detail = (
+            f"not started from its record ({code}): {exc}; stop_pipeline forgets it, and a "
+            f"start_pipeline can then start it anew ({fix})"
+        )
+        state = PipelineState(
+            id=pipeline_id, model=_recorded_model(data), status="failed", detail=detail
+        )
+        with self._record_lock, self._lock:
+            # Not one a stop_pipeline forgot meanwhile, nor one a start_pipeline runs.
+            if pipeline_id in self.records.record.pipelines and pipeline_id not in self._running:
+                self._unrestored[pipeline_id] = state
+
+    def _restore_or_hold(
+        self, pipeline_id: str, data: dict[str, Any], own_slot: bool
     ) -> Literal["started", "held", "running", "forgotten"]:
         """Start a recorded pipeline, or hold it over the cap; which it came to. `restore`
         works from the record as it read it, and commands the broker held for the box come
         in meanwhile: a stop_pipeline that forgot it (this used to start it anyway,
         unrecorded, gone at the next restart), or a start_pipeline of it (this used to
-        report a running pipeline failed)."""
+        report a running pipeline failed). `own_slot`: a restart's (`_restart`), never held.
+        """
         spec = self._checked(self._as_known(pipeline_id, data))
         over_cap = (
             f"over max_pipelines ({self.max_running}): raise the cap in the config, or stop "
@@ -652,7 +725,7 @@ class Pipelines:
                 outcome: Literal["started", "held", "running", "forgotten"] = "forgotten"
             elif spec.id in self._running:
                 outcome = "running"
-            elif len(self._running) >= self.max_running:
+            elif not own_slot and self._slots_taken(spec.id) >= self.max_running:
                 # Listed as failed, not started: stop_pipeline forgets it as any failed
                 # one, and it holds its slot against a start that would take its place.
                 outcome = "held"
@@ -665,7 +738,7 @@ class Pipelines:
                 )
             else:
                 outcome = "started"
-                entry = self._register(spec)
+                entry = self._register(spec, own_slot)
         if entry is not None:
             self._start_registered(entry, persist=False)
         elif outcome == "held":
@@ -725,7 +798,8 @@ class Pipelines:
     def states(self) -> list[PipelineState]:
         with self._lock:
             entries = list(self._running.values())
-        return [self._state(e) for e in entries]
+            unrestored = list(self._unrestored.values())
+        return [*(self._state(e) for e in entries), *unrestored]
 
     def handles(self) -> dict[str, PipelineHandle]:
         """The running pipelines' handles, for telemetry."""
@@ -835,6 +909,13 @@ class Pipelines:
             left = max(0.1, deadline - time.monotonic())
             with contextlib.suppress(EdgeAgentError):
                 self.stop(pipeline_id, forget=False, timeout=left)
+
+
+def _recorded_model(data: dict[str, Any]) -> str:
+    """The model a recorded spec names, read without validating it ("-" for none)."""
+    model = data.get("model")
+    name = model.get("name") if isinstance(model, dict) else None
+    return str(name or "-")
 
 
 def _stopped_while_starting(pipeline_id: str) -> EdgeAgentError:

@@ -7,6 +7,7 @@ Layout below `Layout.store` (only this module knows it):
     models/<name>/state.json            {"current", "previous", "highest"}
     tmp/                                staging; emptied on the next update
     .lock                               one update at a time on this box
+    .state.lock                         one state.json write at a time (`_state_writes`)
 
 Why this shape:
 - content-addressed blobs share bytes between versions and make `verify` a
@@ -188,18 +189,25 @@ class ModelStore:
 
         Args:
             seen: the bytes that did not read; a file that differs now was written again
-                meanwhile (an update under the lock) and is read instead.
+                meanwhile (an update, another mend) and is read instead.
         """
         rebuilt = NameState(highest=max(self.versions(name), default=0))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         aside = path.with_name(f"state.json.damaged-{stamp}")
         try:
-            if path.read_bytes() != seen:
-                return self.state(name)
-            path.rename(aside)
-            self._write_state(name, rebuilt, "mend")  # its folder's fsync keeps the rename
-        except FileNotFoundError:  # another reader set it aside first
-            return rebuilt
+            # The re-check, the rename and the write in one hold of the state writes' lock:
+            # a reader (no update lock) that checked, then renamed, set aside the state an
+            # activation had written in between, and wrote its rebuilt one (no current
+            # version) over it.
+            with self._state_writes():
+                try:
+                    changed = path.read_bytes() != seen
+                except FileNotFoundError:  # gone (a hand, a crash mid-mend): read as absent
+                    changed = True
+                if not changed:
+                    path.rename(aside)
+                    # Its folder's fsync keeps the rename.
+                    self._write_state_locked(name, rebuilt, "mend")
         except OSError as exc:
             raise EdgeAgentError(
                 f"{path} is corrupt ({detail}) and cannot be set aside: {exc.strerror or exc}",
@@ -207,6 +215,8 @@ class ModelStore:
                 "version of the model",
                 code="store.corrupt",
             ) from None
+        if changed:
+            return self.state(name)  # with the lock let go: this may mend again
         log_event(
             log,
             logging.ERROR,
@@ -564,10 +574,28 @@ class ModelStore:
             if tmp.is_dir():
                 for leftover in tmp.iterdir():
                     shutil.rmtree(leftover, ignore_errors=True)
-            for name in self.names():  # a state file's temp twin, if a crash beat its rename
-                for leftover in self._name_dir(name).glob(".state.json.tmp-*"):
-                    leftover.unlink()
+            with self._state_writes():  # not a mend's temp file, about to be renamed
+                for name in self.names():  # a state file's temp twin, if a crash beat its rename
+                    for leftover in self._name_dir(name).glob(".state.json.tmp-*"):
+                        leftover.unlink()
             self._collect_blobs()
+            yield
+
+    @contextmanager
+    def _state_writes(self) -> Iterator[None]:
+        """Hold the lock every write of a `state.json` is made under.
+
+        Updates write states under the update lock, but `_mend_state` also writes from
+        readers that do not hold it (listings, `current`). Taking the update lock there
+        does not work: `state` is read both without it and under it (install, activate,
+        rollback, remove, eviction), and an flock asked again on a second descriptor by
+        the thread that holds it waits for itself until `lock_timeout_s`; a reader would
+        also wait behind a whole install. This lock is held only around state writes,
+        and nothing under it takes the update lock, so the two never wait on each other
+        in a circle; it also keeps two writers in one process (one temp file name, by
+        pid) apart.
+        """
+        with file_lock(self.root / ".state.lock", self.lock_timeout_s):
             yield
 
     def _staging(self, label: str) -> Path:
@@ -622,6 +650,10 @@ class ModelStore:
         return verify_version(f"{name} v{version}", self.version_dir(name, version), release)
 
     def _write_state(self, name: str, state: NameState, step: str) -> None:
+        with self._state_writes():
+            self._write_state_locked(name, state, step)
+
+    def _write_state_locked(self, name: str, state: NameState, step: str) -> None:
         folder = self._name_dir(name)
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(folder / "state.json", state.model_dump_json().encode(), step)

@@ -4,15 +4,17 @@ There was no limit: 100 start_pipeline commands naming a camera that refuses con
 were all answered ok, held 404 threads and 138 MB, were recorded, and came back at every
 start. Past the cap a start is now refused command.busy, and a record holding more than
 the cap restores the first ones only and lists the rest as failed, kept for a restart with
-room (forgotten, as they once were, a cap lowered for a while lost them for good). A real
-agent (on a thread) over a real mosquitto, with face-blazeface and a stream nothing
-listens for.
+room (forgotten, as they once were, a cap lowered for a while lost them for good). A
+deploy that restarts an audio pipeline keeps its slot for it. A real agent (on a thread)
+over a real mosquitto, with face-blazeface and a stream nothing listens for; the restarts
+on the agent's real pipeline manager, with vad-silero on a fake `arecord`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ import pytest
 from edge_agent.agent.pipelines import Pipelines
 from edge_agent.agent.records import AgentRecords
 from edge_agent.comms.local_broker import LocalBroker, free_port
+from edge_agent.errors import EdgeAgentError
+from edge_agent.pipelines.runner import PipelineHandle
 from tests.agent_kit import InProcessAgent, Watcher, photo_pipelines, write_config
 
 DEVICE = "cap-dev"
@@ -186,3 +190,71 @@ def test_pipelines_over_the_cap_are_kept_and_start_once_it_has_room(
         assert not [s for s in raised.states() if "max_pipelines" in s.detail]
     finally:
         raised.close()
+
+
+@pytest.fixture
+def quiet_mic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A vad-silero pipeline's spec (no id) on a microphone that is quiet for the test's
+    length: a fake `arecord` first on PATH, as there is no sound card here."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    arecord = bin_dir / "arecord"
+    arecord.write_text("#!/bin/sh\nexec sleep 60\n")
+    arecord.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return {"model": {"name": "vad-silero"}, "source": {"type": "mic", "stall_timeout_s": 60}}
+
+
+def test_a_deploy_restarts_an_audio_pipeline_in_its_own_slot_though_held_ones_fill_the_cap(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8], quiet_mic: dict[str, Any]
+) -> None:
+    # An audio pipeline cannot swap, so a deploy of its model stops it and starts it again.
+    # The stop gave its slot up, the pipelines held over the cap filled the count, and the
+    # start held the very pipeline it had stopped: a deploy ended it until the next restart.
+    pipelines, _ = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    pipelines.max_running = 1
+    pipelines.records.update(pipelines={p: {**quiet_mic, "id": p} for p in ("door", "gate")})
+    try:
+        assert pipelines.restore() == ["door"]
+        assert pipelines.reload_model("vad-silero") == ["door"]
+        states = {s.id: (s.status, s.detail.split(":")[0]) for s in pipelines.states()}
+        assert states == {"door": ("running", ""), "gate": ("failed", "over max_pipelines (1)")}
+        # The held one still holds its slot against a new start.
+        with pytest.raises(EdgeAgentError) as refused:
+            pipelines.start({**quiet_mic, "id": "new"})
+        assert refused.value.code == "command.busy"
+        assert list(pipelines.records.record.pipelines) == ["door", "gate"]
+    finally:
+        pipelines.close()
+
+
+def test_a_start_during_a_deploys_restart_does_not_take_the_restarted_pipelines_slot(
+    tmp_path: Path,
+    cache_dir: Path,
+    astronaut: npt.NDArray[np.uint8],
+    quiet_mic: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The restart's stop takes the pipeline out of the running, then joins its thread: a
+    # start_pipeline in that join found a free slot, and the restart then had none left.
+    pipelines, _ = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    pipelines.max_running = 1
+    pipelines.start({**quiet_mic, "id": "door"})
+    real_stop = PipelineHandle.stop
+    refused: list[EdgeAgentError] = []
+
+    def start_during_the_stop(handle: PipelineHandle) -> None:
+        try:
+            pipelines.start({**quiet_mic, "id": "new"})
+        except EdgeAgentError as exc:
+            refused.append(exc)
+        real_stop(handle)
+
+    monkeypatch.setattr(PipelineHandle, "stop", start_during_the_stop)
+    try:
+        assert pipelines.reload_model("vad-silero") == ["door"]
+        assert [e.code for e in refused] == ["command.busy"]
+        assert [(s.id, s.status) for s in pipelines.states()] == [("door", "running")]
+    finally:
+        monkeypatch.undo()
+        pipelines.close()

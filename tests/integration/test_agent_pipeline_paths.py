@@ -6,9 +6,10 @@ failed, across restarts; the file was made even when the start then failed, sinc
 were opened before the model was looked up. A snapshot sink deletes the oldest JPEGs of
 whatever folder it is given. Such a start is now answered command.invalid, naming the
 field, before anything is made, whatever the spelling (a symlink, '..'), and a record
-holding one does not bring it back; a start refused for its model or its source makes no
-sink file either. A real agent (on a thread) over a real mosquitto;
-the store's model is text-orientation, published as `orient` by the `fleet` fixture.
+holding one does not bring it back, but lists it failed until a stop_pipeline forgets it;
+a start refused for its model or its source makes no sink file either. A real agent (on a
+thread) over a real mosquitto; the store's model is text-orientation, published as
+`orient` by the `fleet` fixture.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import pytest
 
 from edge_agent.agent.records import AgentRecords
 from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.errors import EdgeAgentError
 from edge_agent.store.release import generate_key, save_public_key
-from tests.agent_kit import InProcessAgent, Watcher, write_config
+from tests.agent_kit import InProcessAgent, Watcher, photo_pipelines, write_config
 from tests.broker import Fleet
 from tests.cli_kit import edge_agent_cli, one_line_error
 
@@ -326,14 +328,15 @@ def test_a_relative_sink_path_is_taken_inside_the_state_folder_and_recorded_so(
         agent.close()
 
 
-def test_a_recorded_pipeline_with_a_sink_in_the_store_is_not_restored(
+def test_a_recorded_pipeline_with_a_sink_in_the_store_is_not_restored_but_listed_failed(
     broker: LocalBroker,
     tmp_path: Path,
     watcher: Watcher,
     photos: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # What an agent of before this check may have recorded.
+    # What an agent of before this check may have recorded. It was refused with an event
+    # and a log line only: no list_pipelines and no retained state showed it again.
     store = tmp_path / "state" / "store"
     spec = {
         "id": "cam",
@@ -353,14 +356,52 @@ def test_a_recorded_pipeline_with_a_sink_in_the_store_is_not_restored(
         ]
         assert [(f["pipeline"], f["code"]) for f in failed] == [("cam", "command.invalid")]
         assert not store.exists()
-        assert watcher.ok("list_pipelines") == {"pipelines": []}
+        [listed] = watcher.ok("list_pipelines")["pipelines"]
+        assert (listed["id"], listed["model"], listed["status"]) == ("cam", MISSING, "failed")
+        assert listed["detail"].startswith("not started from its record (command.invalid): ")
+        assert watcher.wait_state(lambda s: bool(s["pipelines"]))["pipelines"] == [listed]
+        assert list(AgentRecords(tmp_path / "state" / "agent").record.pipelines) == ["cam"]
         # Not running, but recorded: stop_pipeline forgets it (it was not found, and so
         # tried and refused at every start for good).
         stopped = watcher.ok("stop_pipeline", {"id": "cam"})
         assert (stopped["id"], stopped["status"]) == ("cam", "stopped")
         assert AgentRecords(tmp_path / "state" / "agent").record.pipelines == {}
+        assert watcher.ok("list_pipelines") == {"pipelines": []}
     finally:
         agent.close()
+
+
+def test_a_recorded_sink_outside_the_state_folder_is_listed_failed_until_stopped(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # What a build before the state-folder rule recorded: after the upgrade its restore
+    # is refused, and the pipeline must stay in sight (and in the record) until someone
+    # stops it, rather than stop coming back unseen.
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    outside = tmp_path / "home" / "dock.jsonl"
+    old = {**spec, "id": "dock", "sinks": [{"type": "jsonl", "path": str(outside)}]}
+    pipelines.records.update(pipelines={"dock": old, "cam": spec})
+    try:
+        assert pipelines.restore() == ["cam"]
+        [listed] = [s for s in pipelines.states() if s.id == "dock"]
+        assert (listed.model, listed.status) == ("face-blazeface", "failed")
+        assert listed.detail.startswith("not started from its record (command.invalid): ")
+        assert f"outside {tmp_path / 'state'}, the agent's state folder" in listed.detail
+        assert list(pipelines.records.record.pipelines) == ["dock", "cam"]
+        # Its id is taken until it is stopped, as a running one's is.
+        with pytest.raises(EdgeAgentError) as taken:
+            pipelines.start({**old, "sinks": []})
+        assert taken.value.code == "pipeline.exists"
+
+        assert pipelines.stop("dock").status == "stopped"
+        assert [s.id for s in pipelines.states()] == ["cam"]
+        assert list(pipelines.records.record.pipelines) == ["cam"]
+        # The way back: started again with its sink in the state folder.
+        mended = {**old, "sinks": [{"type": "jsonl", "path": "dock.jsonl"}]}
+        assert pipelines.start(mended).status == "running"
+        assert not outside.parent.exists()
+    finally:
+        pipelines.close()
 
 
 def test_calibration_data_in_the_agents_own_files_is_refused_before_anything_is_read(

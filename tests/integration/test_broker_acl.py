@@ -1,6 +1,6 @@
 """The shipped broker setup (systemd/mosquitto/) with a real fleet and a box that attacks.
 
-One mosquitto for the module, with the shipped edge-agent.conf and acl and users made by
+One mosquitto for the module, with the shipped edge-agent.conf and ACLs and users made by
 mosquitto_passwd. The agent is box dock-1 in group docks, edge-fleet runs as the fleet's
 users, and box dock-2 attacks with its own valid password through mosquitto_pub and
 mosquitto_sub, clients no one here wrote: what is checked is what the broker lets
@@ -45,6 +45,8 @@ from tests.cli_kit import run_bounded
 BOXES = {"dock-1": "dock-1-secret", "dock-2": "dock-2-secret"}
 FLEET_USERS = {"fleet": "console-secret", "fleet-serve": "serve-secret"}
 PASSWORDS = {**BOXES, **FLEET_USERS}
+NAMESAKES = {"fleet": "box-named-fleet", "fleet-serve": "box-named-serve"}
+"""Box users in boxes.passwd named as the fleet's users are (a mistake the ACL must absorb)."""
 GROUP = "docks"
 MEMBERS = f"\nuser dock-1\ntopic read edge/v1/group/{GROUP}/cmd\n"
 """dock-1's group line, as systemd/README.md has the operator add it."""
@@ -106,11 +108,14 @@ class Sub:
         self.proc.stdout.close()
 
 
-def box_pub(port: int, user: str, topic: str, payload: str, *flags: str) -> str:
-    """mosquitto_pub as `user` at QoS 1, MQTT 5; what it printed (the broker's refusal)."""
+def box_pub(
+    port: int, user: str, topic: str, payload: str, *flags: str, password: str | None = None
+) -> str:
+    """mosquitto_pub as `user` (with `password`, else its own) at QoS 1, MQTT 5; what it
+    printed (the broker's refusal)."""
     done = subprocess.run(
         ["mosquitto_pub", "-V", "5", "-q", "1", "-p", str(port), "-u", user,
-         "-P", PASSWORDS[user], "-t", topic, "-m", payload, *flags],
+         "-P", password or PASSWORDS[user], "-t", topic, "-m", payload, *flags],
         capture_output=True, text=True, timeout=10, check=False,
     )  # fmt: skip
     return done.stdout + done.stderr
@@ -175,7 +180,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     password.write_text(BOXES["dock-1"] + "\n")
     password.chmod(0o600)
     with contextlib.ExitStack() as stack:
-        broker = ShippedBroker(folder / "broker", BOXES, FLEET_USERS, acl_extra=MEMBERS)
+        boxes = {**BOXES, **NAMESAKES}
+        broker = ShippedBroker(folder / "broker", boxes, FLEET_USERS, acl_extra=MEMBERS)
         stack.enter_context(broker)
         published = fleet_cli(
             broker, "publish-model", str(model), "--name", "orient", "--version", "1",
@@ -311,6 +317,22 @@ def test_a_box_can_replace_neither_a_release_nor_another_boxs_state(site: Site) 
     trusted = [load_public_key(site.folder / "fleet.pub")]
     assert verify(signed, trusted, signed.release.created_at, None).version == 1
     assert json.loads(retained["edge/v1/dock-1/state"])["online"] is True
+
+
+def test_a_box_user_named_as_a_fleet_user_has_a_boxs_rights_only(site: Site) -> None:
+    # One ACL file served both listeners, and its `user fleet` lines held on either: a
+    # boxes.passwd entry named `fleet` commanded every box, and one named `fleet-serve`
+    # wrote every box's delivery topic.
+    port = site.broker.port
+    for user, topic in (
+        ("fleet", "edge/v1/dock-9/cmd"),
+        ("fleet-serve", "edge/v1/dock-9/delivery"),
+    ):
+        said = box_pub(port, user, topic, "{}", password=NAMESAKES[user])
+        assert REFUSED in said, (user, said)
+        # Logged in as a box, as it is: its own box topics take what it says.
+        own = box_pub(port, user, f"edge/v1/{user}/resp", "{}", password=NAMESAKES[user])
+        assert own == "", (user, own)
 
 
 def test_publish_model_says_so_when_its_user_may_not_publish(site: Site) -> None:

@@ -1,10 +1,12 @@
-"""systemd/install.sh's pip step puts the build it is given in place, even at the same version.
+"""systemd/install.sh's pip step puts the build it is given in place, even at the same version,
+and a running agent then restarts on it.
 
 Every edge-agent wheel says 0.1.0, and `pip install --upgrade` of a wheel whose version is
 installed keeps the old code and exits 0: an upgrade, or a rollback to another build, did
 nothing and said nothing. This drives the script's own `install_package` with two tiny
 hand-made wheels of one version (building edge-agent twice would take far longer), into a
-fresh venv, offline: pip only looks in a local folder.
+fresh venv, offline: pip only looks in a local folder. Its `restart_running` runs against
+a `systemctl` on PATH that plays systemd's side (there is no systemd to restart here).
 """
 
 from __future__ import annotations
@@ -112,3 +114,70 @@ def test_a_second_build_of_the_same_version_replaces_the_first(venv: Path, tmp_p
     assert running.strip() == "b"
     # A dependency already in place is left alone: not every package reinstalled each time.
     assert dep_file.read_text() == "KEPT = True\n"
+
+
+def test_sourcing_the_script_defines_its_functions_and_installs_nothing(tmp_path: Path) -> None:
+    # Sourced as the tests here source it, the old guard (${BASH_SOURCE[0]} != $0) found
+    # the two names equal and ran the whole install: as root, a user, /opt/edge-agent and
+    # the unit on the test host. `id` here says non-root, so the run stops at its check.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "id").write_text("#!/bin/sh\necho 1000\n")
+    (bin_dir / "id").chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", 'source "$0"; echo "sourced: $?"; type -t install_package', INSTALL_SH],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.stdout.split("\n")[:2] == ["sourced: 0", "function"], done.stderr
+    assert done.stderr == ""
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$@" >> "$CALLS"
+case "$1" in
+  is-active) [ "$ACTIVE" = yes ] ;;
+  try-restart) exit "$RESTART_RC" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("active", "restart_rc", "code", "said"),
+    [
+        ("yes", 0, 0, "edge-agent restarted on the new build"),
+        ("no", 0, 0, "Start it with: systemctl start edge-agent"),
+        ("yes", 1, 1, "edge-agent did not start again on the new build"),
+    ],
+)
+def test_a_rerun_restarts_a_running_agent_on_the_new_build_and_says_what_it_did(
+    tmp_path: Path, active: str, restart_rc: int, code: int, said: str
+) -> None:
+    # The package is replaced on every run: a running agent left as it was kept the old
+    # build, loading the new one's modules as it imported them lazily, and the script's
+    # last words were "Start with: systemctl start", which does nothing to a running unit.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (bin_dir / "systemctl").chmod(0o755)
+    calls = tmp_path / "calls"
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "CALLS": str(calls),
+        "ACTIVE": active,
+        "RESTART_RC": str(restart_rc),
+    }
+    done = subprocess.run(
+        ["bash", "-c", 'set -euo pipefail; source "$0" && restart_running', INSTALL_SH],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == code, done.stderr
+    assert said in done.stderr
+    # try-restart whatever the state: systemd restarts the unit only if it runs (or is
+    # waiting to be restarted after a failure).
+    assert "try-restart edge-agent.service" in calls.read_text().splitlines()

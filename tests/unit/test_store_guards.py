@@ -5,7 +5,8 @@
   what is on disk now);
 - the previous version cannot be removed, so there is always something to roll back to;
 - a name's `state.json` that does not read is set aside and rebuilt, keeping the rollback
-  guard, so the fleet's commands mend the name without a shell.
+  guard, so the fleet's commands mend the name without a shell, and a reader mending it
+  never undoes an update made meanwhile.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from edge_agent.catalog.catalog import Catalog, ResolvedModel, default_models_dir
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout
+from edge_agent.store import store as store_module
+from edge_agent.store.fsio import file_lock
 from edge_agent.store.release import generate_key
 from edge_agent.store.store import ModelStore
 from tests.integration.store_kit import ir_folder, onnx_folder, release_for
@@ -200,3 +205,54 @@ def test_a_state_a_newer_agent_wrote_is_read_not_set_aside(store: ModelStore) ->
     path.write_text(json.dumps({**json.loads(path.read_text()), "pinned": [2]}))
     assert (store.state("hm").current, store.state("hm").previous) == (5, 2)
     assert not list(path.parent.glob("state.json.damaged-*"))
+
+
+def test_a_reader_mending_a_state_never_undoes_an_activation_made_meanwhile(
+    store: ModelStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A reader holds no update lock. Its mend checked that the file still held the bytes
+    # that did not read, then renamed it aside: an activation that wrote current=2 in
+    # between was set aside, and the rebuilt state (no current version) written over it.
+    # The reader is held here between its check and its rename.
+    path = store.root / "models" / "hm" / "state.json"
+    path.write_bytes(b"")
+    at_rename, go_on, asked_again = threading.Event(), threading.Event(), threading.Event()
+    real_rename = Path.rename
+
+    def held_rename(self: Path, target: Path) -> Path:
+        if threading.current_thread().name == "reader" and self == path:
+            at_rename.set()
+            assert go_on.wait(30), "the test never let the reader go on"
+        return real_rename(self, target)
+
+    @contextmanager
+    def watched_lock(lock: Path, timeout_s: float) -> Iterator[None]:
+        # The activation asks for a lock besides the update lock: with the reader holding
+        # it, it waits there, and the reader may go on.
+        if threading.current_thread().name == "activation" and lock.name != ".lock":
+            asked_again.set()
+        with file_lock(lock, timeout_s):
+            yield
+
+    monkeypatch.setattr(Path, "rename", held_rename)
+    monkeypatch.setattr(store_module, "file_lock", watched_lock)
+    reader = threading.Thread(target=lambda: store.state("hm"), name="reader")
+    activation = threading.Thread(target=lambda: store.activate("hm", 2), name="activation")
+    reader.start()
+    try:
+        assert at_rename.wait(30)
+        activation.start()
+        # Either it ran to its end (no lock kept it from the file the reader had checked),
+        # or it waits for the reader.
+        while activation.is_alive() and not asked_again.wait(0.01):
+            pass
+    finally:
+        go_on.set()
+        reader.join(30)
+        if activation.ident is not None:
+            activation.join(30)
+    assert not reader.is_alive()
+    assert not activation.is_alive()
+    assert json.loads(path.read_bytes())["current"] == 2
+    assert (store.state("hm").current, store.state("hm").previous) == (2, None)
+    assert [p.read_bytes() for p in path.parent.glob("state.json.damaged-*")] == [b""]
