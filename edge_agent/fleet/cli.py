@@ -207,7 +207,7 @@ def _refused(
     if reason.getName() == "Not authorized":
         fix = (
             f"publish it again as a user the broker lets write {where}# (the fleet's "
-            "console user, `fleet` in systemd/mosquitto/acl)"
+            "console user, `fleet` in systemd/mosquitto/fleet.acl)"
         )
     else:
         fix = "the broker's log says why; publish it again once that is fixed"

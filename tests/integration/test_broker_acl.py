@@ -347,7 +347,7 @@ def test_publish_model_says_so_when_its_user_may_not_publish(site: Site) -> None
     assert "the broker refused the release on edge/v1/releases/orient/: " in done.stderr
     assert "Not authorized (reason code 135, user fleet-serve)" in done.stderr
     assert f"the fleet's repository {site.folder / 'serve-repo'} holds orient v2" in done.stderr
-    assert "`fleet` in systemd/mosquitto/acl" in done.stderr
+    assert "`fleet` in systemd/mosquitto/fleet.acl" in done.stderr
     assert "published" not in done.stdout
 
 

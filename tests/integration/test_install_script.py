@@ -64,6 +64,16 @@ def venv(tmp_path: Path) -> Path:
     return tmp_path / "venv" / "bin" / "python"
 
 
+def unprivileged(folder: Path) -> Path:
+    """A folder for PATH whose `id` says a user, not root: should the script's sourced-guard
+    break again, a run stops at its root check instead of installing on the test host
+    (as root, CI's machine too, it made a user, /opt/edge-agent and the unit)."""
+    folder.mkdir(exist_ok=True)
+    (folder / "id").write_text("#!/bin/sh\necho 1000\n")
+    (folder / "id").chmod(0o755)
+    return folder
+
+
 def install(python: Path, package: Path, deps: Path) -> None:
     """install.sh's install_package, sourced from the script itself, offline."""
     # Only pip itself is borrowed: a folder holding nothing else keeps our packages out.
@@ -72,7 +82,7 @@ def install(python: Path, package: Path, deps: Path) -> None:
         borrowed.mkdir()
         (borrowed / "pip").symlink_to(Path(sysconfig.get_paths()["purelib"]) / "pip")
     env = {
-        "PATH": "/usr/bin:/bin",
+        "PATH": f"{unprivileged(package.parent.parent / 'bin')}:/usr/bin:/bin",
         "PYTHONPATH": str(borrowed),
         "PIP_NO_INDEX": "1",
         "PIP_FIND_LINKS": str(deps),
@@ -120,10 +130,7 @@ def test_sourcing_the_script_defines_its_functions_and_installs_nothing(tmp_path
     # Sourced as the tests here source it, the old guard (${BASH_SOURCE[0]} != $0) found
     # the two names equal and ran the whole install: as root, a user, /opt/edge-agent and
     # the unit on the test host. `id` here says non-root, so the run stops at its check.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "id").write_text("#!/bin/sh\necho 1000\n")
-    (bin_dir / "id").chmod(0o755)
+    bin_dir = unprivileged(tmp_path / "bin")
     done = subprocess.run(
         ["bash", "-c", 'source "$0"; echo "sourced: $?"; type -t install_package', INSTALL_SH],
         env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
@@ -158,8 +165,7 @@ def test_a_rerun_restarts_a_running_agent_on_the_new_build_and_says_what_it_did(
     # The package is replaced on every run: a running agent left as it was kept the old
     # build, loading the new one's modules as it imported them lazily, and the script's
     # last words were "Start with: systemctl start", which does nothing to a running unit.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir = unprivileged(tmp_path / "bin")
     (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
     (bin_dir / "systemctl").chmod(0o755)
     calls = tmp_path / "calls"
