@@ -141,7 +141,10 @@ def format_value(value: object) -> str:
     text = str(value)
     if text and all(c.isprintable() and c not in ' "=\\' for c in text):
         return text
-    return json.dumps(text, ensure_ascii=False)
+    quoted = json.dumps(text, ensure_ascii=False)
+    # JSON escapes C0 only: DEL, C1 (0x9b is a CSI by itself) and bidirectional overrides
+    # in a box's or a camera's words reached `journalctl -f` raw, for the terminal to obey.
+    return "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in quoted)
 
 
 def kv_line(fields: Mapping[str, object]) -> str:

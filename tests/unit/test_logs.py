@@ -53,6 +53,9 @@ def fields_of(line: str) -> dict[str, str]:
         (True, "true"),
         (None, "null"),
         ("café", "café"),
+        ("esc\x1b[2J", '"esc\\u001b[2J"'),
+        ("csi\x9b2J del\x7f", '"csi\\u009b2J del\\u007f"'),
+        ("rtl\u202egnissim", '"rtl\\u202egnissim"'),
     ],
 )
 def test_values_are_bare_only_when_unambiguous(value: object, text: str) -> None:
