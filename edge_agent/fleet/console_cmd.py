@@ -514,9 +514,11 @@ def run_forget(args: argparse.Namespace) -> int:
     """
     session, topics = _session(args)
     failed = False
+    cleared: list[str] = []
     try:
         roster, settled = _roster(session, topics, 5.0, telemetry=False)
         known = {record.device: record for record in roster.snapshot()}
+        refused_before = session.rejected  # the roster's own echo may be refused, too
         for device in dict.fromkeys(args.devices):
             record = known.get(device)
             if record is None:
@@ -532,10 +534,26 @@ def run_forget(args: argparse.Namespace) -> int:
                 failed = True
             else:
                 session.publish(topics.device(device, "state"), b"", qos=1, retain=True)
-                print(f"forgot {device}", file=sys.stderr, flush=True)
+                cleared.append(device)
         if not session.flush(10.0):
             _error_line("the broker did not confirm within 10 s", "broker.unreachable")
             return EXIT_TIMEOUT
+        refused = session.rejected - refused_before
+        if refused:
+            # An MQTT 5 broker acknowledges a clear its ACL refuses and says so: "forgot"
+            # was printed, and the device stayed in every listing. (MQTT 3.1.1 brokers drop
+            # a refused publish without a word.)
+            reason = session.last_refusal.getName() if session.last_refusal else "refused"
+            which = cleared[0] if len(cleared) == 1 else f"{refused} of {len(cleared)} devices"
+            _error_line(
+                f"the broker refused to clear the state of {which}: {reason}; forget as a "
+                "user that may write <prefix>/<device>/state (the fleet's console user, "
+                "`fleet` in systemd/mosquitto/fleet.acl), and see `edge-fleet status`",
+                "error",
+            )
+            return EXIT_FAILED
+        for device in cleared:
+            print(f"forgot {device}", file=sys.stderr, flush=True)
     finally:
         session.stop()
     return EXIT_FAILED if failed else 0

@@ -106,14 +106,18 @@ def test_a_group_command_hears_every_answer_of_a_burst(broker: LocalBroker) -> N
         fleet.stop()
 
 
-def test_status_that_cannot_know_it_has_every_state_exits_non_zero(
+def test_status_and_forget_say_what_the_acl_kept_from_them(
     tmp_path: Path,
 ) -> None:
     # A console whose user may read the fleet but not publish (a read-only ACL): its echo
     # never comes back, so it cannot know the retained states are all in. What came is
     # shown; the exit says it may be part of the fleet, for the script that reads it.
     acl = tmp_path / "acl"
-    acl.write_text("user publisher\ntopic readwrite #\n\nuser reader\ntopic read #\n")
+    acl.write_text(
+        "user publisher\ntopic readwrite #\n\nuser reader\ntopic read #\n\n"
+        # Reads everything and may echo to itself (the roster settles), but clears nothing.
+        "user auditor\ntopic read #\ntopic readwrite edge/v1/fleet/console/#\n"
+    )
     with LocalBroker(folder=tmp_path, extra_config=f"acl_file {acl}\n") as guarded:
         topics = Topics()
         publisher = connect(BrokerSettings(port=guarded.port, username="publisher"))
@@ -127,6 +131,15 @@ def test_status_that_cannot_know_it_has_every_state_exits_non_zero(
         assert done.returncode == 124, done.stderr
         assert "states may be missing" in done.stderr
         assert [entry["device"] for entry in as_json(done)] == ["box-1"]
+
+        # A clear the ACL refuses: MQTT 5 acknowledges it and says so. "forgot box-1" was
+        # printed, and exit 0, while the box stayed in every listing.
+        done = fleet_cli(guarded, "forget", "box-1", "--force", "-u", "auditor")
+        assert done.returncode == 1, done.stderr
+        assert "forgot" not in done.stderr
+        assert "refused to clear the state of box-1: Not authorized" in done.stderr
+        done = fleet_cli(guarded, "status", "--json", "-u", "auditor")
+        assert (done.returncode, [e["device"] for e in as_json(done)]) == (0, ["box-1"])
 
 
 def test_forget_clears_a_retired_devices_state_and_only_that(broker: LocalBroker) -> None:
