@@ -246,7 +246,7 @@ def test_bench_capacity_searches_the_streams_that_fit_and_states_the_limit(
     model, _ = publish_reference(tmp_path / "mine", "person-ssdlite")
     max_n = 2
     # Separate processes are kept: they are what a user tries first.
-    args = ["--seconds", "3", "--max-n", str(max_n), "--model", str(model)]
+    args = ["--seconds", "2", "--max-n", str(max_n), "--model", str(model)]
     proc, report = run_tool("bench_capacity.py", args, (0,), cache_dir, tmp_path)
     assert report["model"] == str(model)
     assert report["quantization"] is None  # the reference manifest: not calibrated

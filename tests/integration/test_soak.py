@@ -1,4 +1,4 @@
-"""The soak, short: tools/soak.py for 60 s, as its own process so that its memory and
+"""The soak, short: tools/soak.py for 40 s, as its own process so that its memory and
 thread counts are its own. The 30-minute run is `python tools/soak.py`."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import pytest
 SOAK = Path(__file__).resolve().parents[2] / "tools" / "soak.py"
 
 
-def test_a_minute_of_swaps_and_failing_sinks_holds_steady() -> None:
+def test_forty_seconds_of_swaps_and_failing_sinks_holds_steady() -> None:
+    # A swap every 6 s: after the warm-up (2.5 swaps, 15 s) 25 s hold two periods of two
+    # swaps, what the memory judgement needs, in 40 s of the suite's budget, not 60.
     proc = subprocess.run(
-        [sys.executable, str(SOAK), "--duration", "60", "--swap-every", "10",
+        [sys.executable, str(SOAK), "--duration", "40", "--swap-every", "6",
          "--fail-every", "10", "--json"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
@@ -25,7 +27,7 @@ def test_a_minute_of_swaps_and_failing_sinks_holds_steady() -> None:
     assert report["problems"] == [], report
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-    assert report["swaps"] == 5
+    assert report["swaps"] == 6
     assert report["raised"] > 0
     assert report["sink_failures"] == report["raised"]
     assert all(frames > 300 for frames in report["frames"].values())
@@ -33,7 +35,7 @@ def test_a_minute_of_swaps_and_failing_sinks_holds_steady() -> None:
     assert report["stop_s"] < 2.0
     assert report["leaked_threads"] == []
     assert report["rss_end_mb"] <= 1.1 * report["rss_start_mb"]
-    # After its 25 s warm-up a minute holds two periods of two 10 s swaps (8 samples).
+    # After its 15 s warm-up, 25 s hold two periods of two 6 s swaps (2 samples each).
     assert report["rss_judged_by"] == "period peaks"
     assert report["rss_growth"] <= 0.10
     # Every sample is split into heap and file-backed pages, which add up to it: within
@@ -41,7 +43,7 @@ def test_a_minute_of_swaps_and_failing_sinks_holds_steady() -> None:
     rss, anon, files = (
         report[k] for k in ("rss_samples_mb", "rss_anon_samples_mb", "rss_file_samples_mb")
     )
-    assert len(rss) == len(anon) == len(files) >= 10
+    assert len(rss) == len(anon) == len(files) >= 8
     assert all(a > 0 for a in anon)
     assert all(f > 0 for f in files)
     assert all(abs(r - a - f) <= 2.0 for r, a, f in zip(rss, anon, files, strict=True))
