@@ -21,7 +21,7 @@ It passes when:
 
     EDGE_AGENT_CACHE=.cache/edge-agent python tools/soak.py --duration 1800
 
-tests/integration/test_soak.py runs the same `soak()` for 60 s.
+tests/integration/test_soak.py runs the same `soak()` for 40 s, swapping every 6 s.
 """
 
 from __future__ import annotations
