@@ -49,6 +49,29 @@ def _serving(
     return broker, server, ChunkMap(signed.release)
 
 
+def _pulling(
+    tmp_path: Path,
+    broker: FakeBroker,
+    server: FleetServer,
+    now: list[float],
+    options: PullerOptions,
+) -> tuple[Puller, Path]:
+    """dev-1 pulling the served release m v1 on the fake clock `now`, started; and the
+    folder of the release's files. Its join is never broadcast: the server is not stepped."""
+    entry = server.repo.get("m", 1)
+    assert entry is not None
+    puller = Puller(
+        broker.connect(),
+        TOPICS,
+        "dev-1",
+        PartialTransfer(tmp_path / "pull", entry.signed),
+        clock=lambda: now[0],
+        options=options,
+    )
+    puller.start()
+    return puller, entry.folder
+
+
 def _request(chunks: ChunkMap, device: str, **fields: object) -> bytes:
     count = min(len(chunks), 64)
     body: dict[str, object] = {
@@ -211,21 +234,11 @@ def test_answers_to_requests_forged_in_its_name_do_not_keep_a_puller_on_a_gone_b
     # for 600 s with no repair request, and its pull then failed at stall_s.
     now = [0.0]
     broker, server, chunks = _serving(tmp_path, size=8 * CHUNK, now=now)
-    entry = server.repo.get("m", 1)
-    assert entry is not None
-    puller = Puller(
-        broker.connect(),
-        TOPICS,
-        "dev-1",
-        PartialTransfer(tmp_path / "pull", entry.signed),
-        clock=lambda: now[0],
-        options=PullerOptions(idle_s=2.0, rejoins=2),
-    )
-    puller.start()  # the server is never stepped: its join is never broadcast
+    puller, folder = _pulling(tmp_path, broker, server, now, PullerOptions(idle_s=2.0, rejoins=2))
     # A broadcast that sends only a chunk the puller has (others need it) is alive all the
     # same: a frame every 1.5 s keeps it from rejoining, however long.
     fleet = broker.connect()
-    chunk0 = read_chunk(entry.folder, chunks[0])
+    chunk0 = read_chunk(folder, chunks[0])
     for seq in range(1, 8):
         fleet.publish(TOPICS.chunks("m", 1), Frame(chunks.id, 0, chunk0, seq=seq).encode())
         now[0] += 1.5
@@ -333,8 +346,6 @@ def test_a_flood_of_small_requests_in_its_name_leaves_a_puller_its_repair(
     now = [0.0]
     limits = RepairLimits(burst=8, per_s=2.0)
     broker, server, chunks = _serving(tmp_path, size=8 * CHUNK, now=now, limits=limits)
-    entry = server.repo.get("m", 1)
-    assert entry is not None
     forger = broker.connect()
     forged = _request(chunks, "dev-1", count=1, bitmap=encode_bits(bitmap(1, [0])))
 
@@ -345,16 +356,9 @@ def test_a_flood_of_small_requests_in_its_name_leaves_a_puller_its_repair(
 
     while now[0] < 3.0:  # flooding before the pull starts, as after it
         step()
-    puller = Puller(
-        broker.connect(),
-        TOPICS,
-        "dev-1",
-        PartialTransfer(tmp_path / "pull", entry.signed),
-        clock=lambda: now[0],
-        # A request per chunk: a pull that needs many answers, as a big release does.
-        options=PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0, repair_blocks=1),
-    )
-    puller.start()  # its join is never broadcast: the server is not stepped
+    # A request per chunk: a pull that needs many answers, as a big release does.
+    options = PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0, repair_blocks=1)
+    puller, _ = _pulling(tmp_path, broker, server, now, options)
     while not puller.done.is_set() and now[0] < 60.0:
         step()
         puller.tick(now[0])
@@ -383,17 +387,8 @@ def test_a_puller_that_lost_the_whole_broadcast_repairs_it_unlimited(tmp_path: P
     # instant the last is answered (the fake broker answers before the publish returns).
     now = [0.0]
     broker, server, chunks = _serving(tmp_path, size=100 * CHUNK, now=now)
-    signed = server.repo.get("m", 1)
-    assert signed is not None
-    puller = Puller(
-        broker.connect(),
-        TOPICS,
-        "dev-1",
-        PartialTransfer(tmp_path / "pull", signed.signed),
-        clock=lambda: now[0],
-        options=PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0),
-    )
-    puller.start()  # its join is never broadcast: the server is not stepped
+    options = PullerOptions(idle_s=0.5, rejoins=0, repair_spread_s=0.0)
+    puller, _ = _pulling(tmp_path, broker, server, now, options)
     while not puller.done.is_set() and now[0] < 10.0:
         now[0] += 0.05
         puller.tick(now[0])
