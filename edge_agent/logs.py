@@ -144,6 +144,8 @@ def format_value(value: object) -> str:
     quoted = json.dumps(text, ensure_ascii=False)
     # JSON escapes C0 only: DEL, C1 (0x9b is a CSI by itself) and bidirectional overrides
     # in a box's or a camera's words reached `journalctl -f` raw, for the terminal to obey.
+    if quoted.isprintable():  # nearly always: one C-level pass, not one per character
+        return quoted
     return "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in quoted)
 
 

@@ -30,20 +30,25 @@ class TokenBuckets:
 
     def take(self, key: str, now: float, tokens: float = 1.0) -> bool:
         """Take `tokens` from `key`'s bucket if it holds them; False (nothing taken) if not."""
-        left, then = self._held.pop(key, (self.capacity, now))
-        # A clock that stepped back gives nothing back and takes nothing away.
-        left = min(self.capacity, left + max(0.0, now - then) * self.per_s)
+        left, then = self._level(key, now)
+        self._held.pop(key, None)  # back in at the end: the most recently used
         taken = left >= tokens
-        self._held[key] = (left - tokens if taken else left, max(now, then))
+        self._held[key] = (left - tokens if taken else left, then)
         if len(self._held) > self.max_keys:
             self._held.popitem(last=False)
         return taken
 
     def wait(self, key: str, now: float, tokens: float = 1.0) -> float:
         """Seconds from `now` until `key`'s bucket holds `tokens` (0.0: it does now)."""
-        left, then = self._held.get(key, (self.capacity, now))
-        left = min(self.capacity, left + max(0.0, now - then) * self.per_s)
+        left, _ = self._level(key, now)
         return max(0.0, (tokens - left) / self.per_s)
+
+    def _level(self, key: str, now: float) -> tuple[float, float]:
+        """`key`'s tokens at `now`, refilled since it was last used, and the time they are
+        counted at."""
+        left, then = self._held.get(key, (self.capacity, now))
+        # A clock that stepped back gives nothing back and takes nothing away.
+        return min(self.capacity, left + max(0.0, now - then) * self.per_s), max(now, then)
 
     def forget(self, key: str) -> None:
         """Give `key` a full bucket again."""
