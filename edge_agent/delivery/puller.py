@@ -11,6 +11,8 @@ the agent.
 
 - broadcast: chunks arrive on the release's chunk topic; each frame is acked
   (its sequence number) so the broadcaster paces to its slowest active puller.
+  Joins, acks, leaves and repair requests go on this device's own topics
+  (`Topics.own_control`, `own_repair`), which a broker ACL lets its box alone write.
 - repair: what is still missing is asked for in GetStream-shaped requests
   (offset, count, bitmap), one outstanding at a time, answered one chunk per
   message on this device's reply topic, with MQTT 5 request/response (the
@@ -353,7 +355,7 @@ class Puller:
         self._deadline = self.clock() + wait * self._rng.uniform(1.0, 1.5)
         self.stats.repair_requests += 1
         self.comm.publish(
-            self.topics.repair,
+            self.topics.own_repair(self.device_id),
             request.model_dump_json(exclude_none=True).encode(),
             qos=1,
             response_topic=self._reply_topic,
@@ -369,7 +371,7 @@ class Puller:
         self.done.set()
 
     def _control(self, message: Join | Ack | Leave, qos: int = 1) -> None:
-        topic = self.topics.control(self.release.name, self.release.version)
+        topic = self.topics.own_control(self.device_id, self.release.name, self.release.version)
         self.comm.publish(topic, message.model_dump_json().encode(), qos=qos)
 
     def _ours(self, correlation: bytes | None) -> bool:

@@ -238,7 +238,7 @@ class Demo:
         server.start()
         if broker.kind == "amqtt":
             # amqtt has no shared subscriptions: take repairs on the plain topic.
-            session.subscribe(topics.repair, server.on_repair)
+            session.subscribe(topics.own_repair_filter, server.on_repair)
         done = threading.Event()
         thread = threading.Thread(target=server.run, args=(done,), name="fleet", daemon=True)
         thread.start()

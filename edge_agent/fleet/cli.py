@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         help="frames a puller may lag (default: %(default)s)",
     )
+    serve.add_argument(
+        "--own-topics-only",
+        action="store_true",
+        help="hear boxes only on their own delivery topics, not on the fleet-wide ones "
+        "boxes of earlier builds send on (docs/PROTOCOL.md, 'Own topics')",
+    )
     serve.set_defaults(run=run_serve)
 
     add_console_verbs(verbs)  # cmd, deploy, status, watch (fleet/console_cmd.py)
@@ -247,6 +253,7 @@ def run_serve(args: argparse.Namespace) -> int:
         topics=topics,
         share_group=args.share_group,
         options=BroadcastOptions(window=args.window),
+        shared_topics=not args.own_topics_only,
     )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

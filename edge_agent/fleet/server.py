@@ -12,6 +12,11 @@ Scale-out without a coordinator: the broker is the distributed engine.
 - A repair is answered on the asking device's own reply topic only, at most
   `MAX_REPAIR_BYTES` of it, and what each device id is answered with is limited
   in bytes (`RepairLimits`): a request is a few hundred bytes, its answer megabytes.
+- A device sends its joins, acks, leaves and repair requests on its own topics
+  (`Topics.own_control`, `own_repair`), which the shipped ACL lets its box alone
+  write; what one says in another device's name there is dropped. The fleet-wide
+  topics devices of earlier builds send on are taken too (`shared_topics`), except
+  in the name of a device heard on its own: there, only a forger still writes.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,6 +62,11 @@ log = logging.getLogger(__name__)
 MAX_PEERS = 64
 """Fleet servers counted at most (itself included); a fleet runs a handful. Every release's
 broadcaster is chosen among them, so a flood of presences must not make thousands."""
+OWN_HEARD_S = 300.0
+"""How long a device heard on its own delivery topics is not taken on the fleet-wide ones.
+A pull sends on them at least every 45 s (acks, rejoins, repair requests at their longest
+backoff), so a forger cannot slip in while it runs; a box downgraded to an earlier build
+deploys again this long after its last message as the later one."""
 SAID_AT_MOST = 10_000
 """Devices whose refused or limited requests are logged (once each); past it, only counted."""
 
@@ -106,6 +117,7 @@ class FleetServer:
         options: BroadcastOptions | None = None,
         limits: RepairLimits | None = None,
         join_limits: JoinLimits | None = None,
+        shared_topics: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.comm = comm
@@ -131,6 +143,15 @@ class FleetServer:
         self._joins = JoinGate(join_limits)
         self.joins_refused = 0
         """Joins past their device id's limits (`JoinLimits`): ignored."""
+        self.shared_topics = shared_topics
+        self._own: OrderedDict[str, float] = OrderedDict()
+        """When each device was last heard on its own topics, the latest last (at most
+        `limits.devices`, none older than OWN_HEARD_S): the fleet-wide topics do not
+        speak for them."""
+        self._own_limit = limits.devices
+        self.misnamed = 0
+        """Messages dropped for the device they named: another than their own topic's, or,
+        on a fleet-wide topic, one heard on its own."""
         self._cond = threading.Condition()
         self._started = time.time()
 
@@ -140,10 +161,14 @@ class FleetServer:
         # the console follows the fleet (`FANIN_QOS`), or the broker drops what is
         # past its queue for this one client. The devices publish at QoS 1, and ask again
         # (rejoin, resend) what a lost connection drops.
-        self.comm.subscribe(self.topics.control_filter, self.on_control, qos=FANIN_QOS)
+        topics, group = self.topics, self.share_group
+        self.comm.subscribe(topics.own_control_filter, self.on_control, qos=FANIN_QOS)
         self.comm.subscribe(
-            self.topics.repair_shared(self.share_group), self.on_repair, qos=FANIN_QOS
+            topics.shared(topics.own_repair_filter, group), self.on_repair, qos=FANIN_QOS
         )
+        if self.shared_topics:
+            self.comm.subscribe(topics.control_filter, self.on_control, qos=FANIN_QOS)
+            self.comm.subscribe(topics.repair_shared(group), self.on_repair, qos=FANIN_QOS)
         self.announce()
 
     def announce(self) -> None:
@@ -214,8 +239,9 @@ class FleetServer:
                 )
 
     def on_control(self, message: Message) -> None:
-        where = Topics.parse_delivery_topic(message.topic)
-        if where is None:
+        own = self.topics.parse_own_control(message.topic)
+        where = own[1:] if own else Topics.parse_delivery_topic(message.topic)
+        if where is None or (own is None and not self.shared_topics):
             return
         try:
             control = CONTROL.validate_json(message.payload)
@@ -226,6 +252,8 @@ class FleetServer:
             return
         now = self.clock()
         with self._cond:
+            if not self._sender_named(control.device_id, own[0] if own else None):
+                return
             if owner(self.servers, entry.chunks.id) != self.instance:
                 self.broadcasts.pop(where, None)
                 return
@@ -272,11 +300,17 @@ class FleetServer:
         )
 
     def on_repair(self, message: Message) -> None:
+        sender = self.topics.own_repair_device(message.topic)
+        if sender is None and not self.shared_topics:
+            return
         try:
             request = RepairRequest.model_validate_json(message.payload)
         except ValidationError as exc:
             log_event(log, logging.INFO, "fleet_bad_repair", error=exc.errors()[0]["msg"])
             return
+        with self._cond:
+            if not self._sender_named(request.device_id, sender):
+                return
         reply = self._reply_topic(request, message.response_topic)
         if reply is None:
             return
@@ -313,6 +347,42 @@ class FleetServer:
             frame = Frame(entry.chunks.id, ref.index, read_chunk(entry.folder, ref), repair=True)
             self.comm.publish(reply, frame.encode(), qos=0, correlation_data=correlation)
             self.repair_chunks += 1
+
+    def _sender_named(self, named: str, sender: str | None) -> bool:
+        """Whether a message that names device `named` may speak for it, having come on
+        `sender`'s own topic (None: a fleet-wide one). Holding `_cond`.
+
+        On its own topic a device speaks for itself alone. A fleet-wide topic, which every
+        box may write, speaks for a device of an earlier build, not for one heard on its
+        own within OWN_HEARD_S: what comes there in its name is then another box's."""
+        now = self.clock()
+        own = self._own
+        while own and (len(own) > self._own_limit or now - next(iter(own.values())) > OWN_HEARD_S):
+            own.popitem(last=False)
+        if sender is not None:
+            if named == sender:
+                own[sender] = now
+                own.move_to_end(sender)
+                return True
+        elif named not in own:
+            # Named, so the operator knows which boxes still need the fleet-wide topics
+            # (and the ACL lines that let any box write them).
+            self._say_once(
+                "fleet_shared_topics",
+                named,
+                device=named,
+                detail="an earlier build: upgrade it, then serve with --own-topics-only",
+            )
+            return True
+        self.misnamed += 1
+        self._say_once(
+            "fleet_misnamed",
+            sender or named,
+            device=named,
+            topic_device=sender or "(fleet-wide)",
+            detail="a device speaks on its own topics, for itself only",
+        )
+        return False
 
     def _take(self, buckets: TokenBuckets, device: str, cost: float) -> bool:
         """Take `cost` from `device`'s bucket; False (counted, said once) if it lacks it."""

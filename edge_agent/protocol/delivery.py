@@ -34,7 +34,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# --- device -> fleet: <prefix>/delivery/<name>/<version>/ctl ------------------------------
+# --- device -> fleet: <prefix>/<device>/delivery/ctl/<name>/<version> -------------------
 class Join(_Strict):
     """A device starts (or resumes) pulling a release and wants the broadcast."""
 
@@ -89,7 +89,7 @@ class BroadcastStatus(_Strict):
     )
 
 
-# --- device -> fleet: <prefix>/delivery/repair (shared by fleet servers) ---------------------
+# --- device -> fleet: <prefix>/<device>/delivery/repair (shared by fleet servers) ------------
 class RepairRequest(_Strict):
     """AWS GetStream's shape: the blocks `offset .. offset+count-1` whose bit is set."""
 

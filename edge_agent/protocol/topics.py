@@ -58,6 +58,47 @@ class Topics:
         """Where the fleet answers a device's repair requests (its MQTT 5 Response Topic)."""
         return self.device(device_id, "delivery")
 
+    # --- a device's own delivery topics ---------------------------------------------------
+    # A device's joins, acks, leaves and repair requests go under its own id, where a
+    # broker ACL can tie them to the box that sent them (`pattern write .../%u/...`): on
+    # the fleet-wide `ctl` and `repair` topics every box wrote every one, so any box could
+    # join, leave and ask for repairs in another's name. The fleet-wide ones stay for
+    # devices of earlier builds (`control`, `repair`).
+    def own_control(self, device_id: str, name: str, version: int) -> str:
+        """A device's join, ack and leave for one release's broadcast."""
+        return self.device(device_id, f"delivery/ctl/{name}/{version}")
+
+    @property
+    def own_control_filter(self) -> str:
+        return f"{self.prefix}/+/delivery/ctl/+/+"
+
+    def own_repair(self, device_id: str) -> str:
+        """A device's repair requests (fleet servers share them)."""
+        return self.device(device_id, "delivery/repair")
+
+    @property
+    def own_repair_filter(self) -> str:
+        return f"{self.prefix}/+/delivery/repair"
+
+    def parse_own_control(self, topic: str) -> tuple[str, str, int] | None:
+        """(device, name, version) of an `own_control` topic; None if it is not one."""
+        head, sep, rest = topic.partition(self.prefix + "/")
+        parts = rest.split("/")
+        if head or not sep or len(parts) != 5 or parts[1:3] != ["delivery", "ctl"]:
+            return None
+        device, _, _, name, version = parts
+        if device in RESERVED_IDS or not device or not name or not version.isdigit():
+            return None
+        return device, name, int(version)
+
+    def own_repair_device(self, topic: str) -> str | None:
+        """The device of an `own_repair` topic; None if it is not one."""
+        head, sep, rest = topic.partition(self.prefix + "/")
+        device, _, leaf = rest.partition("/")
+        if head or not sep or leaf != "delivery/repair" or not device or device in RESERVED_IDS:
+            return None
+        return device
+
     def group(self, group: str, leaf: str) -> str:
         """A group's topic, e.g. `group(g, "cmd")`: every device in group `g` takes it."""
         return f"{self.prefix}/group/{group}/{leaf}"
@@ -85,7 +126,8 @@ class Topics:
         return f"{self.prefix}/delivery/{name}/{version}/status"
 
     def control(self, name: str, version: int) -> str:
-        """Devices' join, ack and leave for one release's broadcast."""
+        """Devices' join, ack and leave for one release's broadcast, as devices of earlier
+        builds send them (a device now sends its own: `own_control`)."""
         return f"{self.prefix}/delivery/{name}/{version}/ctl"
 
     @property
@@ -94,12 +136,17 @@ class Topics:
 
     @property
     def repair(self) -> str:
-        """Repair requests from every device (fleet servers share them)."""
+        """Repair requests as devices of earlier builds send them (`own_repair` now)."""
         return f"{self.prefix}/delivery/repair"
 
+    def shared(self, topic_filter: str, group: str = DEFAULT_SHARE_GROUP) -> str:
+        """The MQTT 5 shared subscription to `topic_filter` fleet servers take repair
+        requests with: each request goes to one of them."""
+        return f"$share/{group}/{topic_filter}"
+
     def repair_shared(self, group: str = DEFAULT_SHARE_GROUP) -> str:
-        """The MQTT 5 shared subscription fleet servers take repair requests from."""
-        return f"$share/{group}/{self.repair}"
+        """The shared subscription to `repair` (devices of earlier builds)."""
+        return self.shared(self.repair, group)
 
     def server(self, instance: str) -> str:
         """A fleet server's retained presence (cleared by its will)."""

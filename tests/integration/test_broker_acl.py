@@ -375,7 +375,7 @@ def test_serve_answers_a_boxs_repair_on_its_own_topic_and_on_no_boxs_cmd(site: S
     # A repair request is the one message whose reply topic its sender names. Aimed at
     # dock-1's commands, it gets serve's answer refused: its user may not write there.
     said = box_pub(
-        site.broker.port, "dock-2", "edge/v1/delivery/repair", request,
+        site.broker.port, "dock-2", "edge/v1/dock-2/delivery/repair", request,
         "-D", "publish", "response-topic", "edge/v1/dock-1/cmd",
     )  # fmt: skip
     assert REFUSED not in said
@@ -383,7 +383,7 @@ def test_serve_answers_a_boxs_repair_on_its_own_topic_and_on_no_boxs_cmd(site: S
     # a client id, and the second would knock the first off.
     asked = subprocess.run(
         ["mosquitto_rr", "-p", str(site.broker.port), "-u", "dock-2", "-P", BOXES["dock-2"],
-         "-t", "edge/v1/delivery/repair", "-e", "edge/v1/dock-2/delivery", "-m", request,
+         "-t", "edge/v1/dock-2/delivery/repair", "-e", "edge/v1/dock-2/delivery", "-m", request,
          "-W", "10", "-F", "%x"],
         capture_output=True, text=True, timeout=20, check=False,
     )  # fmt: skip
@@ -396,6 +396,47 @@ def test_serve_answers_a_boxs_repair_on_its_own_topic_and_on_no_boxs_cmd(site: S
     site.ping()
     assert not [m for m in site.console.on("cmd") if m.payload.startswith(b"EAD1")]
     assert not [m for m in site.console.on("resp") if m.json()["id"] == ""]
+
+
+def test_a_box_joins_leaves_and_asks_for_repairs_in_its_own_name_only(site: Site) -> None:
+    # On the fleet-wide ctl and repair topics, which every box wrote, dock-2 could leave
+    # dock-1's broadcasts and spend dock-1's repairs in its name.
+    published = Repo(site.folder / "repo").get("orient", 1)
+    assert published is not None
+    in_dock1s_name = RepairRequest(
+        device_id="dock-1", name="orient", version=1, release_id=published.chunks.id,
+        block_size=published.chunks.chunk_size, offset=0, count=1,
+        bitmap=encode_bits(bitmap(1, [0])),
+    ).model_dump_json()  # fmt: skip
+    leave = json.dumps({"kind": "leave", "device_id": "dock-1", "reason": "complete"})
+    # The broker refuses dock-1's own topics, and the fleet-wide ones, to dock-2.
+    for topic, payload in [
+        ("edge/v1/dock-1/delivery/repair", in_dock1s_name),
+        ("edge/v1/dock-1/delivery/ctl/orient/1", leave),
+        ("edge/v1/delivery/repair", in_dock1s_name),
+        ("edge/v1/delivery/orient/1/ctl", leave),
+    ]:
+        assert REFUSED in box_pub(site.broker.port, "dock-2", topic, payload), topic
+    # On its own topics the broker takes them, and serve drops them: nothing reaches
+    # dock-1's reply topic. Its own request, sent after, is answered: serve had read them.
+    tap = Sub(site.broker.fleet_port, "fleet", ["edge/v1/+/delivery"])
+    try:
+        tap.wait("received SUBACK")
+        for topic, payload in [
+            ("edge/v1/dock-2/delivery/repair", in_dock1s_name),
+            ("edge/v1/dock-2/delivery/ctl/orient/1", leave),
+        ]:
+            assert REFUSED not in box_pub(site.broker.port, "dock-2", topic, payload), topic
+        own = in_dock1s_name.replace('"dock-1"', '"dock-2"')
+        assert REFUSED not in box_pub(
+            site.broker.port, "dock-2", "edge/v1/dock-2/delivery/repair", own
+        )
+        tap.wait("'edge/v1/dock-2/delivery'")
+        assert "edge/v1/dock-1/delivery" not in tap.delivered()
+    finally:
+        tap.close()
+    log = (site.folder / "serve.log").read_text()
+    assert "fleet_misnamed" in log
 
 
 def test_a_command_sent_while_the_box_is_away_reaches_it_when_it_is_back(site: Site) -> None:

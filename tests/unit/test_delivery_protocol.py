@@ -236,7 +236,7 @@ def test_unanswered_repairs_are_spread_and_back_off(tmp_path: Path) -> None:
     asked: dict[str, list[float]] = {}
     server = broker.connect()
     server.subscribe(
-        Topics().repair,
+        Topics().own_repair_filter,
         lambda m: asked.setdefault(json.loads(m.payload)["device_id"], []).append(now[0]),
     )
     pullers = []
