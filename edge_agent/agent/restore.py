@@ -23,9 +23,7 @@ from edge_agent.logs import log_crash, log_event
 from edge_agent.pipelines.spec import PipelineSpec
 from edge_agent.protocol.agent import PipelineState
 
-# The supervisor's logger, as before the restore had a module of its own: a filter or a
-# test that listens to it still hears the restore's lines.
-log = logging.getLogger("edge_agent.agent.pipelines")
+log = logging.getLogger(__name__)
 
 Outcome = Literal["started", "held", "running", "forgotten"]
 """What a recorded pipeline came to (`Restorer.restore_one`)."""

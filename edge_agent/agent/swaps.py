@@ -27,9 +27,7 @@ from edge_agent.pipelines.vision import VisionPipeline
 from edge_agent.protocol.agent import PipelineState
 from edge_agent.runtime.devices import parse_request
 
-# The supervisor's logger, as before the swaps had a module of their own: a filter or a
-# test that listens to it still hears the swaps' lines.
-log = logging.getLogger("edge_agent.agent.pipelines")
+log = logging.getLogger(__name__)
 
 
 class Swaps:
