@@ -45,7 +45,7 @@ def test_a_camera_lost_again_after_it_came_back_is_retried_from_the_shortest_wai
     astronaut: npt.NDArray[np.uint8],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="edge_agent.agent.pipelines")
+    caplog.set_level(logging.INFO, logger="edge_agent.agent")
     failed = threading.Semaphore(0)
 
     def on_event(event: AgentEvent | DetectionEvent) -> None:

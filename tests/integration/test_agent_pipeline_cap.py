@@ -105,7 +105,7 @@ def test_a_record_past_the_cap_restores_the_first_and_names_the_rest(
     AgentRecords(tmp_path / "state" / "agent").update(
         pipelines={pipeline: _spec(pipeline, port) for pipeline in ids}
     )
-    caplog.set_level(logging.INFO, logger="edge_agent.agent.pipelines")
+    caplog.set_level(logging.INFO, logger="edge_agent.agent")
     agent = InProcessAgent(_config(broker, tmp_path))
     try:
         watcher.wait_state(lambda s: s["online"] and len(s["pipelines"]) >= CAP, timeout=60)

@@ -345,7 +345,7 @@ def test_a_recorded_pipeline_with_a_sink_in_the_store_is_not_restored_but_listed
         "sinks": [{"type": "snapshot", "folder": str(store / "models" / "orient")}],
     }
     AgentRecords(tmp_path / "state" / "agent").update(pipelines={"cam": spec})
-    caplog.set_level(logging.INFO, logger="edge_agent.agent.pipelines")
+    caplog.set_level(logging.INFO, logger="edge_agent.agent")
     agent = _agent(broker, tmp_path, cache=tmp_path / "cache")
     try:
         watcher.wait_state(lambda s: s["online"])

@@ -1,0 +1,210 @@
+"""Bringing back, at the agent's start, the pipelines its record holds.
+
+What was started by command is written to the agent record (`roster.py`), so a
+restart or a reboot brings the same pipelines back without the fleet resending
+anything. Those past `max_pipelines` are held: kept in the record and listed as
+failed, until a restart with room. One that fails to start from its record is
+listed as failed too, and kept, until a stop_pipeline forgets it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from edge_agent.agent.outage import SourceOutage
+from edge_agent.agent.roster import Roster, Running, Say, recorded_model
+from edge_agent.config_files import drop_unknown_fields
+from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_crash, log_event
+from edge_agent.pipelines.spec import PipelineSpec
+from edge_agent.protocol.agent import PipelineState
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["started", "held", "running", "forgotten"]
+"""What a recorded pipeline came to (`Restorer.restore_one`)."""
+
+
+class Restorer:
+    """Starts the pipelines the record holds, holds those over the cap, lists the rest.
+
+    Args:
+        roster: The pipelines held, and the record.
+        check: Validates a spec and checks its paths (`specs.checked_spec`, by `Pipelines`).
+        start: Starts a registered entry without recording it again
+            (`Pipelines._start_registered`).
+        say: Says a pipeline's event.
+    """
+
+    def __init__(
+        self,
+        roster: Roster,
+        check: Callable[[dict[str, Any]], PipelineSpec],
+        start: Callable[[Running], PipelineState],
+        say: Say,
+    ) -> None:
+        self._roster = roster
+        self._check = check
+        self._start = start
+        self._say = say
+
+    def restore(self) -> list[str]:
+        """Start every pipeline the record holds, returning those that run as it says (a
+        command may have started one first); failures are reported, not raised.
+
+        Past `max_running`, in the record's order, the rest are not started: each is kept in
+        the record and listed as failed (`restore_one`), until a restart with room starts
+        it. Forgotten, as they were, a downgrade to a build with a lower cap, or a cap
+        lowered for a while, lost them for good. Held, they count against the cap as any
+        failed pipeline does, so a start_pipeline cannot take their place and then be the
+        one left out at the next restart. Commands the broker held for the box may start
+        pipelines before these, and take slots: the last recorded ones are held then.
+
+        One that fails to start (a spec this build refuses, a model gone, a bug) is listed
+        failed too (`_list_unrestored`), and kept in the record.
+        """
+        started = []
+        held = []
+        recorded = list(self._roster.records.record.pipelines.items())
+        for pipeline_id, data in recorded:
+            try:
+                restored = self.restore_one(pipeline_id, data)
+                if restored in ("started", "running"):
+                    started.append(pipeline_id)
+                elif restored == "held":
+                    held.append(pipeline_id)
+            except EdgeAgentError as exc:
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "pipeline_restore_failed",
+                    pipeline=pipeline_id,
+                    code=exc.code,
+                    detail=str(exc),
+                )
+                self._say("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
+            except Exception as exc:
+                # A bug, or an engine's own error, in one: the rest are still restored, and
+                # those over the cap still held.
+                log_crash(log, "pipeline_restore_crashed", pipeline=pipeline_id)
+                self._say("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
+        if held:
+            log_event(
+                log,
+                logging.ERROR,
+                "pipelines_not_restored",
+                pipelines=",".join(held),
+                max_pipelines=self._roster.max_running,
+                fix="raise max_pipelines in the agent's config, or stop others; they are "
+                "kept, and restored at the next start with room",
+            )
+        return started
+
+    def restore_one(
+        self, pipeline_id: str, data: dict[str, Any], own_slot: bool = False
+    ) -> Outcome:
+        """`_restore_or_hold`, listing the pipeline failed if it raises (and raising)."""
+        try:
+            return self._restore_or_hold(pipeline_id, data, own_slot)
+        except Exception as exc:
+            self._list_unrestored(pipeline_id, data, exc)
+            raise
+
+    def _list_unrestored(self, pipeline_id: str, data: dict[str, Any], exc: Exception) -> None:
+        """List a recorded pipeline that failed to start from its record as failed, with
+        why, until a stop_pipeline forgets it.
+
+        Unlisted, it was in no list_pipelines and no retained state, with only an event and
+        a log line to say so: after an upgrade that refuses what older builds recorded (a
+        sink outside the state folder, a mic name ALSA would take for config), pipelines
+        stopped coming back unseen. It takes no slot of `max_pipelines`: it holds nothing,
+        and it would hold a recorded one that can run out of the restore.
+        """
+        code = exc.code if isinstance(exc, EdgeAgentError) else "internal"
+        fix = exc.fix if isinstance(exc, EdgeAgentError) and exc.fix else "see the agent's log"
+        detail = (
+            f"not started from its record ({code}): {exc}; stop_pipeline forgets it, and a "
+            f"start_pipeline can then start it anew ({fix})"
+        )
+        state = PipelineState(
+            id=pipeline_id, model=recorded_model(data), status="failed", detail=detail
+        )
+        roster = self._roster
+        with roster.record_lock, roster.lock:
+            # Not one a stop_pipeline forgot meanwhile, nor one a start_pipeline runs.
+            if pipeline_id in roster.records.record.pipelines and pipeline_id not in roster.running:
+                roster.unrestored[pipeline_id] = state
+
+    def _restore_or_hold(self, pipeline_id: str, data: dict[str, Any], own_slot: bool) -> Outcome:
+        """Start a recorded pipeline, or hold it over the cap; which it came to. `restore`
+        works from the record as it read it, and commands the broker held for the box come
+        in meanwhile: a stop_pipeline that forgot it (this used to start it anyway,
+        unrecorded, gone at the next restart), or a start_pipeline of it (this used to
+        report a running pipeline failed). `own_slot`: a restart's (`Pipelines._restart`),
+        never held.
+        """
+        roster = self._roster
+        spec = self._check(_as_known(pipeline_id, data))
+        over_cap = (
+            f"over max_pipelines ({roster.max_running}): raise the cap in the config, or stop "
+            "others; it starts at the next restart with room"
+        )
+        entry: Running | None = None
+        # Under the record's lock, as stop decides to forget one that does not run.
+        with roster.record_lock, roster.lock:
+            if pipeline_id not in roster.records.record.pipelines:
+                outcome: Outcome = "forgotten"
+            elif spec.id in roster.running:
+                outcome = "running"
+            elif not own_slot and roster.slots_taken(spec.id) >= roster.max_running:
+                # Listed as failed, not started: stop_pipeline forgets it as any failed
+                # one, and it holds its slot against a start that would take its place.
+                outcome = "held"
+                roster.running[spec.id] = Running(
+                    spec,
+                    status="failed",
+                    detail=over_cap,
+                    failed_code="command.busy",
+                    outage=SourceOutage(spec.id),
+                )
+            else:
+                outcome = "started"
+                entry = roster.register(spec, own_slot)
+        if entry is not None:
+            self._start(entry)
+        elif outcome == "held":
+            self._say("pipeline_failed", pipeline_id, code="command.busy", detail=over_cap)
+        elif outcome == "forgotten":
+            log_event(
+                log,
+                logging.INFO,
+                "pipeline_not_restored",
+                pipeline=pipeline_id,
+                detail="forgotten by a stop_pipeline meanwhile",
+            )
+        return outcome
+
+
+def _as_known(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """A recorded spec without the fields a newer edge-agent wrote (after a downgrade,
+    every restore failed on them); any other error is left for `start` to report."""
+    try:
+        spec, dropped = drop_unknown_fields(
+            lambda d: PipelineSpec.model_validate({"sinks": [], **d}), data
+        )
+    except ValidationError:
+        return data
+    if dropped:
+        log_event(
+            log,
+            logging.WARNING,
+            "pipeline_restore_fields_dropped",
+            pipeline=pipeline_id,
+            fields=",".join(dropped),
+            detail="written by a newer edge-agent; this one does not know them",
+        )
+    return spec.model_dump(mode="json")

@@ -1,0 +1,202 @@
+"""The pipelines the agent holds, and the record of those a restart brings back.
+
+One table, shared by the supervisor (`pipelines.py`), the restore at start
+(`restore.py`), the hot swaps (`swaps.py`) and the telemetry ticks (`ticks.py`):
+each pipeline's entry (`Running`), the slots of `max_pipelines` they take, the
+recorded ones that failed to start from their record, and the agent record's list
+of pipelines to restore. Two locks guard it: `lock` the table, `record_lock` the
+record; where both are held, `record_lock` is taken first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from edge_agent.agent.outage import SourceOutage
+from edge_agent.agent.records import AgentRecords
+from edge_agent.agent.sink import AgentSink
+from edge_agent.errors import EdgeAgentError
+from edge_agent.pipelines.runner import PipelineHandle
+from edge_agent.pipelines.spec import PipelineSpec
+from edge_agent.protocol.agent import PipelineState
+
+LIVE = {"camera", "stream", "mic"}
+RETRY_MIN_S, RETRY_MAX_S = 5.0, 300.0
+
+
+@dataclass
+class Running:
+    """One pipeline the agent holds: its spec, its current run, and its retries."""
+
+    spec: PipelineSpec
+    status: str = "starting"
+    detail: str = ""
+    handle: PipelineHandle | None = None
+    sink: AgentSink | None = None
+    thread: threading.Thread | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    frames_seen: int = 0
+    fresh_at: float = field(default_factory=time.monotonic)
+    retry_s: float = RETRY_MIN_S
+    retries: int = 0
+    """Retries since the pipeline last ran with frames; said in each retry's start event."""
+    failed_code: str = ""
+    """The code of the failure the next retry follows."""
+    outage: SourceOutage | None = None
+    """How long the source has been down, across the runs that retry it."""
+    ended: bool = False
+    """The current handle's run is over: ticks leave it to its last interval (see
+    `Pipelines._run`)."""
+    reload: bool = False
+    """A reload_model came while the entry had no handle (a start or a retry building one):
+    `Pipelines._launch` swaps once the handle is in, as the build may have resolved the old
+    version."""
+    swaps: int = 0
+    """Swaps asked for so far: a failed one puts the record back only if it is the latest."""
+    swap_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while a swap is recorded and asked for, and while a failed one is undone, so the
+    record follows the swaps in the order they were asked for, as the handle's landings do."""
+
+
+class Say(Protocol):
+    """Says a pipeline's event to the fleet (`Pipelines._event`)."""
+
+    def __call__(
+        self, kind: str, pipeline: str, code: str | None = None, detail: str = ""
+    ) -> None: ...
+
+
+class Roster:
+    """Every pipeline the agent holds, failed and held ones too, and its record of them.
+
+    Args:
+        records: Where the running set is persisted.
+        max_running: Pipelines held at most, failed ones included (`max_pipelines`).
+    """
+
+    def __init__(self, records: AgentRecords, max_running: int) -> None:
+        self.records = records
+        self.max_running = max_running
+        self.lock = threading.Lock()
+        self.record_lock = threading.Lock()
+        self.running: dict[str, Running] = {}
+        # Pipelines a restart has stopped and is starting again (`Pipelines._restart`): their
+        # slots stay theirs meanwhile, against a start_pipeline that came during the stop's join.
+        self.restarting: set[str] = set()
+        # Recorded pipelines a restore or a restart could not start, as list_pipelines
+        # shows them, until a stop_pipeline forgets them (`Restorer._list_unrestored`).
+        self.unrestored: dict[str, PipelineState] = {}
+
+    def register(self, spec: PipelineSpec, own_slot: bool = False) -> Running:
+        """Hold a place for `spec` among the running (under `lock`), or refuse it.
+        `own_slot`: a restart's, which takes the slot it kept whatever the count."""
+        if spec.id in self.running:
+            raise EdgeAgentError(
+                f"pipeline {spec.id} is already running",
+                "stop it first, or use swap_model to change its model",
+                code="pipeline.exists",
+            )
+        if spec.id in self.unrestored:
+            raise EdgeAgentError(
+                f"pipeline {spec.id} is recorded, and failed to start from its record "
+                "(list_pipelines says why)",
+                "stop it first: stop_pipeline forgets it",
+                code="pipeline.exists",
+            )
+        taken = self.slots_taken(spec.id)
+        if not own_slot and taken >= self.max_running:
+            raise EdgeAgentError(
+                f"the agent holds {taken} pipelines, its most (max_pipelines = {self.max_running})",
+                "stop one with stop_pipeline (failed ones count too), or raise "
+                "max_pipelines in the agent's config",
+                code="command.busy",
+            )
+        entry = self.running[spec.id] = Running(spec, outage=SourceOutage(spec.id))
+        return entry
+
+    def slots_taken(self, pipeline_id: str) -> int:
+        """Slots held by others than `pipeline_id` (under `lock`): every listed pipeline,
+        held and failed ones too, and those a restart is starting again."""
+        return len((self.running.keys() | self.restarting) - {pipeline_id})
+
+    def persist(self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False) -> None:
+        """Record `spec` as the pipeline to restore (None forgets it); `known`: only if the
+        record already has it. Serialised: concurrent commands must not lose an update."""
+        with self.record_lock:
+            self.persist_locked(pipeline_id, spec, known)
+
+    def persist_locked(
+        self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False
+    ) -> None:
+        """`persist`, for a caller that holds `record_lock`."""
+        pipelines = dict(self.records.record.pipelines)
+        if known and pipeline_id not in pipelines:
+            return
+        if spec is None:
+            pipelines.pop(pipeline_id, None)
+        else:
+            pipelines[pipeline_id] = spec.model_dump(mode="json")
+        self.records.update(pipelines=pipelines)
+
+    def get(self, pipeline_id: str) -> Running:
+        """The entry of `pipeline_id`; raises if the agent holds none."""
+        with self.lock:
+            entry = self.running.get(pipeline_id)
+        if entry is None:
+            raise EdgeAgentError(
+                f"no pipeline {pipeline_id!r}",
+                "list them with list_pipelines",
+                code="pipeline.not_found",
+            )
+        return entry
+
+    def live_handle(self, entry: Running) -> PipelineHandle | None:
+        """The entry's handle, read once: a run that ends sets it to None (under the
+        lock) at any moment, and a check of `entry.handle` then a use of it could meet
+        None in between, after a deploy's store change had already happened."""
+        with self.lock:
+            return entry.handle
+
+    def states(self) -> list[PipelineState]:
+        """Every pipeline held, then the recorded ones that failed to start from the record."""
+        with self.lock:
+            entries = list(self.running.values())
+            unrestored = list(self.unrestored.values())
+        return [*(state_of(e) for e in entries), *unrestored]
+
+    def handles(self) -> dict[str, PipelineHandle]:
+        """The running pipelines' handles, for telemetry."""
+        with self.lock:
+            return {
+                i: e.handle
+                for i, e in self.running.items()
+                if e.handle is not None and e.status == "running"
+            }
+
+
+def state_of(entry: Running) -> PipelineState:
+    """The entry as list_pipelines shows it."""
+    status = entry.status if entry.status in ("starting", "running", "failed") else "stopped"
+    return PipelineState(
+        id=entry.spec.id,
+        model=entry.spec.model.name,
+        status=status,
+        detail=entry.detail,
+    )
+
+
+def serving_model(entry: Running) -> str:
+    """The model that made the pipeline's latest frame (a requested swap counts once it
+    has landed), else the spec's."""
+    sink = entry.sink
+    return sink.model if sink is not None and sink.model else entry.spec.model.name
+
+
+def recorded_model(data: dict[str, Any]) -> str:
+    """The model a recorded spec names, read without validating it ("-" for none)."""
+    model = data.get("model")
+    name = model.get("name") if isinstance(model, dict) else None
+    return str(name or "-")
