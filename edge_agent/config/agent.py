@@ -43,7 +43,7 @@ from edge_agent.config_files import first_error, read_secret
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
-from edge_agent.protocol.topics import check_prefix
+from edge_agent.protocol.topics import RESERVED_IDS, check_prefix
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +263,15 @@ class AgentConfig(BaseModel):
         # Ids become topic levels and file names: no wildcards, separators or '..'.
         if value is not None and not is_safe_name(value):
             raise ValueError("use letters, digits, '-', '_' and '.', starting with a letter/digit")
+        return value
+
+    @field_validator("device_id")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        # `<prefix>/fleet/...`, `<prefix>/delivery/...`: a device of such a name would
+        # share its topics with the whole fleet's, and the fleet would not hear it.
+        if value in RESERVED_IDS:
+            raise ValueError(f"{', '.join(sorted(RESERVED_IDS))} name fleet-wide topics")
         return value
 
     @field_validator("topic_prefix")

@@ -64,9 +64,13 @@ MAX_PEERS = 64
 broadcaster is chosen among them, so a flood of presences must not make thousands."""
 OWN_HEARD_S = 300.0
 """How long a device heard on its own delivery topics is not taken on the fleet-wide ones.
-A pull sends on them at least every 45 s (acks, rejoins, repair requests at their longest
-backoff), so a forger cannot slip in while it runs; a box downgraded to an earlier build
-deploys again this long after its last message as the later one."""
+Every server hears a pull's joins and acks; a repair request goes to one server of several
+(a shared subscription, round robin in mosquitto), at least every 45 s from a device
+still repairing, so a handful of servers each hear it well within this. With many more,
+or one started in the middle of a long repair, a server can take a request in its name
+on the fleet-wide topic meanwhile: the reason the shipped ACL keeps that topic closed. A
+box downgraded to an earlier build deploys again this long after its last message as the
+later one."""
 SAID_AT_MOST = 10_000
 """Devices whose refused or limited requests are logged (once each); past it, only counted."""
 
@@ -96,6 +100,15 @@ class RepairLimits:
     """Full answers a second (16 MiB/s) a device may go on having after its burst."""
     devices: int = 100_000
     """Device ids whose buckets are kept (the least recently heard are forgotten)."""
+
+
+def _limits_key(device: str, own: bool) -> str:
+    """Whose joins and repair budgets a message spends: its device's, on its own topics; on
+    the fleet-wide ones, a set of the device's own apart. One set for both let a box that
+    forged three joins on a fleet-wide topic, in the name of a later build's device, have
+    that device's next real join refused, and its pull sent to repair. A device id has no
+    '/', so the two never meet."""
+    return device if own else f"fleet-wide/{device}"
 
 
 def owner(servers: set[str], release_id: str) -> str:
@@ -140,6 +153,9 @@ class FleetServer:
         self._buckets = TokenBuckets(limits.burst, limits.per_s, limits.devices)
         self._refusals = TokenBuckets(limits.burst, limits.per_s, limits.devices)
         self._said: set[tuple[str, str]] = set()
+        self._heard_shared: set[str] = set()
+        """Device ids heard on the fleet-wide topics and logged (`fleet_shared_topics`):
+        a set of its own, so that invented names do not use up `_said`."""
         self._joins = JoinGate(join_limits)
         self.joins_refused = 0
         """Joins past their device id's limits (`JoinLimits`): ignored."""
@@ -239,9 +255,14 @@ class FleetServer:
                 )
 
     def on_control(self, message: Message) -> None:
+        # Each shape exactly: a topic that comes on the own topics' filter and does not
+        # parse as one is no fleet-wide topic (`<device>/delivery/ctl/1/x` read loosely as
+        # release "ctl" v1 was, and then spoke for any device).
         own = self.topics.parse_own_control(message.topic)
-        where = own[1:] if own else Topics.parse_delivery_topic(message.topic)
-        if where is None or (own is None and not self.shared_topics):
+        where = own[1:] if own else None
+        if own is None and self.shared_topics:
+            where = self.topics.parse_control(message.topic)
+        if where is None:
             return
         try:
             control = CONTROL.validate_json(message.payload)
@@ -251,13 +272,15 @@ class FleetServer:
         if entry is None:
             return
         now = self.clock()
+        device = control.device_id
         with self._cond:
-            if not self._sender_named(control.device_id, own[0] if own else None):
+            if not self._sender_named(device, own[0] if own else None):
                 return
             if owner(self.servers, entry.chunks.id) != self.instance:
                 self.broadcasts.pop(where, None)
                 return
-            if isinstance(control, Join) and not self._joins.join(control.device_id, now):
+            key = _limits_key(device, own is not None)
+            if isinstance(control, Join) and not self._joins.join(key, now):
                 self.joins_refused += 1
                 self._say_once("fleet_join_refused", control.device_id, device=control.device_id)
                 return
@@ -274,7 +297,7 @@ class FleetServer:
                 # taken from any ack in its name, a stale one sent with each rejoin kept a
                 # fake puller's joins coming, and the window waiting on it, for good.
                 if broadcast.ack(control, now):
-                    self._joins.ack(control.device_id)
+                    self._joins.ack(key)
             else:
                 broadcast.leave(control)
             self._cond.notify()
@@ -301,8 +324,8 @@ class FleetServer:
 
     def on_repair(self, message: Message) -> None:
         sender = self.topics.own_repair_device(message.topic)
-        if sender is None and not self.shared_topics:
-            return
+        if sender is None and (not self.shared_topics or message.topic != self.topics.repair):
+            return  # neither shape: a reserved word's `<prefix>/fleet/delivery/repair`, say
         try:
             request = RepairRequest.model_validate_json(message.payload)
         except ValidationError as exc:
@@ -311,6 +334,7 @@ class FleetServer:
         with self._cond:
             if not self._sender_named(request.device_id, sender):
                 return
+        key = _limits_key(request.device_id, sender is not None)
         reply = self._reply_topic(request, message.response_topic)
         if reply is None:
             return
@@ -323,7 +347,7 @@ class FleetServer:
         entry = self.repo.get(request.name, request.version)
         problem = self._check(request, entry)
         if problem is not None or entry is None:
-            if not self._take(self._refusals, request.device_id, 1.0):
+            if not self._take(self._refusals, key, 1.0):
                 return
             error = RepairError(
                 release_id=request.release_id,
@@ -340,7 +364,7 @@ class FleetServer:
         # counted per request, a box asking for one chunk in another's name 8 times a
         # second spent all of that device's repair, at a sixteenth of what it allows.
         cost = len(answer) * entry.chunks.chunk_size / MAX_REPAIR_BYTES
-        if not answer or not self._take(self._buckets, request.device_id, cost):
+        if not answer or not self._take(self._buckets, key, cost):
             return
         self.repairs_served += 1
         for ref in answer:
@@ -367,12 +391,15 @@ class FleetServer:
         elif named not in own:
             # Named, so the operator knows which boxes still need the fleet-wide topics
             # (and the ACL lines that let any box write them).
-            self._say_once(
-                "fleet_shared_topics",
-                named,
-                device=named,
-                detail="an earlier build: upgrade it, then serve with --own-topics-only",
-            )
+            if named not in self._heard_shared and len(self._heard_shared) < SAID_AT_MOST:
+                self._heard_shared.add(named)
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "fleet_shared_topics",
+                    device=named,
+                    detail="an earlier build: upgrade it, then serve with --own-topics-only",
+                )
             return True
         self.misnamed += 1
         self._say_once(
@@ -384,12 +411,14 @@ class FleetServer:
         )
         return False
 
-    def _take(self, buckets: TokenBuckets, device: str, cost: float) -> bool:
-        """Take `cost` from `device`'s bucket; False (counted, said once) if it lacks it."""
-        if buckets.take(device, self.clock(), cost):
+    def _take(self, buckets: TokenBuckets, key: str, cost: float) -> bool:
+        """Take `cost` from the bucket of `key` (`_limits_key`); False (counted, said once)
+        if it lacks it."""
+        if buckets.take(key, self.clock(), cost):
             return True
         self.repairs_limited += 1
-        self._say_once("fleet_repair_limited", device, device=device)
+        device = key.rpartition("/")[2]
+        self._say_once("fleet_repair_limited", key, device=device, fleet_wide=device != key)
         return False
 
     @staticmethod

@@ -86,10 +86,11 @@ class Topics:
         parts = rest.split("/")
         if head or not sep or len(parts) != 5 or parts[1:3] != ["delivery", "ctl"]:
             return None
-        device, _, _, name, version = parts
-        if device in RESERVED_IDS or not device or not name or not version.isdigit():
+        device, _, _, name, text = parts
+        version = _version(text)
+        if device in RESERVED_IDS or not device or not name or version is None:
             return None
-        return device, name, int(version)
+        return device, name, version
 
     def own_repair_device(self, topic: str) -> str | None:
         """The device of an `own_repair` topic; None if it is not one."""
@@ -164,10 +165,19 @@ class Topics:
             return parts[-2], parts[-1]
         return None
 
-    @staticmethod
-    def parse_delivery_topic(topic: str) -> tuple[str, int] | None:
-        """(name, version) of a chunks/status/ctl topic; None if it is not one."""
-        parts = topic.split("/")
-        if len(parts) >= 4 and parts[-4] == "delivery" and parts[-2].isdigit():
-            return parts[-3], int(parts[-2])
-        return None
+    def parse_control(self, topic: str) -> tuple[str, int] | None:
+        """(name, version) of a fleet-wide `control` topic; None if it is not one."""
+        head, sep, rest = topic.partition(self.prefix + "/")
+        parts = rest.split("/")
+        if head or not sep or len(parts) != 4 or parts[0] != "delivery" or parts[3] != "ctl":
+            return None
+        version = _version(parts[2])
+        return None if not parts[1] or version is None else (parts[1], version)
+
+
+def _version(text: str) -> int | None:
+    """A release version as a topic level spells it: ASCII digits only (`str.isdigit` takes
+    '²', which `int` refuses, and '٣', which it reads as 3), and not a thousand of them."""
+    if text.isascii() and text.isdigit() and len(text) <= 9:
+        return int(text)
+    return None

@@ -187,10 +187,11 @@ def test_serve_hears_every_join_of_a_fleet_at_once(
         publish_release(session, TOPICS, repo, signed, model.path.parent)
         chunks = ChunkMap(signed.release)
         everything = encode_bits(bitmap(len(chunks), range(len(chunks))))
-        control = TOPICS.control("orient", 1)
         for i in range(FLEET):
-            join = Join(device_id=f"box-{i:05d}", release_id=chunks.id, chunks=len(chunks),
+            device = f"box-{i:05d}"
+            join = Join(device_id=device, release_id=chunks.id, chunks=len(chunks),
                         missing=everything)  # fmt: skip
+            control = TOPICS.own_control(device, "orient", 1)  # each on its own topic
             boxes[i % len(boxes)].publish(control, join.model_dump_json().encode())
         assert all(box.flush(60.0) for box in boxes)
         deadline = time.monotonic() + 30.0

@@ -69,6 +69,8 @@ def test_inline_password_is_refused(tmp_path: Path) -> None:
     ("text", "where"),
     [
         (SMALLEST.replace('"dock-7"', '"dock/7"'), "device_id"),
+        # A word of the fleet-wide topics: <prefix>/fleet/delivery/repair is no box's.
+        (SMALLEST.replace('"dock-7"', '"fleet"'), "device_id"),
         (SMALLEST.replace("1883", "70000"), "mqtt.port"),
         (SMALLEST + "colour = 3\n", "mqtt.colour"),
         ('device_id = "a"\n', "mqtt"),

@@ -95,6 +95,7 @@ def test_a_fake_puller_that_rejoins_and_never_acks_holds_the_window_a_while_only
     # the stall: the window is its own again after 3 x 1.4 + 1.5 s, not after the deploy.
     assert now[0] < 3 * 1.4 + 1.5 + 1.0
     assert server.joins_refused > 0
+    assert server.misnamed > 0  # dock-1's name on the fleet-wide topic, while it pulls
 
 
 def test_a_device_id_joins_as_often_as_a_real_puller_does_and_no_more() -> None:

@@ -15,6 +15,7 @@ from edge_agent.comms.fake import FakeBroker
 from edge_agent.delivery.broadcast import BroadcastOptions
 from edge_agent.delivery.partial import PartialTransfer
 from edge_agent.delivery.puller import Puller, PullerOptions
+from edge_agent.fleet import server as server_module
 from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.server import OWN_HEARD_S, FleetServer
 from edge_agent.protocol.delivery import (
@@ -254,3 +255,78 @@ def test_frames_decode_on_the_reply_topic_of_an_own_topic_request(tmp_path: Path
     reply = TOPICS.delivery_reply("dock-3")
     frames = [decode_frame(m.payload) for m in broker.published if m.topic == reply]
     assert [f.index for f in frames if f is not None] == [0, 1, 2, 3]
+
+
+def test_forged_joins_on_the_fleet_wide_topic_do_not_spend_a_later_builds_own(
+    tmp_path: Path,
+) -> None:
+    # One set of join limits for both kinds of topic: three joins forged on the fleet-wide
+    # topic in dock-1's name while it was idle (not heard on its own topics) had its own
+    # next join refused, and every chunk of its pull came by repair.
+    now = [0.0]
+    server, broker = _server(tmp_path, now)
+    forger = broker.connect()
+    for _ in range(4):
+        forger.publish(TOPICS.control("m", 1), _join(server, "dock-1"))
+    assert server.joins_refused == 1  # the fourth in a row with no ack, on that topic
+    puller = _puller(server, broker, tmp_path, "dock-1", now)
+    puller.start()
+    while not puller.done.is_set() and now[0] < 30.0:
+        now[0] += 0.05
+        server.step(now[0])
+        puller.tick(now[0])
+    assert puller.state == "complete"
+    assert (puller.stats.rejoins, puller.stats.repair_requests) == (0, 0)
+    assert server.joins_refused == 1
+
+
+def test_topics_of_neither_shape_speak_for_no_one(tmp_path: Path) -> None:
+    # A box user named as a fleet-wide word writes <prefix>/fleet/delivery/repair, which
+    # the own topics' filter brings to the server: it was taken for the fleet-wide topic.
+    now = [0.0]
+    server, broker = _server(tmp_path, now)
+    box = broker.connect()
+    box.publish(TOPICS.device("fleet", "delivery/repair"), _repair(server, "dock-1"))
+    box.publish(TOPICS.device("dock-2", "delivery/repair/x"), _repair(server, "dock-1"))
+    assert _frames_to(broker, "dock-1") == 0
+    # The fleet-wide topic itself, where it is still open, is taken (dock-1 is no later
+    # build's device here).
+    box.publish(TOPICS.repair, _repair(server, "dock-1"))
+    assert _frames_to(broker, "dock-1") == 4
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "edge/v1/dock-2/delivery/ctl/1/x",  # an own topic's shape, not the fleet-wide one's
+        "edge/v1/delivery/m/²/ctl",  # str.isdigit, not int
+        "edge/v1/delivery/m/٣/ctl",  # read as 3 by int
+        "edge/v1/delivery/m/" + "9" * 5000 + "/ctl",
+        "edge/v1/x/delivery/m/3/ctl",
+        "other/edge/v1/delivery/m/3/ctl",
+    ],
+)
+def test_only_the_exact_fleet_wide_control_shape_parses(topic: str) -> None:
+    assert TOPICS.parse_control(topic) is None
+    assert TOPICS.parse_control("edge/v1/delivery/m/3/ctl") == ("m", 3)
+
+
+@pytest.mark.parametrize("version", ["²", "٣", "9" * 5000, "-1", ""])
+def test_an_own_control_topic_takes_ascii_versions_only(version: str) -> None:
+    assert TOPICS.parse_own_control(f"edge/v1/dock-1/delivery/ctl/m/{version}") is None
+
+
+def test_names_heard_on_the_fleet_wide_topics_do_not_silence_other_warnings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "SAID_AT_MOST", 5)
+    now = [0.0]
+    server, broker = _server(tmp_path, now)
+    box = broker.connect()
+    with caplog.at_level(logging.WARNING, logger="edge_agent.fleet.server"):
+        for i in range(20):  # invented names, each logged until the bound
+            box.publish(TOPICS.repair, _repair(server, f"ghost-{i}"))
+        box.publish(TOPICS.own_repair("dock-2"), _repair(server, "dock-1"))
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events.count("fleet_shared_topics") == 5
+    assert events.count("fleet_misnamed") == 1
