@@ -33,7 +33,7 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet.console import DeviceConsole, Interrupted
 from edge_agent.paths import Layout
 from edge_agent.protocol import agent as msg
-from edge_agent.protocol.topics import Topics
+from edge_agent.protocol.topics import DEFAULT_SHARE_GROUP, Topics
 
 log = logging.getLogger(__name__)
 
@@ -233,12 +233,15 @@ class Demo:
         )
         stack.callback(session.stop)
         server = FleetServer(
-            session, Repo(self._work / "fleet-repo"), instance=FLEET_INSTANCE, topics=topics
+            session,
+            Repo(self._work / "fleet-repo"),
+            instance=FLEET_INSTANCE,
+            topics=topics,
+            # amqtt has no shared subscriptions: the one server takes repairs on the plain
+            # topic. Beside a `$share` one, which the session matches too, each ran twice.
+            share_group=None if broker.kind == "amqtt" else DEFAULT_SHARE_GROUP,
         )
         server.start()
-        if broker.kind == "amqtt":
-            # amqtt has no shared subscriptions: take repairs on the plain topic.
-            session.subscribe(topics.own_repair_filter, server.on_repair)
         done = threading.Event()
         thread = threading.Thread(target=server.run, args=(done,), name="fleet", daemon=True)
         thread.start()

@@ -126,7 +126,7 @@ class FleetServer:
         *,
         instance: str,
         topics: Topics | None = None,
-        share_group: str = DEFAULT_SHARE_GROUP,
+        share_group: str | None = DEFAULT_SHARE_GROUP,
         options: BroadcastOptions | None = None,
         limits: RepairLimits | None = None,
         join_limits: JoinLimits | None = None,
@@ -178,13 +178,16 @@ class FleetServer:
         # past its queue for this one client. The devices publish at QoS 1, and ask again
         # (rejoin, resend) what a lost connection drops.
         topics, group = self.topics, self.share_group
+
+        def repairs(topic_filter: str) -> str:
+            # None: a broker without shared subscriptions (amqtt), and a single server.
+            return topic_filter if group is None else topics.shared(topic_filter, group)
+
         self.comm.subscribe(topics.own_control_filter, self.on_control, qos=FANIN_QOS)
-        self.comm.subscribe(
-            topics.shared(topics.own_repair_filter, group), self.on_repair, qos=FANIN_QOS
-        )
+        self.comm.subscribe(repairs(topics.own_repair_filter), self.on_repair, qos=FANIN_QOS)
         if self.shared_topics:
             self.comm.subscribe(topics.control_filter, self.on_control, qos=FANIN_QOS)
-            self.comm.subscribe(topics.repair_shared(group), self.on_repair, qos=FANIN_QOS)
+            self.comm.subscribe(repairs(topics.repair), self.on_repair, qos=FANIN_QOS)
         self.announce()
 
     def announce(self) -> None:

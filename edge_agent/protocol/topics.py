@@ -145,10 +145,6 @@ class Topics:
         requests with: each request goes to one of them."""
         return f"$share/{group}/{topic_filter}"
 
-    def repair_shared(self, group: str = DEFAULT_SHARE_GROUP) -> str:
-        """The shared subscription to `repair` (devices of earlier builds)."""
-        return self.shared(self.repair, group)
-
     def server(self, instance: str) -> str:
         """A fleet server's retained presence (cleared by its will)."""
         return f"{self.prefix}/fleet/servers/{instance}"

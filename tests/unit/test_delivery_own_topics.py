@@ -330,3 +330,19 @@ def test_names_heard_on_the_fleet_wide_topics_do_not_silence_other_warnings(
     events = [getattr(r, "event", None) for r in caplog.records]
     assert events.count("fleet_shared_topics") == 5
     assert events.count("fleet_misnamed") == 1
+
+
+def test_a_server_without_a_share_group_takes_each_repair_once(tmp_path: Path) -> None:
+    # The demo's broker (amqtt) has no shared subscriptions: its one server took repairs
+    # on the plain topic beside the `$share` one, which the session matches too, and
+    # answered every request twice.
+    signed, folder = make_release(tmp_path, CHUNKS * CHUNK)
+    repo = Repo(tmp_path / "repo")
+    repo.add(signed, folder)
+    broker = FakeBroker()
+    server = FleetServer(broker.connect(), repo, instance="s1", share_group=None)
+    server.start()
+    broker.connect().publish(TOPICS.own_repair("dock-1"), _repair(server, "dock-1"))
+    broker.connect().publish(TOPICS.repair, _repair(server, "old-1"))
+    assert (_frames_to(broker, "dock-1"), _frames_to(broker, "old-1")) == (4, 4)
+    assert server.repairs_served == 2
