@@ -397,6 +397,12 @@ class AgentService:
         self.session.subscribe(self._state_topic, self._on_state)
         self._devices()
         self.session.start()
+        # The pump before the restore: the birth says online as soon as the session is up,
+        # and commands run at once; with the pump started after it, their answers waited
+        # for every recorded pipeline to compile and start (15.8 s for 20 cameras).
+        pump = threading.Thread(target=self._pump, name="outbox-pump", daemon=True)
+        self._pump_thread = pump
+        pump.start()
         try:
             restored = self.pipelines.restore()
         except Exception:
@@ -408,12 +414,11 @@ class AgentService:
         log_event(log, logging.INFO, "agent_started", device=self.device, restored=len(restored))
         self._state_changed()  # the birth may have gone out before the pipelines were back
         self.notifier.ready(self._status_line())
-        pump = threading.Thread(target=self._pump, name="outbox-pump", daemon=True)
-        self._pump_thread = pump
-        pump.start()
         next_telemetry = time.monotonic() + self.interval_s
         next_sweep = time.monotonic()  # abandoned partial transfers: at start, then daily
-        watchdog_every = (self.notifier.watchdog_s or 0) / 2
+        # A third of WatchdogSec, not half: a ping comes a little late on a busy box, and
+        # one withheld at half left a gap of just over WatchdogSec, which systemd kills.
+        watchdog_every = (self.notifier.watchdog_s or 0) / 3
         next_watchdog = time.monotonic()
         # Each step on its own: one that fails (a full disk, a damaged file) is logged and
         # tried again on its next turn, and never stops the others, the watchdog least of all:
@@ -541,6 +546,10 @@ class AgentService:
             self.notifier.watchdog()
 
     def _healthy(self) -> bool:
+        if self._stop.is_set():
+            # Stopping: the pump ends on its own as soon as it sees it, and the loop may
+            # check once more before it does (an ERROR line on every clean stop).
+            return True
         threads = [self.session._net, self.session._dispatch]
         if not all(t.is_alive() for t in threads):
             log_event(log, logging.ERROR, "watchdog_withheld", reason="mqtt loop stopped")

@@ -125,9 +125,12 @@ class Ticker:
             entries = list(self._roster.running.values())
         found = []
         for entry in entries:
-            if entry.status != "running":
+            if entry.status != "running" or entry.thread is None:
+                # No thread yet: `_launch` sets it running before it starts the thread,
+                # which takes a while on a busy box, and a starting pipeline read as a
+                # dead one had the watchdog withheld.
                 continue
-            alive = entry.thread is not None and entry.thread.is_alive()
+            alive = entry.thread.is_alive()
             frames = entry.handle.telemetry.snapshot().frames if entry.handle else 0
             if frames != entry.frames_seen:
                 entry.frames_seen, entry.fresh_at = frames, now

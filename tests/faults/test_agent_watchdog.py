@@ -1,0 +1,137 @@
+"""The agent under systemd's watchdog, and while it restores its pipelines at start.
+
+An overloaded box (more cameras than its cores take) showed each of these: a pipeline
+that was starting read as a dead one and had the watchdog ping withheld, with pings at
+half of WatchdogSec a single withheld one let systemd kill the agent, a clean stop logged
+an ERROR, and commands went unanswered for as long as the restore took, though the birth
+already said online.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edge_agent.agent.pipelines import Pipelines
+from edge_agent.agent.records import AgentRecords
+from edge_agent.agent.roster import Roster, Running
+from edge_agent.agent.specs import parse_spec
+from edge_agent.agent.ticks import Ticker
+from edge_agent.comms.local_broker import LocalBroker
+from tests.agent_kit import InProcessAgent, Watcher, write_config
+
+
+def test_commands_are_answered_while_the_pipelines_restore(
+    broker: LocalBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 20 recorded cameras took 15.8 s to restore on a 2-core box, and the pump that sends
+    # answers only started after it: a ping sent at the birth was answered 15.9 s later.
+    restoring, release = threading.Event(), threading.Event()
+
+    def slow(self: Pipelines) -> list[str]:
+        restoring.set()
+        release.wait(30.0)
+        return []
+
+    monkeypatch.setattr(Pipelines, "restore", slow)
+    config = write_config(tmp_path / "agent.toml", port=broker.port, state=tmp_path / "state")
+    watcher = Watcher(broker.port, "dev-1")
+    agent = InProcessAgent(config)
+    try:
+        assert restoring.wait(20.0)
+        watcher.wait_state(lambda s: s["online"])
+        started = time.monotonic()
+        assert watcher.ok("ping", timeout=10.0)["pong"] is True
+        assert time.monotonic() - started < 5.0
+        assert not release.is_set()  # still restoring
+    finally:
+        release.set()
+        watcher.close()
+        agent.close()
+
+
+def _systemd(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0.2)
+    return sock
+
+
+def test_the_watchdog_is_fed_thrice_an_interval_and_a_clean_stop_withholds_nothing(
+    broker: LocalBroker,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from edge_agent.agent.service import AgentService
+    from edge_agent.config.agent import load_agent_config
+    from tests.agent_kit import cache_dir
+
+    notify = tmp_path / "notify"
+    systemd = _systemd(notify)
+    env = {
+        "EDGE_AGENT_CACHE": str(cache_dir()),
+        "NOTIFY_SOCKET": str(notify),
+        "WATCHDOG_USEC": "900000",  # 0.9 s: a ping every 0.3 s
+        "WATCHDOG_PID": str(os.getpid()),
+    }
+    config = write_config(tmp_path / "agent.toml", port=broker.port, state=tmp_path / "state")
+    service = AgentService(load_agent_config(config, env), env)
+    stop = threading.Event()
+    thread = threading.Thread(target=service.run, args=(stop,))
+    pings: list[float] = []
+    with caplog.at_level(logging.WARNING, logger="edge_agent.agent.service"):
+        thread.start()
+        try:
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                try:
+                    datagram = systemd.recv(4096)
+                except TimeoutError:
+                    continue
+                if datagram == b"WATCHDOG=1":
+                    pings.append(time.monotonic())
+        finally:
+            stop.set()
+            service.wake()
+            thread.join(20.0)
+            systemd.close()
+        assert not thread.is_alive()
+        # Stopped: the pump and the MQTT loop are gone, and that is no reason to withhold.
+        assert service._healthy()
+    gaps = [b - a for a, b in itertools.pairwise(pings)]
+    assert len(gaps) >= 5
+    # A third of 0.9 s: at half (0.45 s), one withheld ping left a gap past WatchdogSec.
+    assert statistics.median(gaps) < 0.4
+    withheld = [r for r in caplog.records if getattr(r, "event", None) == "watchdog_withheld"]
+    assert withheld == []
+
+
+def test_a_pipeline_whose_thread_is_not_yet_started_is_not_stale(tmp_path: Path) -> None:
+    # `_launch` marks it running and then starts its thread, which on a busy box takes a
+    # while: read as a dead thread meanwhile, it had the watchdog withheld.
+    roster = Roster(AgentRecords(tmp_path), max_running=4)
+    ticker = Ticker(roster, pool=None)  # type: ignore[arg-type]  # stale() reads no model
+    spec = parse_spec(
+        {
+            "id": "cam1",
+            "model": {"name": "person-ssdlite"},
+            "source": {"type": "stream", "url": "rtsp://cam1/"},
+        }
+    )
+    starting = Running(spec, status="running")
+    roster.running["cam1"] = starting
+    assert ticker.stale(60.0) == []
+    # Once started, a thread that died is stale, as before.
+    starting.thread = threading.Thread(target=lambda: None)
+    starting.thread.start()
+    starting.thread.join()
+    assert ticker.stale(60.0) == ["cam1"]
