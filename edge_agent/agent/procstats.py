@@ -48,6 +48,15 @@ def hottest_celsius(root: Path = Path("/sys/class/thermal")) -> float | None:
     return max(readings) if readings else None
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity (a cgroup's cpuset, `taskset`, a unit's
+    CPUAffinity=), not the box's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 class CpuMeter:
     """Process CPU over the interval since the last call: 100 means one core busy."""
 

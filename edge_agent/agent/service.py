@@ -29,7 +29,7 @@ from edge_agent.agent.dispatch import Dispatcher
 from edge_agent.agent.loaded import TrackedPool
 from edge_agent.agent.models import ModelOps
 from edge_agent.agent.pipelines import Pipelines
-from edge_agent.agent.procstats import CpuMeter, hottest_celsius, rss_bytes
+from edge_agent.agent.procstats import CpuMeter, hottest_celsius, rss_bytes, usable_cpus
 from edge_agent.agent.records import AgentRecords, CommandLog
 from edge_agent.agent.supervisor import AgentSupervisor
 from edge_agent.agent.telemetry import model_telemetry, pipeline_telemetry
@@ -599,6 +599,7 @@ class AgentService:
         outbox = self.outbox.stats()
         agent = msg.AgentTelemetry(
             cpu_percent=round(self._cpu.percent(), 2),
+            cpu_cores=usable_cpus(),
             rss_bytes=rss_bytes(),
             temperature_c=hottest_celsius(),
             outbox_depth=outbox.depth,

@@ -15,6 +15,8 @@ import math
 from edge_agent.fleet import clock
 from edge_agent.fleet.roster import DeviceRecord
 
+CPU_FULL = 0.9
+"""The share of its CPUs past which the agent is flagged `cpu N%`: the box takes no more."""
 REPLAY_MIN_S = 60.0
 """Telemetry this far behind the box's state (and two intervals) is a replayed backlog,
 not the last interval running late."""
@@ -39,7 +41,7 @@ def pipeline_flags(record: DeviceRecord) -> dict[str, list[str]]:
 
 def device_flags(record: DeviceRecord) -> list[str]:
     """The device's own flags: `clock ±N`, `replaying Nm behind`, `outbox-drops`,
-    `unverified`, `fallback`."""
+    `unverified`, `fallback`, and `cpu N%` (a note, see `in_trouble`)."""
     flags: list[str] = []
     if clock.off(record.skew_s) and record.skew_s is not None:
         flags.append(f"clock {clock.span(record.skew_s)}")
@@ -50,6 +52,13 @@ def device_flags(record: DeviceRecord) -> list[str]:
     before = record.outbox_dropped_before
     if telemetry is not None and before is not None and telemetry.agent.outbox_dropped > before:
         flags.append("outbox-drops")
+    if telemetry is not None and telemetry.agent.cpu_cores:
+        # Beside each pipeline's `drops N%`, it says why: more cameras than the box's
+        # cores take (18 on a 2-core box: every pipeline dropped 41-48%, and nothing said
+        # the CPU was full), or a camera faster than its model on a box with none to spare.
+        share = telemetry.agent.cpu_percent / (100.0 * telemetry.agent.cpu_cores)
+        if share >= CPU_FULL:
+            flags.append(f"cpu {share:.0%}")
     if record.state is not None:
         if record.state.unverified:
             flags.append("unverified")
@@ -87,12 +96,13 @@ def all_flags(record: DeviceRecord) -> list[str]:
 
 
 def in_trouble(record: DeviceRecord) -> bool:
-    """Offline, a pipeline that is not running, or any flag but `drops`: what an operator
-    looks for first.
+    """Offline, a pipeline that is not running, or any flag but `drops` and `cpu`: what an
+    operator looks for first.
 
     Dropped frames are a live source working as designed whenever the camera is faster
     than the model (the newest frame replaces one not yet taken): counted as trouble,
-    every box with a 25 FPS camera on a 10 FPS model sorted first as failing.
+    every box with a 25 FPS camera on a 10 FPS model sorted first as failing. A pipeline
+    with no FPS cap takes every core it can, so a full CPU is that design too.
     """
     if not record.online:
         return True
@@ -104,4 +114,4 @@ def in_trouble(record: DeviceRecord) -> bool:
 
 def _note(flag: str) -> bool:
     """A flag shown for what it says, not one that makes a device trouble."""
-    return flag.split(": ", 1)[-1].startswith("drops ")
+    return flag.split(": ", 1)[-1].startswith(("drops ", "cpu "))

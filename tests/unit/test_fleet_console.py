@@ -286,6 +286,8 @@ def telemetry(
     dropped: int = 0,
     outbox_dropped: int = 0,
     interval_s: float = 10.0,
+    cpu_percent: float = 50.0,
+    cpu_cores: int | None = None,
 ) -> Message:
     e2e = msg.StageTelemetry(count=10, p50_ms=100, p95_ms=120, p99_ms=130, max_ms=140)
     body = msg.Telemetry(
@@ -301,7 +303,8 @@ def telemetry(
         },
         models={},
         agent=msg.AgentTelemetry(
-            cpu_percent=50,
+            cpu_percent=cpu_percent,
+            cpu_cores=cpu_cores,
             rss_bytes=1,
             outbox_depth=0,
             outbox_bytes=0,
@@ -620,3 +623,24 @@ def test_a_boxs_own_words_reach_the_terminal_without_control_characters(
     assert printable(f"a\tb\n{ESCAPES}c") == "a b ]0;owned\\]52;c;ZWNobw==[2J[31m2Jc"
     # Bidirectional overrides: shown, U+202E turned a box's "gnissim" into "missing".
     assert printable("ok \u202egnissim\u202c \u2067x\u2069 \u200fy") == "ok gnissim x y"
+
+
+def test_an_agent_that_takes_its_cpus_is_flagged_beside_its_drops() -> None:
+    # 18 cameras on a 2-core box: every pipeline dropped 41-48% and nothing said why.
+    roster = Roster(TOPICS, now=Clock())
+    cases = {
+        "full": telemetry("full", NOW, fps=8.0, dropped=70, cpu_percent=192.0, cpu_cores=2),
+        "busy": telemetry("busy", NOW, cpu_percent=170.0, cpu_cores=2),  # 85%: room left
+        "older": telemetry("older", NOW, cpu_percent=192.0),  # an agent that sends no cores
+    }
+    for device, tele in cases.items():
+        roster.on_state(birth(device, NOW - 60, live=False, pipelines=[running()]))
+        roster.on_telemetry(tele)
+    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot())}
+    assert listed["full"]["flags"] == ["cpu 96%", "cam: drops 47%"]
+    # A note, as drops are: a box running flat out on uncapped pipelines is by design.
+    assert listed["full"]["in_trouble"] is False
+    assert listed["busy"]["flags"] == []
+    assert listed["older"]["flags"] == []
+    rows = rows_by_device(watch_table(roster.snapshot(), now=NOW + 1))
+    assert rows["full"]["flags"] == "cpu 96%, drops 47%"
