@@ -47,7 +47,8 @@ CODES: dict[str, str] = {
     "store.corrupt": "Bytes in the store no longer match their digest.",
     "transfer.failed": "A model transfer did not complete.",
     "transfer.digest": "Transferred bytes do not match the release.",
-    "health.failed": "A model failed the health gate on activation and was rolled back.",
+    "health.failed": "A model version failed the health gate and was not activated; the "
+    "version active before it stays active.",
     "command.invalid": "A command envelope or its arguments are malformed.",
     "command.unknown": "The command type is not known to this agent.",
     "command.expired": "The command arrived after its expires_at.",

@@ -48,12 +48,12 @@ from benchlib import MeasureError, consoles, cpu_flags, finish, flags_text, load
 from rich.console import Console
 from rich.table import Table
 
-from edge_agent.agent.procstats import status_bytes
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet.console import DeviceConsole
+from edge_agent.procstats import status_bytes
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 

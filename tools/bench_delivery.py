@@ -43,7 +43,7 @@ from edge_agent.comms.local_broker import LocalBroker  # noqa: E402
 _PULLER = """
 import json, sys, time
 from pathlib import Path
-from edge_agent.agent.procstats import status_bytes
+from edge_agent.procstats import status_bytes
 from edge_agent.comms.session import connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.delivery.pull import pull

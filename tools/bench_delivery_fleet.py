@@ -43,7 +43,6 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion  # noqa: E40
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from paho.mqtt.properties import Properties  # noqa: E402
 
-from edge_agent.agent.procstats import status_bytes  # noqa: E402
 from edge_agent.catalog.catalog import default_models_dir  # noqa: E402
 from edge_agent.comms.base import (  # noqa: E402
     Handler,
@@ -55,6 +54,7 @@ from edge_agent.comms.base import (  # noqa: E402
 from edge_agent.comms.local_broker import LocalBroker  # noqa: E402
 from edge_agent.delivery.partial import PartialTransfer  # noqa: E402
 from edge_agent.delivery.puller import Puller, PullerOptions  # noqa: E402
+from edge_agent.procstats import status_bytes  # noqa: E402
 from edge_agent.protocol.delivery import FRAME_MAGIC  # noqa: E402
 from edge_agent.protocol.topics import Topics  # noqa: E402
 from edge_agent.store.release import load_public_key, load_signed_release, verify  # noqa: E402

@@ -38,7 +38,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge_agent.agent.procstats import status_bytes
 from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.clips import write_walk
 from edge_agent.logs import setup_logging
@@ -50,6 +49,7 @@ from edge_agent.pipelines.sinks import CallbackSink
 from edge_agent.pipelines.sources import FileSourceSpec, open_source
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.pipelines.stopping import STOP_BUDGET_S
+from edge_agent.procstats import status_bytes
 from edge_agent.runtime.pool import ModelPool
 from edge_agent.telemetry.stats import PipelineStats
 

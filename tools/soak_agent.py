@@ -58,7 +58,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge_agent.agent.procstats import status_bytes
 from edge_agent.clips import write_walk
 from edge_agent.comms.base import Message
 from edge_agent.comms.local_broker import LocalBroker
@@ -66,6 +65,7 @@ from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet.console import DeviceConsole
+from edge_agent.procstats import status_bytes
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 

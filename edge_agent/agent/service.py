@@ -29,7 +29,6 @@ from edge_agent.agent.dispatch import Dispatcher
 from edge_agent.agent.loaded import TrackedPool
 from edge_agent.agent.models import ModelOps
 from edge_agent.agent.pipelines import Pipelines
-from edge_agent.agent.procstats import CpuMeter, hottest_celsius, rss_bytes, usable_cpus
 from edge_agent.agent.records import AgentRecords, CommandLog
 from edge_agent.agent.supervisor import AgentSupervisor
 from edge_agent.agent.telemetry import model_telemetry, pipeline_telemetry
@@ -45,6 +44,7 @@ from edge_agent.integrations.hub import Integrations
 from edge_agent.logs import Throttle, log_crash, log_event
 from edge_agent.outbox import Outbox, Priority
 from edge_agent.outbox.outbox import MOVE_EVERY_S
+from edge_agent.procstats import CpuMeter, hottest_celsius, rss_bytes, usable_cpus
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 from edge_agent.reference import reference_dir

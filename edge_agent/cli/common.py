@@ -16,6 +16,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from edge_agent.arg_types import positive_days as positive_days
+from edge_agent.arg_types import positive_float as positive_float
+from edge_agent.arg_types import positive_int as positive_int
+from edge_agent.arg_types import topic_prefix as topic_prefix
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout
 
@@ -55,56 +59,6 @@ class CliParser(argparse.ArgumentParser):
             file=sys.stderr,
         )
         raise SystemExit(2)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
-    return value
-
-
-MAX_SECONDS = 7 * 24 * 3600.0
-"""The longest wait or run a seconds flag takes: past it a clock overflows (1e300 s was a
-traceback in the health gate), and no wait of a week is meant."""
-MAX_DAYS = 3650.0
-"""The longest lifetime a days flag takes (ten years; 1e300 days overflowed timedelta)."""
-
-
-def _bounded(text: str, unit: str, most: float) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value <= most:  # also refuses NaN
-        raise argparse.ArgumentTypeError(
-            f"{text} is not a number of {unit} above 0 and at most {most:,.0f}"
-        )
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: seconds, above 0 and at most MAX_SECONDS."""
-    return _bounded(text, "seconds", MAX_SECONDS)
-
-
-def positive_days(text: str) -> float:
-    """argparse type: days, above 0 and at most MAX_DAYS."""
-    return _bounded(text, "days", MAX_DAYS)
-
-
-def topic_prefix(text: str) -> str:
-    """argparse type: an MQTT topic prefix (protocol.topics.check_prefix)."""
-    from edge_agent.protocol.topics import check_prefix
-
-    try:
-        return check_prefix(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 DEVICE_HELP = (

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from edge_agent.agent.procstats import status_bytes
 from edge_agent.errors import EdgeAgentError
+from edge_agent.procstats import status_bytes
 
 MOSQUITTO_CANDIDATES = ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto")
 

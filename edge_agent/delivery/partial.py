@@ -29,9 +29,9 @@ from pathlib import Path
 from edge_agent.clock import is_set
 from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fsio import write_all
 from edge_agent.logs import log_event
 from edge_agent.protocol.delivery import bit, set_bit
-from edge_agent.store.fsio import write_all
 from edge_agent.store.release import SignedRelease, check_paths
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_agent.cli.common import positive_days, positive_int, topic_prefix
+from edge_agent.arg_types import positive_days, positive_int, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.fleet.console_cmd import add_console_verbs

@@ -30,7 +30,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
-from edge_agent.cli.common import positive_float, topic_prefix
+from edge_agent.arg_types import positive_float, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.config_files import first_error

@@ -30,6 +30,7 @@ from openvino.preprocess import ColorFormat, PrePostProcessor
 from edge_agent.catalog.fetch import sha256_file
 from edge_agent.catalog.manifest import ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fsio import fsync_dir, fsync_file
 from edge_agent.logs import Throttle, error_text, log_event
 from edge_agent.quiet import native_stderr_held
 from edge_agent.runtime.base import (
@@ -44,7 +45,6 @@ from edge_agent.runtime.devices import explain_failure, is_present, parse_reques
 from edge_agent.runtime.precision import combine, precision_note
 from edge_agent.runtime.preprocess import fit_frames, fit_frames_into
 from edge_agent.runtime.runs import Slots, ThreadedModel
-from edge_agent.store.fsio import fsync_dir, fsync_file
 
 log = logging.getLogger(__name__)
 

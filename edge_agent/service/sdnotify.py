@@ -7,7 +7,7 @@ STOPPING=1). Outside systemd the variable is absent and every call is a cheap
 no-op, so the same agent runs under a terminal, a test or a unit.
 
 The watchdog interval comes from `$WATCHDOG_USEC` (and `$WATCHDOG_PID`, which
-must be ours when set); the service pings at half of it, and only while its
+must be ours when set); the service pings at a third of it, and only while its
 own health checks pass (see agent.service), so a wedged loop gets restarted.
 """
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from edge_agent.errors import EdgeAgentError
-from edge_agent.store.fsio import copy_hashing, fault, fsync_dir, hash_file
+from edge_agent.fsio import copy_hashing, fault, fsync_dir, hash_file
 from edge_agent.store.release import Release, SignedRelease
 from edge_agent.store.verify import RELEASE_FILE
 

@@ -39,14 +39,14 @@ from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import Manifest
 from edge_agent.config_files import drop_unknown_fields, first_error
 from edge_agent.errors import EdgeAgentError
-from edge_agent.logs import log_event
-from edge_agent.paths import Layout, is_safe_name
-from edge_agent.store.fsio import (
+from edge_agent.fsio import (
     fault,
     file_lock,
     fsync_dir,
     write_atomic,
 )
+from edge_agent.logs import log_event
+from edge_agent.paths import Layout, is_safe_name
 from edge_agent.store.install import publish, stage
 from edge_agent.store.quota import check_quota, evict
 from edge_agent.store.release import Release, SignedRelease, check_paths, parse_signed_release

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_agent.errors import EdgeAgentError
-from edge_agent.store.fsio import hash_file
+from edge_agent.fsio import hash_file
 from edge_agent.store.release import Release
 
 RELEASE_FILE = "release.json"

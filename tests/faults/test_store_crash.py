@@ -20,12 +20,12 @@ import numpy.typing as npt
 import pytest
 
 from edge_agent.catalog.catalog import Catalog, ResolvedModel, default_models_dir
+from edge_agent.fsio import FAULT_ENV, FAULT_EXIT
 from edge_agent.heads.base import Classification
 from edge_agent.infer import infer_frame
 from edge_agent.paths import Layout
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import RuntimeOptions
-from edge_agent.store.fsio import FAULT_ENV, FAULT_EXIT
 from edge_agent.store.release import generate_key, save_private_key
 from edge_agent.store.store import FAULT_STEPS, ModelStore
 from tests.conftest import REPO

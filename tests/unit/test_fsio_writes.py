@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.store.fsio import write_all
+from edge_agent.fsio import write_all
 from tests.disk_kit import files_capped_at
 
 

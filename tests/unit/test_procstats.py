@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_agent.agent.procstats import CpuMeter, hottest_celsius, rss_bytes, status_bytes
+from edge_agent.procstats import CpuMeter, hottest_celsius, rss_bytes, status_bytes
 
 
 @contextmanager

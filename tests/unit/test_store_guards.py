@@ -24,9 +24,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge_agent.catalog.catalog import Catalog, ResolvedModel, default_models_dir
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fsio import file_lock
 from edge_agent.paths import Layout
 from edge_agent.store import store as store_module
-from edge_agent.store.fsio import file_lock
 from edge_agent.store.release import generate_key
 from edge_agent.store.store import ModelStore
 from tests.integration.store_kit import ir_folder, onnx_folder, release_for
