@@ -5,8 +5,9 @@ Wires the parts together and runs the loop that keeps them honest:
   connection sequence number (`state`, retained);
 - commands from `<prefix>/<device>/cmd` and `<prefix>/group/<group>/cmd` into
   the dispatcher;
-- everything published goes through the outbox, and one pump thread moves it
-  to the broker in order, deleting a message only once the broker has it;
+- everything published goes through the outbox, and one pump thread (pump.py)
+  moves it to the broker in order, deleting a message only once the broker has
+  it, answers and the newest telemetry ahead of a backlog;
 - telemetry every interval; the watchdog pinged only while the MQTT loop and
   every pipeline are healthy; `STATUS=` with the FPS;
 - a clean stop: STOPPING=1, pipelines stopped (and remembered), the outbox
@@ -21,7 +22,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from edge_agent import __version__
@@ -29,6 +29,7 @@ from edge_agent.agent.dispatch import Dispatcher
 from edge_agent.agent.loaded import TrackedPool
 from edge_agent.agent.models import ModelOps
 from edge_agent.agent.pipelines import Pipelines
+from edge_agent.agent.pump import OutboxPump
 from edge_agent.agent.records import AgentRecords, CommandLog
 from edge_agent.agent.supervisor import AgentSupervisor
 from edge_agent.agent.telemetry import model_telemetry, pipeline_telemetry
@@ -43,7 +44,6 @@ from edge_agent.delivery.partial import sweep
 from edge_agent.integrations.hub import Integrations
 from edge_agent.logs import Throttle, log_crash, log_event
 from edge_agent.outbox import Outbox, Priority
-from edge_agent.outbox.outbox import MOVE_EVERY_S
 from edge_agent.procstats import CpuMeter, hottest_celsius, rss_bytes, usable_cpus
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
@@ -54,13 +54,6 @@ from edge_agent.store.store import ModelStore
 
 log = logging.getLogger(__name__)
 
-_PUMP_BATCH = 200
-_FLUSH_TIMEOUT_S = 10.0
-_GATHER_S = 0.02
-"""How long the pump lets results and telemetry gather before it sends them. One message a
-wake-up cost a thread hop, an outbox read, a flush wait and an acknowledgement each: at
-200 results a second that was most of what the agent adds to a pipeline's CPU
-(tools/bench_agent.py). Answers and events are not held: they cut the wait short."""
 _IDLE_S = 1.0
 """The longest the main loop sleeps when nothing is due. What it serves has a deadline (the
 telemetry interval, the watchdog) or wakes it (`wake`, a state change, a new interval), so
@@ -70,9 +63,6 @@ _TICK_S = 0.25
 """The main loop's period while an integration asks for ticks (occupancy hold times)."""
 _SWEEP_EVERY_S = 24 * 3600.0
 """Partial transfers idle for `delivery.partial.ABANDONED_S` go at this period too."""
-_PUMP_IDLE_S = 5.0
-"""How long the pump sleeps with nothing to send: every put, connect and stop wakes it, so
-this is only a safety net for a wake-up that never comes."""
 
 
 def broker_settings(config: AgentConfig) -> BrokerSettings:
@@ -471,75 +461,15 @@ class AgentService:
         self.dispatcher.handle(message.payload, message.expiry_s, message.retain)
 
     def _pump(self) -> None:
-        """Move the outbox to the broker in order; delete only what the broker acknowledged."""
-        sent = _Sent()
-        failed = _Failures("outbox_pump_failed")
-        while not self._stop.is_set() or sent.in_flight:
-            try:
-                if not self._pump_once(sent):
-                    return
-            except Exception:
-                # A disk that cannot be read now may be readable in a second; a dead pump
-                # would leave everything on disk while the agent looks well.
-                failed.record("pump")
-                if self._stop.wait(1.0):
-                    return
-
-    def _pump_once(self, sent: _Sent) -> bool:
-        """One step of the pump; False when it should end."""
-        if sent.in_flight:
-            if self.session.flush(_FLUSH_TIMEOUT_S if not self._stop.is_set() else 2.0):
-                self.outbox.ack(sent.in_flight)
-                sent.in_flight = []
-            elif self._stop.is_set():
-                return False  # they stay in the outbox for the next start
-            return True
-        if not self.outbox.on_disk and time.monotonic() >= sent.next_move:
-            # Tried here, with nothing in flight: the move gives what waits new sequence
-            # numbers, so the pump's place starts over (the file's older messages go first).
-            sent.next_move = time.monotonic() + MOVE_EVERY_S
-            if self.outbox.move_to_disk():
-                sent.upto = 0
-                sent.early.clear()
-        if not self.session.connected.is_set():
-            self._wake.wait(_PUMP_IDLE_S)  # the connect wakes it
-            self._wake.clear()
-            return True
-        self._urgent.clear()
-        # Answers first: after an outage the backlog (up to the quota, 190,000 results at
-        # 64 MB) drains at the broker's pace, and an answer at its end kept a console
-        # waiting past its timeout for a command the box had already run.
-        ahead = [
-            queued
-            for queued in self.outbox.peek_answers(_PUMP_BATCH, after=sent.upto)
-            if queued.seq not in sent.early  # sent, and its ack refused by the disk
-        ]
-        batch = self.outbox.peek(_PUMP_BATCH, after=sent.upto)
-        if not batch:
-            self._wake.wait(_PUMP_IDLE_S)  # a put wakes it
-            self._wake.clear()
-            return True
-        if (
-            len(batch) < _PUMP_BATCH
-            and not self._stop.is_set()
-            and all(q.priority != Priority.CRITICAL for q in batch)
-        ):
-            # Results and telemetry only: let more gather, unless an answer comes.
-            self._urgent.wait(_GATHER_S)
-            batch += self.outbox.peek(_PUMP_BATCH - len(batch), after=batch[-1].seq)
-        for queued in ahead:
-            self.session.publish(queued.topic, queued.payload, qos=queued.qos, retain=queued.retain)
-            sent.in_flight.append(queued.seq)
-            sent.early.add(queued.seq)
-        for queued in batch:
-            sent.upto = queued.seq
-            if queued.seq not in sent.early:
-                self.session.publish(
-                    queued.topic, queued.payload, qos=queued.qos, retain=queued.retain
-                )
-                sent.in_flight.append(queued.seq)
-        sent.early = {seq for seq in sent.early if seq > sent.upto}
-        return True
+        """The outbox pump thread's body (pump.py)."""
+        OutboxPump(
+            self.outbox,
+            self.session,
+            wake=self._wake,
+            urgent=self._urgent,
+            stop=self._stop,
+            failed=_Failures("outbox_pump_failed").record,
+        ).run()
 
     def _feed_watchdog(self) -> None:
         if self._healthy():
@@ -647,19 +577,6 @@ class AgentService:
         self.outbox.close()
         self.commands.close()
         self.notifier.close()
-
-
-@dataclass(slots=True)
-class _Sent:
-    """The pump's place: the last sequence published, and those the broker has yet to ack."""
-
-    upto: int = 0
-    in_flight: list[int] = field(default_factory=list)
-    early: set[int] = field(default_factory=set)
-    """Answers sent ahead of `upto`: not sent again, however long their rows stay (an ack
-    the disk refused leaves them)."""
-    next_move: float = 0.0
-    """When an outbox held in memory next tries its file (monotonic)."""
 
 
 _FAILED_LOG_S = 60.0

@@ -9,8 +9,10 @@ is dropped":
 - a retained message replaces any older retained one on its topic still waiting
   (it says what is so now; the broker would keep only the last one anyway);
 - order: one sequence over every message, so a result never overtakes the
-  event it caused (command answers may go ahead of a backlog, `peek_answers`:
-  they answer a console waiting now, and nothing they say depends on results);
+  event it caused. Two kinds may go ahead of a backlog, as they serve a console
+  waiting now: command answers (`peek_answers`: nothing they say depends on
+  results), and the newest telemetry (`newest`: it says what is so now; the
+  older telemetry keeps its place, the history of an outage);
 - what is dropped over the quota: telemetry first (the next interval says it
   again), then results, and command answers and events only when nothing else
   is left to drop. Every drop is counted by priority, and the counts survive
@@ -330,6 +332,19 @@ class Outbox:
                 (after, limit),
             ).fetchall()
         return _queued(rows)
+
+    def newest(self, priority: Priority, after: int = 0) -> Queued | None:
+        """The newest waiting message of `priority` after `after`, or None: the telemetry
+        that may go ahead of a backlog. One step down the (priority, seq) index, however
+        long the backlog."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, topic, payload, qos, retain, priority, created_at FROM messages"
+                " WHERE priority = ? AND seq > ? ORDER BY seq DESC LIMIT 1",
+                (int(priority), after),
+            ).fetchall()
+        found = _queued(rows)
+        return found[0] if found else None
 
     def ack(self, seqs: list[int]) -> None:
         """Forget messages the broker has acknowledged."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.agent import service as service_module
+from edge_agent.agent import pump as pump_module
 from edge_agent.agent.pipelines import Pipelines
 from edge_agent.agent.records import CommandLog
 from edge_agent.comms.local_broker import LocalBroker
@@ -66,7 +66,7 @@ def test_an_outbox_the_disk_refuses_at_start_serves_from_memory_then_moves_to_di
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(service_module, "MOVE_EVERY_S", 0.3)
+    monkeypatch.setattr(pump_module, "MOVE_EVERY_S", 0.3)
     state = tmp_path / "state"
     # sqlite cannot open a folder: `unable to open database file`, as on a read-only disk
     # (whose permission bits root would ignore).

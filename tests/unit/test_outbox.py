@@ -229,3 +229,30 @@ def test_a_retained_message_replaces_the_older_ones_on_its_topic(tmp_path: Path)
     assert outbox.stats().bytes == on_disk
     assert outbox.stats().dropped_critical == 0  # replaced, not dropped
     outbox.close()
+
+
+def test_the_newest_telemetry_is_one_step_away_however_long_the_backlog(tmp_path: Path) -> None:
+    # The pump asks for it every batch on a slow link, to send it ahead of the results: a
+    # scan of the rows behind it would cost more the longer the backlog grew.
+    outbox = Outbox(tmp_path / "o.sqlite")
+    outbox.put("edge/t", b"older", Priority.TELEMETRY)
+    newest = outbox.put("edge/t", b"newest", Priority.TELEMETRY)
+    assert newest is not None
+    for i in range(20_000):
+        outbox.put("edge/r", f"{i}".encode(), Priority.RESULT)
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0  # go on
+
+    outbox._db.set_progress_handler(count, 100)  # called every 100 sqlite VM steps
+    found = outbox.newest(Priority.TELEMETRY)
+    outbox._db.set_progress_handler(None, 100)
+    assert found is not None
+    assert (found.seq, found.payload) == (newest, b"newest")
+    assert steps < 5, f"{steps * 100} VM steps"
+    assert outbox.newest(Priority.TELEMETRY, after=newest) is None
+    assert outbox.newest(Priority.CRITICAL) is None
+    outbox.close()
