@@ -48,13 +48,43 @@ def hottest_celsius(root: Path = Path("/sys/class/thermal")) -> float | None:
     return max(readings) if readings else None
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity (a cgroup's cpuset, `taskset`, a unit's
-    CPUAffinity=), not the box's count."""
+def usable_cpus(
+    cgroups: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")
+) -> float:
+    """CPUs this process may use, not the box's count: its affinity (a cgroup's cpuset,
+    `taskset`, a unit's CPUAffinity=), or less where its cgroup's CPU quota says so (a
+    unit's CPUQuota=150% is 1.5)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = float(max(1, len(os.sched_getaffinity(0))))
     except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = float(max(1, os.cpu_count() or 1))
+    quota = cgroup_cpu_quota(cgroups, own)
+    return cpus if quota is None else min(cpus, quota)
+
+
+def cgroup_cpu_quota(cgroups: Path, own: Path) -> float | None:
+    """The tightest CPU quota (cgroup v2 `cpu.max`, in CPUs) over this process's cgroup and
+    its parents; None with no quota, or no cgroup v2."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return None
+    path = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if path is None:
+        return None
+    tightest: float | None = None
+    folder = cgroups / path.lstrip("/")
+    for where in (folder, *folder.parents):
+        try:
+            quota, period = (where / "cpu.max").read_text().split()
+            if quota != "max" and int(period) > 0:
+                share = int(quota) / int(period)
+                tightest = share if tightest is None else min(tightest, share)
+        except (OSError, ValueError):
+            pass
+        if where == cgroups:
+            break
+    return tightest
 
 
 class CpuMeter:

@@ -190,6 +190,9 @@ class Pipelines:
             stopped = entry.stopping.is_set()
             if not stopped:
                 entry.handle, entry.sink, entry.ended = handle, sink, False
+                # A retry's entry still held its last run's thread, dead: until the new one
+                # is started below, `stale` would read the running pipeline as wedged.
+                entry.thread = None
             reload = entry.reload
         if stopped:
             handle.close()

@@ -11,17 +11,19 @@ backlog of any size costs the same per batch:
   place: after an outage it is the history of the outage, sent in order.
 
 What is in flight (handed to the session, not yet acknowledged) is bounded by bytes:
-about `_WINDOW_S` of the acknowledgement rate the pump measures, so on a slow uplink an
-answer waits behind that much at most. With 200 results in flight at 16 KB/s, a ping
-waited 4.2 s (26-29 s at 2.5 KB/s, near `edge-fleet cmd`'s 30 s timeout), and telemetry,
-in line behind every result, reached the console minutes old. On a LAN the bound is
-`_PUMP_BATCH` messages, as before: the rate measured there allows far more.
+the link's round trip plus about `_WINDOW_S` of the acknowledgement rate the pump
+measures, so on a slow uplink an answer waits behind that much at most. With 200 results
+in flight at 16 KB/s, a ping waited 4.2 s (26-29 s at 2.5 KB/s, near `edge-fleet cmd`'s
+30 s timeout), and telemetry, in line behind every result, reached the console minutes
+old. On a LAN the bound is `_PUMP_BATCH` messages, as before: the rate measured there
+allows far more.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -32,10 +34,14 @@ from edge_agent.outbox.outbox import MOVE_EVERY_S
 _PUMP_BATCH = 200
 """The most messages in flight, however fast the link."""
 _WINDOW_S = 0.5
-"""How long what is in flight should take the broker to acknowledge, at the rate measured:
-what an answer or a fresh telemetry waits behind. Each batch waits for its last
-acknowledgement before the next one goes, so a link's round trip is lost to it once a
-batch: 0.5 s keeps 90% of a 50 ms link's rate."""
+"""How long what is in flight should queue beyond the link's round trip, at the rate
+measured: what an answer or a fresh telemetry waits behind. Each batch waits for its last
+acknowledgement before the next one goes, so the window covers the round trip too (the
+quickest batch of late, `_RTT_KEPT`): sized by the rate alone, it shrank each batch on a
+link whose round trip neared 0.5 s (satellite, a congested cell) to its floor, 4 KB a
+round trip however fast the link, where 200 messages a batch had kept up."""
+_RTT_KEPT = 16
+"""Batches whose completion times give the round trip (their minimum)."""
 _WINDOW_MIN_BYTES = 4096
 """The least in flight, whatever was measured (an outage or a stall makes one batch look
 slow): a dozen results, a quarter of a second at 16 KB/s."""
@@ -85,7 +91,9 @@ class OutboxPump:
         self._failed = failed
         self._sent = _Sent()
         self._window = _WINDOW_MIN_BYTES
-        """Bytes that may be in flight: measured at each acknowledged batch."""
+        """Bytes that may be in flight: measured at each acknowledged batch that filled it."""
+        self._took: deque[float] = deque(maxlen=_RTT_KEPT)
+        """How long recent batches took to be acknowledged: the least is the round trip."""
 
     def run(self) -> None:
         """The pump thread's body: returns once stopped with nothing left in flight (or
@@ -140,6 +148,7 @@ class OutboxPump:
             taken = _fit(more, room, skip, at_least_one=False)
             backlog = len(taken) < len(more) or len(more) == limit
             batch += taken
+        sent.full = backlog
         if backlog:
             # More waits than this batch takes: the newest telemetry may be behind it.
             newest = self._outbox.newest(Priority.TELEMETRY, after=batch[-1].seq)
@@ -170,9 +179,15 @@ class OutboxPump:
         else:
             wait = _OFFLINE_POLL_S  # paho sends the batch again once the link is back
         if self._session.flush(wait):
-            # The window for the next batch: what this one took, scaled to _WINDOW_S.
-            rate = sent.bytes / max(time.monotonic() - sent.since, 1e-3)
-            self._window = max(_WINDOW_MIN_BYTES, int(rate * _WINDOW_S))
+            took = max(time.monotonic() - sent.since, 1e-3)
+            self._took.append(took)
+            if sent.full:
+                # The window for the next batch: the rate this one went at, over the round
+                # trip and _WINDOW_S. Only a batch the window limited measures the link: a
+                # short one, all that waited, would say the link is as slow as the box is
+                # quiet.
+                rate = sent.bytes / took
+                self._window = max(_WINDOW_MIN_BYTES, int(rate * (min(self._took) + _WINDOW_S)))
             self._outbox.ack(sent.in_flight)
             sent.in_flight = []
             sent.bytes = 0
@@ -232,6 +247,8 @@ class _Sent:
     """The newest telemetry sent ahead."""
     bytes: int = 0
     """What `in_flight` holds."""
+    full: bool = False
+    """The batch in flight was cut short by the window (or the message cap): more waited."""
     since: float = 0.0
     """When the batch in flight went (monotonic)."""
     next_move: float = 0.0

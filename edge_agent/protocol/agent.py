@@ -280,11 +280,12 @@ class AgentTelemetry(_Strict):
     """The agent process and the box."""
 
     cpu_percent: float = Field(ge=0.0, description="Process CPU over the interval (100 = 1 core).")
-    cpu_cores: int | None = Field(
+    cpu_cores: float | None = Field(
         default=None,
-        ge=1,
-        description="CPUs the agent may run on: cpu_percent reaches 100 times this when it "
-        "takes them all (absent from agents before it).",
+        gt=0.0,
+        description="CPUs the agent may use (its affinity, or its cgroup's CPU quota if "
+        "lower): cpu_percent reaches 100 times this when it takes them all (absent from "
+        "agents before it).",
     )
     rss_bytes: int = Field(ge=0, description="Resident memory.")
     temperature_c: float | None = Field(default=None, description="Hottest thermal zone, if any.")

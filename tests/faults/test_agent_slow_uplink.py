@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
 import socket
 import threading
 import time
@@ -40,10 +41,12 @@ INTERVAL_S = 1.0
 
 class SlowUplink:
     """A TCP proxy to `target` that lets the client's bytes through at `rate` bytes a second
-    (None: as fast as they come); the server's go back unthrottled."""
+    (None: as fast as they come), each `delay_s` late (a satellite's or a congested cell's
+    round trip, without taking from the rate); the server's go back unthrottled."""
 
-    def __init__(self, target: int, rate: float | None) -> None:
+    def __init__(self, target: int, rate: float | None, delay_s: float = 0.0) -> None:
         self.rate = rate
+        self.delay_s = delay_s
         self.port = free_port()
         self._target = target
         self._server = socket.create_server(("127.0.0.1", self.port))
@@ -62,11 +65,43 @@ class SlowUplink:
             threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, limited: bool) -> None:
+        if limited and self.delay_s:
+            self._delayed(source, sink)
+            return
         with contextlib.suppress(OSError):
             while data := source.recv(1024 if limited else 65536):
                 if limited and self.rate is not None:
                     time.sleep(len(data) / self.rate)
                 sink.sendall(data)
+        self._shut(source, sink)
+
+    def _delayed(self, source: socket.socket, sink: socket.socket) -> None:
+        # A line: each chunk leaves delay_s after it came, and no sooner than the rate
+        # lets it follow the one before, so the link holds delay_s of bytes in flight.
+        line: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
+
+        def send() -> None:
+            with contextlib.suppress(OSError):
+                while (item := line.get()) is not None:
+                    due, data = item
+                    time.sleep(max(0.0, due - time.monotonic()))
+                    sink.sendall(data)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        free_at = 0.0
+        with contextlib.suppress(OSError):
+            while data := source.recv(1024):
+                now = time.monotonic()
+                spacing = len(data) / self.rate if self.rate else 0.0
+                free_at = max(now, free_at) + spacing
+                line.put((free_at + self.delay_s, data))
+        line.put(None)
+        sender.join(self.delay_s + 5.0)
+        self._shut(source, sink)
+
+    @staticmethod
+    def _shut(source: socket.socket, sink: socket.socket) -> None:
         for sock in (source, sink):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -104,7 +139,15 @@ class Backlog:
 
 
 @contextlib.contextmanager
-def backlog_behind_a_slow_uplink(broker: LocalBroker, tmp_path: Path) -> Iterator[Backlog]:
+def backlog_behind_a_slow_uplink(
+    broker: LocalBroker,
+    tmp_path: Path,
+    *,
+    rate: float = RATE,
+    delay_s: float = 0.0,
+    results: int = RESULTS,
+    result_bytes: int = 360,
+) -> Iterator[Backlog]:
     """An agent on an outbox an outage filled, behind a `RATE` uplink, and the stream of
     what it sends as the broker orders it (at QoS 0: the broker's queue for a QoS 1
     subscriber would drop part of the final burst). Each message of the outage carries
@@ -113,13 +156,13 @@ def backlog_behind_a_slow_uplink(broker: LocalBroker, tmp_path: Path) -> Iterato
     outbox = Outbox(state / "outbox.sqlite")
     last_telemetry_n = 0
     made = time.time() - 3600.0
-    for n in range(RESULTS + RESULTS // TELEMETRY_EVERY):
+    for n in range(results + results // TELEMETRY_EVERY):
         if n % (TELEMETRY_EVERY + 1) == TELEMETRY_EVERY:
             body: dict[str, object] = {"n": n, "ts": made + n}
             outbox.put(f"{PREFIX}/dev-1/telemetry", json.dumps(body).encode(), Priority.TELEMETRY)
             last_telemetry_n = n
         else:
-            body = {"n": n, "ts": made + n, "detections": "x" * 360}
+            body = {"n": n, "ts": made + n, "detections": "x" * result_bytes}
             outbox.put(f"{PREFIX}/dev-1/results/cam", json.dumps(body).encode(), Priority.RESULT)
     outbox.close()
     stream: list[Arrived] = []
@@ -132,7 +175,7 @@ def backlog_behind_a_slow_uplink(broker: LocalBroker, tmp_path: Path) -> Iterato
         qos=0,
     )
     watcher = Watcher(broker.port, "dev-1")
-    uplink = SlowUplink(broker.port, RATE)
+    uplink = SlowUplink(broker.port, rate, delay_s)
     config = write_config(
         tmp_path / "agent.toml", port=uplink.port, state=state, telemetry_s=INTERVAL_S
     )
@@ -197,3 +240,21 @@ def test_fresh_telemetry_goes_ahead_of_results_and_the_rest_keeps_its_place(
     assert ahead <= {backlog.last_telemetry_n}, sorted(ahead)
     own = [a.body["ts"] for a in backlog.own_telemetry()]
     assert len(own) == len(set(own)), "telemetry sent twice"
+
+
+def test_a_long_round_trip_keeps_the_link_busy(broker: LocalBroker, tmp_path: Path) -> None:
+    # Sized by the rate it measured alone, the window shrank each batch on a link whose
+    # round trip neared half a second, to its 4 KB floor: 4 KB a round trip, however fast
+    # the link (7 KB/s of a 200 KB/s one here), where 200 messages a batch had kept up.
+    results = 150  # 1.5 KB each: 230 KB, a second at the link's rate
+    with backlog_behind_a_slow_uplink(
+        broker, tmp_path, rate=200_000, delay_s=0.6, results=results, result_bytes=1500
+    ) as backlog:
+        started = time.monotonic()
+        while backlog.results() < results and time.monotonic() - started < 30:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+    assert backlog.results() == results
+    # paho keeps 20 QoS 1 messages in flight: 30 KB a 0.6 s round trip, 5 s for all of
+    # them; at 4 KB a round trip they took over half a minute.
+    assert took < 15.0, f"{results} results took {took:.1f} s behind a 0.6 s round trip"

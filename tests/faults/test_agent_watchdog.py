@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 from edge_agent.agent.pipelines import Pipelines
@@ -26,7 +28,8 @@ from edge_agent.agent.roster import Roster, Running
 from edge_agent.agent.specs import parse_spec
 from edge_agent.agent.ticks import Ticker
 from edge_agent.comms.local_broker import LocalBroker
-from tests.agent_kit import InProcessAgent, Watcher, write_config
+from tests.agent_kit import InProcessAgent, Watcher, photo_pipelines, write_config
+from tests.integration.mjpeg_server import free_port
 
 
 def test_commands_are_answered_while_the_pipelines_restore(
@@ -135,3 +138,43 @@ def test_a_pipeline_whose_thread_is_not_yet_started_is_not_stale(tmp_path: Path)
     starting.thread.start()
     starting.thread.join()
     assert ticker.stale(60.0) == ["cam1"]
+
+
+def test_a_retry_that_is_starting_is_not_stale(
+    tmp_path: Path,
+    cache_dir: Path,
+    astronaut: npt.NDArray[np.uint8],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A camera's retry builds a new run on the same entry, which kept its last run's thread,
+    # dead, until the new one was started: in between, the retry read as a wedged pipeline.
+    pipelines, _ = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    seen: list[list[str]] = []
+
+    class Watched(threading.Thread):
+        def start(self) -> None:
+            if self.name.startswith("pipeline-"):
+                seen.append(pipelines.stale(60.0))  # what the watchdog would see now
+            super().start()
+
+    monkeypatch.setattr(threading, "Thread", Watched)
+    spec = {
+        "id": "door",
+        "model": {"name": "face-blazeface"},
+        "source": {
+            "type": "stream",
+            "url": f"http://127.0.0.1:{free_port()}/cam",  # nothing listens: it gives up
+            "give_up_after_s": 0.3,
+            "stall_timeout_s": 0.3,
+            "reconnect_min_s": 0.05,
+            "reconnect_max_s": 0.1,
+        },
+    }
+    try:
+        pipelines.start(spec, persist=False)
+        deadline = time.monotonic() + 30  # the first retry waits 5 s
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        pipelines.close()
+    assert seen[:2] == [[], []]

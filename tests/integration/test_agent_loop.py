@@ -185,7 +185,7 @@ def _loop(watcher: Watcher, walk: WalkVideo, mqtt_version: str) -> None:
     agent = telemetry["agent"]
     assert agent["rss_bytes"] > 50_000_000
     assert agent["reconnects"] == 0
-    assert agent["cpu_cores"] == len(os.sched_getaffinity(0))  # what cpu_percent is out of
+    assert 0 < agent["cpu_cores"] <= len(os.sched_getaffinity(0))  # what cpu_percent is out of
 
     # The retained state follows: the model with its device, the pipeline.
     state = watcher.wait_state(

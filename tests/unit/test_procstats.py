@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_agent.procstats import CpuMeter, hottest_celsius, rss_bytes, status_bytes
+from edge_agent.procstats import (
+    CpuMeter,
+    cgroup_cpu_quota,
+    hottest_celsius,
+    rss_bytes,
+    status_bytes,
+    usable_cpus,
+)
 
 
 @contextmanager
@@ -74,3 +82,28 @@ def test_temperature_reads_the_hottest_zone(tmp_path: Path) -> None:
         (zone / "temp").write_text(milli + "\n")
     assert hottest_celsius(tmp_path) == 57.5
     assert hottest_celsius(tmp_path / "none") is None
+
+
+def test_a_cgroup_quota_under_the_cpus_is_what_the_agent_may_use(tmp_path: Path) -> None:
+    # Under CPUQuota=150% on a box of many cores, the agent at 150% has taken all it may:
+    # counted out of the cores, it never read as full.
+    cgroups = tmp_path / "cgroup"
+    unit = cgroups / "system.slice" / "edge-agent.service"
+    unit.mkdir(parents=True)
+    own = tmp_path / "self-cgroup"
+    own.write_text("0::/system.slice/edge-agent.service\n")
+    (cgroups / "cpu.max").write_text("max 100000\n")
+    (unit / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_quota(cgroups, own) == 1.5
+    assert usable_cpus(cgroups, own) == min(1.5, len(os.sched_getaffinity(0)))
+    # A parent's quota binds too; "max" is none.
+    (cgroups / "system.slice" / "cpu.max").write_text("50000 100000\n")
+    assert cgroup_cpu_quota(cgroups, own) == 0.5
+    (unit / "cpu.max").write_text("max 100000\n")
+    (cgroups / "system.slice" / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(cgroups, own) is None
+    assert usable_cpus(cgroups, own) == len(os.sched_getaffinity(0))
+    # cgroup v1, or none: the affinity alone.
+    own.write_text("12:cpu,cpuacct:/system.slice\n")
+    assert cgroup_cpu_quota(cgroups, own) is None
+    assert cgroup_cpu_quota(cgroups, tmp_path / "absent") is None
