@@ -364,14 +364,21 @@ def test_a_box_using_another_boxs_client_id_does_not_knock_it_off(site: Site) ->
     assert not [s for s in site.console.on("state") if not s.json()["online"]]
 
 
-def test_serve_answers_a_boxs_repair_on_its_own_topic_and_on_no_boxs_cmd(site: Site) -> None:
+def _repair_of_chunk_0(site: Site, device: str) -> str:
+    """A repair request for the first chunk of the published orient v1, as `device`."""
     published = Repo(site.folder / "repo").get("orient", 1)
     assert published is not None
-    request = RepairRequest(
-        device_id="dock-2", name="orient", version=1, release_id=published.chunks.id,
+    return RepairRequest(
+        device_id=device, name="orient", version=1, release_id=published.chunks.id,
         block_size=published.chunks.chunk_size, offset=0, count=1,
         bitmap=encode_bits(bitmap(1, [0])),
     ).model_dump_json()  # fmt: skip
+
+
+def test_serve_answers_a_boxs_repair_on_its_own_topic_and_on_no_boxs_cmd(site: Site) -> None:
+    published = Repo(site.folder / "repo").get("orient", 1)
+    assert published is not None
+    request = _repair_of_chunk_0(site, "dock-2")
     # A repair request is the one message whose reply topic its sender names. Aimed at
     # dock-1's commands, it gets serve's answer refused: its user may not write there.
     said = box_pub(
@@ -401,13 +408,7 @@ def test_serve_answers_a_boxs_repair_on_its_own_topic_and_on_no_boxs_cmd(site: S
 def test_a_box_joins_leaves_and_asks_for_repairs_in_its_own_name_only(site: Site) -> None:
     # On the fleet-wide ctl and repair topics, which every box wrote, dock-2 could leave
     # dock-1's broadcasts and spend dock-1's repairs in its name.
-    published = Repo(site.folder / "repo").get("orient", 1)
-    assert published is not None
-    in_dock1s_name = RepairRequest(
-        device_id="dock-1", name="orient", version=1, release_id=published.chunks.id,
-        block_size=published.chunks.chunk_size, offset=0, count=1,
-        bitmap=encode_bits(bitmap(1, [0])),
-    ).model_dump_json()  # fmt: skip
+    in_dock1s_name = _repair_of_chunk_0(site, "dock-1")
     leave = json.dumps({"kind": "leave", "device_id": "dock-1", "reason": "complete"})
     # The broker refuses dock-1's own topics, and the fleet-wide ones, to dock-2.
     for topic, payload in [

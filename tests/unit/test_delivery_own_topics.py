@@ -68,6 +68,14 @@ def _puller(
     )
 
 
+def _drive(server: FleetServer, puller: Puller, now: list[float], until: float) -> None:
+    """Step the fake clock `now` 50 ms at a time until the pull ends or `until`."""
+    while not puller.done.is_set() and now[0] < until:
+        now[0] += 0.05
+        server.step(now[0])
+        puller.tick(now[0])
+
+
 def _join(server: FleetServer, device: str) -> bytes:
     entry = server.repo.get("m", 1)
     assert entry is not None
@@ -118,10 +126,7 @@ def test_a_puller_sends_on_its_own_topics_only(tmp_path: Path) -> None:
 
     puller.on_frame = lossy  # type: ignore[method-assign]
     puller.start()
-    while not puller.done.is_set() and now[0] < 60.0:
-        now[0] += 0.05
-        server.step(now[0])
-        puller.tick(now[0])
+    _drive(server, puller, now, until=60.0)
     assert puller.state == "complete"
     assert puller.stats.repair_requests > 0
     sent = [m.topic for m in broker.published if m.topic.startswith("edge/v1/dock-1/delivery/")]
@@ -271,10 +276,7 @@ def test_forged_joins_on_the_fleet_wide_topic_do_not_spend_a_later_builds_own(
     assert server.joins_refused == 1  # the fourth in a row with no ack, on that topic
     puller = _puller(server, broker, tmp_path, "dock-1", now)
     puller.start()
-    while not puller.done.is_set() and now[0] < 30.0:
-        now[0] += 0.05
-        server.step(now[0])
-        puller.tick(now[0])
+    _drive(server, puller, now, until=30.0)
     assert puller.state == "complete"
     assert (puller.stats.rejoins, puller.stats.repair_requests) == (0, 0)
     assert server.joins_refused == 1
