@@ -337,7 +337,7 @@ class FleetServer:
         with self._cond:
             if not self._sender_named(request.device_id, sender):
                 return
-        key = _limits_key(request.device_id, sender is not None)
+        own = sender is not None
         reply = self._reply_topic(request, message.response_topic)
         if reply is None:
             return
@@ -350,7 +350,7 @@ class FleetServer:
         entry = self.repo.get(request.name, request.version)
         problem = self._check(request, entry)
         if problem is not None or entry is None:
-            if not self._take(self._refusals, key, 1.0):
+            if not self._take(self._refusals, request.device_id, own, 1.0):
                 return
             error = RepairError(
                 release_id=request.release_id,
@@ -367,7 +367,7 @@ class FleetServer:
         # counted per request, a box asking for one chunk in another's name 8 times a
         # second spent all of that device's repair, at a sixteenth of what it allows.
         cost = len(answer) * entry.chunks.chunk_size / MAX_REPAIR_BYTES
-        if not answer or not self._take(self._buckets, key, cost):
+        if not answer or not self._take(self._buckets, request.device_id, own, cost):
             return
         self.repairs_served += 1
         for ref in answer:
@@ -414,14 +414,14 @@ class FleetServer:
         )
         return False
 
-    def _take(self, buckets: TokenBuckets, key: str, cost: float) -> bool:
-        """Take `cost` from the bucket of `key` (`_limits_key`); False (counted, said once)
-        if it lacks it."""
+    def _take(self, buckets: TokenBuckets, device: str, own: bool, cost: float) -> bool:
+        """Take `cost` from `device`'s bucket for what it asked on its own topics (`own`) or
+        on the fleet-wide one (`_limits_key`); False (counted, said once) if it lacks it."""
+        key = _limits_key(device, own)
         if buckets.take(key, self.clock(), cost):
             return True
         self.repairs_limited += 1
-        device = key.rpartition("/")[2]
-        self._say_once("fleet_repair_limited", key, device=device, fleet_wide=device != key)
+        self._say_once("fleet_repair_limited", key, device=device, fleet_wide=not own)
         return False
 
     @staticmethod

@@ -46,13 +46,17 @@ class Topics:
     def device(self, device_id: str, leaf: str) -> str:
         return f"{self.prefix}/{device_id}/{leaf}"
 
+    def _levels(self, topic: str) -> list[str] | None:
+        """The levels of `topic` below the prefix; None for a topic under no prefix of ours."""
+        head, sep, rest = topic.partition(self.prefix + "/")
+        return None if head or not sep else rest.split("/")
+
     def device_of(self, topic: str) -> str | None:
         """The device a `<prefix>/<device>/...` topic belongs to; None for another topic."""
-        head, sep, rest = topic.partition(self.prefix + "/")
-        device = rest.split("/", 1)[0]
-        if head or not sep or not device or "/" not in rest:
+        levels = self._levels(topic)
+        if levels is None or len(levels) < 2 or not levels[0]:
             return None
-        return device
+        return levels[0]
 
     def delivery_reply(self, device_id: str) -> str:
         """Where the fleet answers a device's repair requests (its MQTT 5 Response Topic)."""
@@ -82,9 +86,8 @@ class Topics:
 
     def parse_own_control(self, topic: str) -> tuple[str, str, int] | None:
         """(device, name, version) of an `own_control` topic; None if it is not one."""
-        head, sep, rest = topic.partition(self.prefix + "/")
-        parts = rest.split("/")
-        if head or not sep or len(parts) != 5 or parts[1:3] != ["delivery", "ctl"]:
+        parts = self._levels(topic)
+        if parts is None or len(parts) != 5 or parts[1:3] != ["delivery", "ctl"]:
             return None
         device, _, _, name, text = parts
         version = _version(text)
@@ -94,11 +97,10 @@ class Topics:
 
     def own_repair_device(self, topic: str) -> str | None:
         """The device of an `own_repair` topic; None if it is not one."""
-        head, sep, rest = topic.partition(self.prefix + "/")
-        device, _, leaf = rest.partition("/")
-        if head or not sep or leaf != "delivery/repair" or not device or device in RESERVED_IDS:
+        levels = self._levels(topic)
+        if levels is None or len(levels) != 3 or levels[1:] != ["delivery", "repair"]:
             return None
-        return device
+        return None if not levels[0] or levels[0] in RESERVED_IDS else levels[0]
 
     def group(self, group: str, leaf: str) -> str:
         """A group's topic, e.g. `group(g, "cmd")`: every device in group `g` takes it."""
@@ -153,19 +155,10 @@ class Topics:
     def servers_filter(self) -> str:
         return f"{self.prefix}/fleet/servers/+"
 
-    @staticmethod
-    def parse_release_topic(topic: str) -> tuple[str, str] | None:
-        """(name, version-or-'latest') of a release topic; None if it is not one."""
-        parts = topic.split("/")
-        if len(parts) >= 3 and parts[-3] == "releases":
-            return parts[-2], parts[-1]
-        return None
-
     def parse_control(self, topic: str) -> tuple[str, int] | None:
         """(name, version) of a fleet-wide `control` topic; None if it is not one."""
-        head, sep, rest = topic.partition(self.prefix + "/")
-        parts = rest.split("/")
-        if head or not sep or len(parts) != 4 or parts[0] != "delivery" or parts[3] != "ctl":
+        parts = self._levels(topic)
+        if parts is None or len(parts) != 4 or parts[0] != "delivery" or parts[3] != "ctl":
             return None
         version = _version(parts[2])
         return None if not parts[1] or version is None else (parts[1], version)

@@ -44,20 +44,27 @@ def manifest() -> Manifest:
     return load_manifest(default_models_dir() / "text-orientation.toml")
 
 
+def _orient(
+    folder: Path, manifest: Manifest, version: int, chunk_size: int, now: datetime
+) -> Release:
+    """Release `orient` of the one file model.onnx in `folder`."""
+    return build_release(
+        name="orient",
+        version=version,
+        folder=folder,
+        files=["model.onnx"],
+        model="model.onnx",
+        manifest=manifest,
+        chunk_size=chunk_size,
+        now=now,
+    )
+
+
 @pytest.fixture
 def release(tmp_path: Path, manifest: Manifest) -> Release:
     # 200 KiB + 1 byte: three full chunks of 64 KiB and a 1-byte tail.
     (tmp_path / "model.onnx").write_bytes(bytes(range(256)) * 800 + b"!")
-    return build_release(
-        name="orient",
-        version=3,
-        folder=tmp_path,
-        files=["model.onnx"],
-        model="model.onnx",
-        manifest=manifest,
-        chunk_size=MIN_CHUNK,
-        now=NOW,
-    )
+    return _orient(tmp_path, manifest, 3, MIN_CHUNK, NOW)
 
 
 def _tampered(release: Release, key: object, **changes: object) -> SignedRelease:
@@ -103,16 +110,7 @@ def test_the_same_files_published_in_other_chunks_or_from_a_mirror_are_the_same_
     # same_content compared each file's chunk hashes and URL: the same model bytes
     # published again with another --chunk-kib, or from a mirror, were refused as
     # release.conflict "(other files)" on a box that held them.
-    again = build_release(
-        name="orient",
-        version=3,
-        folder=tmp_path,
-        files=["model.onnx"],
-        model="model.onnx",
-        manifest=manifest,
-        chunk_size=MAX_CHUNK,
-        now=NOW + timedelta(days=1),
-    )
+    again = _orient(tmp_path, manifest, 3, MAX_CHUNK, NOW + timedelta(days=1))
     mirrored = [again.files[0].model_copy(update={"url": "https://mirror.example/m.onnx"})]
     again = again.model_copy(update={"files": mirrored})
     assert again.files[0].chunks != release.files[0].chunks
@@ -163,16 +161,7 @@ def test_a_box_whose_clock_is_not_set_still_refuses_a_long_expired_release(
     # release signed by the fleet could be replayed to a fresh box and taken.
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "model.onnx").write_bytes(b"old model")
-    old = build_release(
-        name="orient",
-        version=1,
-        folder=tmp_path / "old",
-        files=["model.onnx"],
-        model="model.onnx",
-        manifest=manifest,
-        chunk_size=MIN_CHUNK,
-        now=datetime(2023, 3, 1, tzinfo=UTC),
-    )
+    old = _orient(tmp_path / "old", manifest, 1, MIN_CHUNK, datetime(2023, 3, 1, tzinfo=UTC))
     key = generate_key()
     in_1970 = datetime(1970, 1, 1, 0, 1, tzinfo=UTC)
     stale = sign(old, key)
