@@ -39,7 +39,7 @@ def kept(folder: Path) -> list[int]:
 
 def test_keeps_a_uniform_sample_of_the_whole_stream(tmp_path: Path) -> None:
     counts = np.zeros(10)
-    for seed in range(40):
+    for seed in range(10):
         folder = tmp_path / str(seed)
         sink = CaptureSink(CaptureSinkSpec(frames=50, min_interval_s=0.0, seed=seed), folder)
         for i in range(1000):
@@ -50,10 +50,11 @@ def test_keeps_a_uniform_sample_of_the_whole_stream(tmp_path: Path) -> None:
         assert len(set(indices)) == 50
         for index in indices:
             counts[index // 100] += 1
-    # 2000 kept frames over ten spans of 100: about 200 each if the sample is uniform;
-    # keeping the first frames, or the last, would put them all in one span.
-    assert counts.min() > 130
-    assert counts.max() < 270
+    # 500 kept frames over ten spans of 100: about 50 each if the sample is uniform (a
+    # binomial's spread is 7); keeping the first frames, or the last, would put them all in
+    # one span.
+    assert counts.min() > 28
+    assert counts.max() < 72
 
 
 def test_min_interval_spreads_the_sample_over_time(tmp_path: Path) -> None:
