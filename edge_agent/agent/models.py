@@ -154,7 +154,7 @@ class ModelOps:
     def states(self) -> list[ModelState]:
         """Installed versions (current ones), then the reference models; those loaded say
         the device they run on, the precision used and any device fallback."""
-        loaded = self.pipelines.pool.reports()
+        loaded = self.pipelines.pool.compiles()
         found = []
         entries, damaged = self.store.readable_entries()
         for problem in damaged:
@@ -174,19 +174,19 @@ class ModelOps:
             )
         for entry in entries:
             if entry.current:
-                found.append(
-                    _state(entry.name, entry.version, entry.digest, loaded.get(entry.name))
-                )
+                found += _states(entry.name, entry.version, entry.digest, loaded.get(entry.name))
         named = {m.name for m in found}
         for name in self.catalog.names():
             if name in named:
                 continue
             manifest = self.catalog.manifest(name)
             digest = manifest.source.sha256 if manifest.source is not None else ""
-            found.append(_state(name, None, digest, loaded.get(name)))
+            found += _states(name, None, digest, loaded.get(name))
         named |= {m.name for m in found}
         # Models run by path (a file with its manifest) are neither stored nor reference.
-        found += [_state(n, None, "", r) for n, r in loaded.items() if n not in named]
+        for name, reports in loaded.items():
+            if name not in named:
+                found += _states(name, None, "", reports)
         return found
 
     def listing(self) -> dict[str, Any]:
@@ -288,15 +288,25 @@ class ModelOps:
         )
 
 
-def _state(name: str, version: int | None, digest: str, report: CompileReport | None) -> ModelState:
-    if report is None:
-        return ModelState(name=name, version=version, digest=digest)
-    fallback = "; ".join(f"{f.device}: {f.reason}" for f in report.fallbacks) or None
-    return ModelState(
-        name=name,
-        version=version,
-        digest=digest,
-        device=report.device,
-        precision=report.precision,
-        fallback=fallback,
-    )
+def _states(
+    name: str, version: int | None, digest: str, reports: list[CompileReport] | None
+) -> list[ModelState]:
+    """One entry per distinct way the model runs (compiles that differ only in options the
+    state does not show, a hint say, are one entry); one without device when not loaded."""
+    if not reports:
+        return [ModelState(name=name, version=version, digest=digest)]
+    found: list[ModelState] = []
+    for report in reports:
+        fallback = "; ".join(f"{f.device}: {f.reason}" for f in report.fallbacks) or None
+        state = ModelState(
+            name=name,
+            version=version,
+            digest=digest,
+            device=report.device,
+            precision=report.precision,
+            fallback=fallback,
+            backend=report.backend,
+        )
+        if state not in found:
+            found.append(state)
+    return found
