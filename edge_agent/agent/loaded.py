@@ -3,10 +3,11 @@
 The `state` message and telemetry say, for each model, the device it runs on,
 the precision it runs at and why a requested device was passed over; the
 compile report knows all three. This pool remembers the report of every model
-its pipelines hold, by the name they asked for, and drops it from `reports` with
-the last user, so what is reported is what serves frames (a swapped-in model
-included). `last_report` keeps it a while longer, for telemetry about frames a
-model served just before a swap retired it.
+its pipelines hold, by the name they asked for (every compile of a name: one per
+device, engine and options), and drops it with the last user, so what is reported
+is what serves frames (a swapped-in model included). `last_report` keeps it a
+while longer, for telemetry about frames a model served just before a swap
+retired it.
 """
 
 from __future__ import annotations
@@ -70,11 +71,23 @@ class TrackedPool(ModelPool):
                     del self._held[id(model)]
         super().release(model)
 
-    def reports(self) -> dict[str, CompileReport]:
-        """The compile report of each model name in use; the latest compile wins a tie."""
+    def compiles(self) -> dict[str, list[CompileReport]]:
+        """The compile reports of each model name in use, one per model held, latest last.
+
+        All of them, not one per name: two pipelines on one name hold two compiles when
+        their device, engine or options differ, and the state keeping only the latest hid
+        one that fell back from its GPU behind another's later compile on the CPU.
+        """
         with self._track_lock:
             held = sorted(self._held.values(), key=lambda h: h.since)
-        return {h.name: h.model.report for h in held}
+        found: dict[str, list[CompileReport]] = {}
+        for h in held:
+            found.setdefault(h.name, []).append(h.model.report)
+        return found
+
+    def reports(self) -> dict[str, CompileReport]:
+        """The compile report of each model name in use; the latest compile wins a tie."""
+        return {name: reports[-1] for name, reports in self.compiles().items()}
 
     def last_report(self, name: str) -> CompileReport | None:
         """The report of the latest model acquired as `name`, in use or not (the last

@@ -26,11 +26,12 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import Throttle, log_event
 from edge_agent.paths import Layout
 from edge_agent.pipelines.confine import refuse_protected_path
+from edge_agent.pipelines.spec import ModelRef
 from edge_agent.protocol.agent import AgentEvent, ModelState
 from edge_agent.protocol.topics import Topics
 from edge_agent.quiet import stdout_to_stderr
 from edge_agent.runtime.base import CompileReport, RuntimeOptions
-from edge_agent.store.health import HealthGate, HealthGateError
+from edge_agent.store.health import HealthGate, HealthGateError, HealthGates
 from edge_agent.store.store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class ModelOps:
         pipelines: Told to reload a model that changed.
         emit_event: Queues events.
         trusted_keys: Keys releases must be signed by; empty runs unverified.
-        device: The device the health gate plans models on.
+        device: The device the health gate plans a model on when no pipeline runs it.
     """
 
     def __init__(
@@ -76,10 +77,37 @@ class ModelOps:
         self.topics = Topics()
         self._damaged_said = Throttle(_DAMAGED_SAY_EVERY_S)  # per damaged entry
 
-    def gate(self) -> HealthGate:
-        """The health gate for this box: compile on the planned device, smoke-run, budget."""
-        options = RuntimeOptions(device=self.device, cache_dir=self.layout.cache)
-        return HealthGate(options, planned_device=self.device)
+    def gate(self, name: str) -> HealthGates:
+        """The health gate for a new version of `name` on this box: compile, smoke-run and
+        budget on each engine and device the pipelines on `name` run it on, or on the
+        agent's default engine and device when none does.
+
+        Gated on OpenVINO alone, a version ONNX Runtime cannot load (an IR, an opset too
+        new) was activated, and every ONNX Runtime pipeline on it failed its swap. The
+        cost stays bounded: one child probe per distinct (engine, device), not one per
+        pipeline, so ten cameras on one model and device cost one probe.
+        """
+        runs = {(ref.backend, ref.device) for ref in self.pipelines.refs_of(name)}
+        if not runs:
+            runs = {(ModelRef.model_fields["backend"].default, self.device)}
+        return HealthGates(tuple(self._gate_on(name, b, d) for b, d in sorted(runs)))
+
+    def _gate_on(self, name: str, backend: str, device: str) -> HealthGate:
+        options = RuntimeOptions(device=device, cache_dir=self.layout.cache)
+        if device.upper().startswith(("AUTO", "MULTI", "HETERO")):
+            # These pick the devices themselves: any they pick is planned.
+            return HealthGate(options, backend=backend)
+        # Planned: the devices asked for, and those the version serving now fell back to.
+        # A pipeline asking for a GPU the box lacks runs on its CPU, and a new version
+        # doing the same is no worse; one that falls off a GPU the old version ran on is.
+        serving = [
+            d
+            for r in self.pipelines.pool.compiles().get(name, [])
+            if (r.backend, r.requested) == (backend, device)
+            for d in r.device.split(",")
+        ]
+        planned = ",".join(dict.fromkeys([*device.split(","), *serving]))
+        return HealthGate(options, backend=backend, planned_device=planned)
 
     # --- commands ------------------------------------------------------------------------------
     def deploy(self, name: str, version: int | None, activate: bool, job: JobContext) -> Any:
@@ -98,7 +126,7 @@ class ModelOps:
                 trusted_keys=self.trusted_keys,
                 topics=self.topics,
                 activate=activate,
-                gate=self.gate(),
+                gate=self.gate(name),
                 progress=job.progress,
                 cancel=job.cancel_event,
                 commit=job.commit,
@@ -126,7 +154,7 @@ class ModelOps:
     def activate(self, name: str, version: int, job: JobContext) -> dict[str, Any]:
         job.commit()  # queued behind a deploy, it may have been cancelled while it waited
         try:
-            release = self.store.activate(name, version, self.gate())
+            release = self.store.activate(name, version, self.gate(name))
         except EdgeAgentError as exc:
             if exc.code == "health.failed":
                 self._event("model_health_failed", name, version, exc.code, str(exc))
@@ -154,7 +182,7 @@ class ModelOps:
     def states(self) -> list[ModelState]:
         """Installed versions (current ones), then the reference models; those loaded say
         the device they run on, the precision used and any device fallback."""
-        loaded = self.pipelines.pool.reports()
+        loaded = self.pipelines.pool.compiles()
         found = []
         entries, damaged = self.store.readable_entries()
         for problem in damaged:
@@ -174,19 +202,19 @@ class ModelOps:
             )
         for entry in entries:
             if entry.current:
-                found.append(
-                    _state(entry.name, entry.version, entry.digest, loaded.get(entry.name))
-                )
+                found += _states(entry.name, entry.version, entry.digest, loaded.get(entry.name))
         named = {m.name for m in found}
         for name in self.catalog.names():
             if name in named:
                 continue
             manifest = self.catalog.manifest(name)
             digest = manifest.source.sha256 if manifest.source is not None else ""
-            found.append(_state(name, None, digest, loaded.get(name)))
+            found += _states(name, None, digest, loaded.get(name))
         named |= {m.name for m in found}
         # Models run by path (a file with its manifest) are neither stored nor reference.
-        found += [_state(n, None, "", r) for n, r in loaded.items() if n not in named]
+        for name, reports in loaded.items():
+            if name not in named:
+                found += _states(name, None, "", reports)
         return found
 
     def listing(self) -> dict[str, Any]:
@@ -288,15 +316,25 @@ class ModelOps:
         )
 
 
-def _state(name: str, version: int | None, digest: str, report: CompileReport | None) -> ModelState:
-    if report is None:
-        return ModelState(name=name, version=version, digest=digest)
-    fallback = "; ".join(f"{f.device}: {f.reason}" for f in report.fallbacks) or None
-    return ModelState(
-        name=name,
-        version=version,
-        digest=digest,
-        device=report.device,
-        precision=report.precision,
-        fallback=fallback,
-    )
+def _states(
+    name: str, version: int | None, digest: str, reports: list[CompileReport] | None
+) -> list[ModelState]:
+    """One entry per distinct way the model runs (compiles that differ only in options the
+    state does not show, a hint say, are one entry); one without device when not loaded."""
+    if not reports:
+        return [ModelState(name=name, version=version, digest=digest)]
+    found: list[ModelState] = []
+    for report in reports:
+        fallback = "; ".join(f"{f.device}: {f.reason}" for f in report.fallbacks) or None
+        state = ModelState(
+            name=name,
+            version=version,
+            digest=digest,
+            device=report.device,
+            precision=report.precision,
+            fallback=fallback,
+            backend=report.backend,
+        )
+        if state not in found:
+            found.append(state)
+    return found

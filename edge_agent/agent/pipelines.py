@@ -48,7 +48,7 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
 from edge_agent.paths import Layout
 from edge_agent.pipelines.runner import PipelineHandle
-from edge_agent.pipelines.spec import PipelineSpec
+from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.pipelines.vision import VisionPipeline
 from edge_agent.protocol.agent import AgentEvent, PipelineState
 
@@ -341,6 +341,13 @@ class Pipelines:
     def swap(self, pipeline_id: str, ref: dict[str, Any]) -> PipelineState:
         """Hot-swap the model of a running pipeline; the swap compiles in the background."""
         return self._swaps.swap(pipeline_id, ref)
+
+    def refs_of(self, name: str) -> list[ModelRef]:
+        """How each pipeline held on model `name` runs it (engine, device, ...), as its
+        record says (a swap included): what a new version of `name` must run on."""
+        with self._roster.lock:
+            entries = list(self._roster.running.values())
+        return [e.spec.model for e in entries if e.spec.model.name == name]
 
     def reload_model(self, name: str) -> list[str]:
         """Move every pipeline on model `name` to what the catalog now resolves; never

@@ -51,6 +51,7 @@ def model_telemetry(
             found[name] = msg.ModelTelemetry(
                 device=report.device,
                 precision=report.precision,
+                backend=report.backend,
                 infer_p50_ms=round(infer.p50_ms, 3),
                 infer_p95_ms=round(infer.p95_ms, 3),
                 infer_p99_ms=round(infer.p99_ms, 3),

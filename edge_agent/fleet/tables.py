@@ -97,10 +97,13 @@ def status_table(records: Iterable[DeviceRecord], now: float | None = None) -> T
         state = record.state
         if state is None:
             continue
+        # One entry per compile: a model on two devices or engines is listed twice, the
+        # engine said so that the two can be told apart (agents before it send none).
         models = ", ".join(
             cell(m.name)
             + (f" v{m.version}" if m.version else "")
             + (f" @{cell(m.device)}" if m.device else "")
+            + (f" {cell(m.backend)}" if m.backend else "")
             + (" (fallback)" if m.fallback else "")
             for m in state.models
         )

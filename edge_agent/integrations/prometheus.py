@@ -228,6 +228,9 @@ def _state_gauges(state: State) -> list[Metric]:
                 ("device", model.device),
                 ("precision", model.precision or ""),
                 ("fallback", model.fallback or ""),
+                # A model on both engines is two entries of the state, on the same device
+                # at the same precision: without it they would be one series twice.
+                ("backend", model.backend or ""),
             )
             models.add(1, labels)
     unverified = Metric(

@@ -192,7 +192,13 @@ class Response(_Strict):
 
 
 class ModelState(_Strict):
-    """A model the agent has loaded or installed."""
+    """A model the agent has loaded or installed: one entry per distinct compile of it.
+
+    Two pipelines may run one model on different devices or engines (one fell back from
+    its GPU, the other asked for the CPU): each compile gets its own entry, so one that
+    fell back is never hidden behind another of the same name. A model installed but not
+    loaded has one entry, without device.
+    """
 
     name: str = Field(description="Model name.")
     version: int | None = Field(
@@ -203,6 +209,13 @@ class ModelState(_Strict):
     precision: str | None = Field(default=None, description="Precision it runs at, if loaded.")
     fallback: str | None = Field(
         default=None, description="Why a requested device was passed over, if one was."
+    )
+    # A string, not a Literal: a console that meets an engine added after it must still
+    # read the rest of the state (an unknown value would make the whole message unreadable).
+    backend: str | None = Field(
+        default=None,
+        description="Engine it runs on, openvino or onnxruntime, if loaded (absent from "
+        "agents before it).",
     )
 
 
@@ -270,6 +283,10 @@ class ModelTelemetry(_Strict):
 
     device: str = Field(description="Device(s) executing it, as the engine reports them.")
     precision: str = Field(description="Inference precision really used, e.g. f32, bf16, int8.")
+    backend: str | None = Field(
+        default=None,
+        description="Engine it runs on, openvino or onnxruntime (absent from agents before it).",
+    )
     infer_p50_ms: float = Field(description="Median inference latency over the interval.")
     infer_p95_ms: float = Field(description="95th percentile inference latency.")
     infer_p99_ms: float = Field(description="99th percentile inference latency.")

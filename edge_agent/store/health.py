@@ -1,7 +1,8 @@
 """The health gate: a new model version proves itself on this box before it serves.
 
 A version passes when it
-- compiled on the planned device, with no unplanned fallback;
+- compiled on the planned device (one of them, for a priority list), with no
+  unplanned fallback;
 - ran a smoke inference (a flat grey frame, or silence) whose outputs are all
   finite and decode through the model's own head (the head is the declaration of
   which outputs exist and what shapes they have);
@@ -50,7 +51,8 @@ class ProbeRequest(_Strict):
     options: RuntimeOptions = Field(description="How the agent will compile it.")
     backend: str = Field(description="Engine: openvino or onnxruntime.")
     planned_device: str | None = Field(
-        description="Device it must run on; None means whatever `options` asks, with no fallback."
+        description="Device it must run on, or a priority list (GPU,CPU) of devices it may run "
+        "on; None means whatever `options` asks, with no fallback."
     )
     latency_budget_ms: float | None = Field(description="Median smoke latency cap, if any.")
     runs: int = Field(ge=1, description="Timed smoke runs after the first.")
@@ -106,8 +108,10 @@ class HealthGate:
             # Said once, by whoever asked: the agent answers the command (and logs
             # command_failed) and publishes model_health_failed; the CLI prints its one
             # error line. A warning here too was a second line before the CLI's.
+            # The engine and device are named: the agent gates on each its pipelines use.
             raise HealthGateError(
-                f"{what} failed the health gate: {report.reason}",
+                f"{what} failed the health gate on {self.backend} {self.options.device}: "
+                f"{report.reason}",
                 "the previous version keeps serving; publish a fixed version",
                 release.name,
                 release.version,
@@ -118,10 +122,27 @@ class HealthGate:
             "model_health_passed",
             model=release.name,
             version=release.version,
+            backend=self.backend,
             device=report.device,
             latency_ms=report.latency_ms,
         )
         return report
+
+
+@dataclass(frozen=True, slots=True)
+class HealthGates:
+    """Several gates a version must all pass, in order: one per engine and device it will
+    run on. The first failure stops the rest (its error names the engine and device)."""
+
+    gates: tuple[HealthGate, ...]
+
+    def __call__(self, model: Path, release: Release) -> list[HealthReport]:
+        """Check `model` with each gate in turn.
+
+        Raises:
+            HealthGateError: health.failed, from the first gate the version fails.
+        """
+        return [gate(model, release) for gate in self.gates]
 
 
 def _run_child(request: ProbeRequest, timeout_s: float) -> HealthReport:
@@ -163,7 +184,10 @@ def check(request: ProbeRequest) -> HealthReport:
 def _check_compiled(compiled: CompiledModel, request: ProbeRequest) -> HealthReport:
     report = compiled.report
     device = report.device
-    if request.planned_device is not None and request.planned_device not in device.split(","):
+    # A priority list is planned as a whole: a pipeline that asks for GPU,CPU runs on the
+    # CPU of a box without a GPU, and the version serving it now does the same.
+    planned = request.planned_device
+    if planned is not None and not set(planned.split(",")) & set(device.split(",")):
         return HealthReport(
             ok=False, device=device, reason=f"runs on {device}, planned {request.planned_device}"
         )

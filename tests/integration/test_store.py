@@ -24,7 +24,7 @@ from edge_agent.infer import infer_frame
 from edge_agent.paths import Layout
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import RuntimeOptions
-from edge_agent.store.health import HealthGate, HealthGateError
+from edge_agent.store.health import HealthGate, HealthGateError, HealthReport, ProbeRequest, check
 from edge_agent.store.release import SignedRelease, generate_key
 from edge_agent.store.store import ModelStore
 from tests.integration.store_kit import ir_folder, nan_folder, onnx_folder, release_for, resign
@@ -254,6 +254,31 @@ def test_model_with_nan_outputs_fails_the_gate(
     assert serving.versions("orient") == [2]
     assert serving.state("orient").current == 2
     assert _first_inference(serving, astronaut) == "0"
+
+
+def test_a_planned_priority_list_passes_on_any_of_its_devices_and_no_other(
+    models: Path, orientation: ResolvedModel, cache_dir: Path
+) -> None:
+    # The agent plans a version on each device list its pipelines ask for: one asking for
+    # GPU,CPU runs on this box's CPU (there is no GPU), and so may the new version. Read
+    # as one device name, "GPU,CPU" was never among those executing, and every version
+    # failed the gate on such a box.
+    def gated(planned: str) -> HealthReport:
+        request = ProbeRequest(
+            model=models / "onnx" / "model.onnx",
+            manifest=orientation.manifest,
+            options=RuntimeOptions(device="GPU,CPU", cache_dir=cache_dir),
+            backend="openvino",
+            planned_device=planned,
+            latency_budget_ms=None,
+            runs=1,
+        )
+        return check(request)
+
+    assert gated("GPU,CPU").ok, gated("GPU,CPU").reason
+    refused = gated("GPU")
+    assert not refused.ok
+    assert refused.reason == "runs on CPU, planned GPU"
 
 
 def test_latency_budget_is_enforced(

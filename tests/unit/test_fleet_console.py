@@ -485,12 +485,15 @@ def test_status_marks_a_fallback_and_a_box_that_trusts_no_key() -> None:
         msg.ModelState(
             name="person-ssdlite", version=3, digest="x", device="CPU", fallback="NPU: no driver"
         ),
-        msg.ModelState(name="orient", digest="y", device="GPU"),
+        msg.ModelState(name="orient", digest="y", device="GPU"),  # an agent before `backend`
+        msg.ModelState(name="orient", digest="y", device="CPU", backend="onnxruntime"),
     ]
     roster = Roster(TOPICS, now=Clock())
     roster.on_state(birth("dock-1", NOW, live=False, models=models, unverified=True))
     [row] = rows_by_device(status_table(roster.snapshot(), now=NOW)).values()
-    assert row["models"] == "person-ssdlite v3 @CPU (fallback), orient @GPU"
+    assert row["models"] == (
+        "person-ssdlite v3 @CPU (fallback), orient @GPU, orient @CPU onnxruntime"
+    )
     assert row["flags"] == "unverified, fallback"
     # The same for scripts, beside the state they come from.
     [entry] = status_json(roster.snapshot())

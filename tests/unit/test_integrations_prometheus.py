@@ -326,6 +326,7 @@ def test_a_failed_pipeline_a_fallback_and_no_trusted_keys_are_metrics() -> None:
                 device="CPU",
                 precision="bf16",
                 fallback="NPU: not present on this machine",
+                backend="openvino",
             ),
             ModelState(name="idle", digest="e" * 64),  # installed, not loaded: no device
         ],
@@ -344,7 +345,7 @@ def test_a_failed_pipeline_a_fallback_and_no_trusted_keys_are_metrics() -> None:
     assert samples["edge_agent_model_info"] == [
         (
             {"model": "person", "device": "CPU", "precision": "bf16",
-             "fallback": "NPU: not present on this machine"},
+             "fallback": "NPU: not present on this machine", "backend": "openvino"},
             1.0,
         )
     ]  # fmt: skip
