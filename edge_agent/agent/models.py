@@ -97,16 +97,18 @@ class ModelOps:
         if device.upper().startswith(("AUTO", "MULTI", "HETERO")):
             # These pick the devices themselves: any they pick is planned.
             return HealthGate(options, backend=backend)
-        # Planned: the devices asked for, and those the version serving now fell back to.
-        # A pipeline asking for a GPU the box lacks runs on its CPU, and a new version
-        # doing the same is no worse; one that falls off a GPU the old version ran on is.
+        # Planned: the devices the version serving now runs on, as asked; with none
+        # serving, any device asked for. A pipeline asking for a GPU the box lacks runs on
+        # its CPU, and a new version doing the same is no worse; one that falls off a GPU
+        # the old version ran on is worse, even where the pipeline asked for GPU,CPU: it
+        # would serve at a fraction of the speed, on the CPU its other work needs.
         serving = [
             d
             for r in self.pipelines.pool.compiles().get(name, [])
             if (r.backend, r.requested) == (backend, device)
             for d in r.device.split(",")
         ]
-        planned = ",".join(dict.fromkeys([*device.split(","), *serving]))
+        planned = ",".join(dict.fromkeys(serving or device.split(",")))
         return HealthGate(options, backend=backend, planned_device=planned)
 
     # --- commands ------------------------------------------------------------------------------
