@@ -1,7 +1,7 @@
 """ONNX Runtime backend: the second engine, for ONNX files only.
 
 Set up the way a hand-tuned `InferenceSession` is, per hint, so comparisons
-against OpenVINO are fair:
+against OpenVINO are fair ("core" is a CPU this process may use, `procstats.usable_cpus`):
 - latency: one run at a time, every core working inside it (intra-op threads),
   sequential execution, every graph optimisation;
 - throughput: one run per core at once on the same session, each single-threaded.
@@ -14,7 +14,6 @@ folds in, on the worker threads so it overlaps with other runs.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ import onnxruntime as ort
 
 from edge_agent.catalog.manifest import ImageInput, InputSpec, Manifest
 from edge_agent.errors import EdgeAgentError
+from edge_agent.procstats import usable_cpus
 from edge_agent.runtime.base import (
     CompileReport,
     Fallback,
@@ -69,7 +69,11 @@ class OnnxRuntimeBackend:
             for d in parse_request(options.device)
             if d != "CPU"
         )
-        so, workers = session_options(options.hint, options.requests, os.cpu_count() or 1)
+        # The CPUs this process may use, not the box's: under taskset, a unit's CPUAffinity=
+        # or CPUQuota=, or a container's cpuset, os.cpu_count() ran 16 spinning threads (or
+        # 16 parallel runs) on 2 CPUs of a 16-core host. OpenVINO follows affinity itself.
+        cores = max(1, int(usable_cpus()))
+        so, workers = session_options(options.hint, options.requests, cores)
         try:
             session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own Fail/InvalidProtobuf types
