@@ -56,7 +56,7 @@ def onnx_model(
     return _int(1, 8) + _bytes(7, graph) + _bytes(8, opset_import)  # ir_version 8
 
 
-def image_manifest(name: str = "tiny", **input_fields: object) -> Manifest:
+def image_manifest(**input_fields: object) -> Manifest:
     """A classification manifest for an `onnx_model`: a 32x48 NCHW float image input "x"
     (override any [input] field), output "y"."""
     fields: dict[str, object] = {
@@ -70,7 +70,7 @@ def image_manifest(name: str = "tiny", **input_fields: object) -> Manifest:
     }
     return Manifest.model_validate(
         {
-            "name": name,
+            "name": "tiny",
             "description": "a hand-built test model",
             "task": "classification",
             "licence": "MIT",

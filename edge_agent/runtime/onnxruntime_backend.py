@@ -34,6 +34,7 @@ from edge_agent.runtime.base import (
     Tensors,
 )
 from edge_agent.runtime.devices import parse_request
+from edge_agent.runtime.input_check import check_image_input
 from edge_agent.runtime.preprocess import frames_tensor
 from edge_agent.runtime.runs import ThreadedModel
 
@@ -81,6 +82,14 @@ class OnnxRuntimeBackend:
             raise load_error(path, exc) from None
         spec = manifest.input
         if isinstance(spec, ImageInput):
+            check_image_input(
+                manifest.name,
+                spec,
+                {
+                    i.name: (_ORT_TYPES.get(i.type, i.type), len(i.shape))
+                    for i in session.get_inputs()
+                },
+            )
             spec = spec.with_shape(options.shape)
         inputs = {
             i.name: tuple(d if isinstance(d, int) else -1 for d in i.shape)
@@ -110,6 +119,7 @@ class OnnxRuntimeBackend:
         return OnnxRuntimeModel(session, manifest.name, spec, report)
 
 
+_ORT_TYPES = {"tensor(float)": "f32", "tensor(uint8)": "u8"}
 _STATUS = re.compile(r"\[ONNXRuntimeError\] : \d+ : (\w+) : ")
 _LOAD_FAILED = re.compile(r"^Load model from .*? failed:\s*")
 # ORT prefixes the reason with the C++ source location and the function's signature:
