@@ -1,16 +1,11 @@
 """Throughput and latency of a compiled model, measured the way benchmark_app does.
 
-Inputs are built once (for image models a frame that needs no resize, so the
-folded-in preprocessing runs but the host's geometry only copies; noise with the
-right shape otherwise) and every request stays busy until the time is up. Latency
-is the engine's time per request, without time spent queued for a free one.
-
-A centre-cropped classifier (text-orientation keeps the centred 87.5%) gets the
-frame whose centred square is the model's size, 256 for 224, as ImageNet
-evaluation does: a frame at the model's own size would be cropped to 196 and
-resized back to 224 on every request, which on text-orientation costs about 5% of
-its throughput and measures cv2.resize, not the model. `fitted_frame_size`
-decides it; what the resize costs is a pipeline's figure, measured there.
+Inputs are built once (for image models frames at the model's input size, which is
+what the pipelines and `edge-agent infer` hand the engine after fitting a whole frame
+on the host, so the folded-in preprocessing runs and the host only copies; noise with
+the right shape otherwise) and every request stays busy until the time is up. Latency
+is the engine's time per request, without time spent queued for a free one. What the
+host's fit (crop, resize) costs is a pipeline's "preprocess" stage, measured there.
 """
 
 from __future__ import annotations
@@ -47,19 +42,6 @@ class BenchResult(BaseModel):
     latency_ms: dict[str, float] = Field(description="p50, p95, p99, min, max, in ms.")
 
 
-def fitted_frame_size(spec: ImageInput) -> tuple[int, int]:
-    """Height and width of a frame that `fit_frame` turns into the model's input without
-    resizing: the model's own size, or for a square centre-cropped model the frame whose
-    centred square is exactly the model's size."""
-    if spec.center_crop >= 1 or spec.width != spec.height:
-        return spec.height, spec.width
-    guess = round(spec.width / spec.center_crop)
-    for side in sorted(range(guess - 2, guess + 3), key=lambda s: abs(s - guess)):
-        if side > 0 and round(side * spec.center_crop) == spec.width:
-            return side, side
-    return spec.height, spec.width  # no whole frame side works: the crop resizes
-
-
 def bench_inputs(manifest: Manifest, report: CompileReport) -> dict[str, Tensor]:
     """Inputs for a benchmark: deterministic noise, so no branch in the model is special."""
     rng = np.random.default_rng(0)
@@ -68,8 +50,10 @@ def bench_inputs(manifest: Manifest, report: CompileReport) -> dict[str, Tensor]
     for name, shape in report.inputs.items():
         if isinstance(spec, ImageInput) and name == spec.name:
             model_spec = spec.with_shape(report.model_shape)
-            # N frames for a model compiled with batch N (bench --shape 2,3,224,224).
-            size = (model_spec.shape[0], *fitted_frame_size(model_spec), 3)
+            # N frames for a model compiled with batch N (bench --shape 2,3,224,224), at
+            # the model's size: already fitted, as a pipeline's are, so a centre-cropped
+            # model is not cropped and resized back on every request.
+            size = (model_spec.shape[0], model_spec.height, model_spec.width, 3)
             feeds[name] = rng.integers(0, 256, size, dtype=np.uint8)
         else:
             feeds[name] = rng.standard_normal([max(d, 1) for d in shape]).astype(np.float32)

@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         # One line per frame: --json adds a stdout sink only where the spec has none.
         return [JsonLinesSink(sys.stdout)] if args.json and not to_stdout(spec) else []
 
-    with exit_on_signals():
+    with exit_on_signals(sorted({spec.model.backend for spec in specs})):
         group = PipelineGroup(specs, ModelPool(catalog(args)), extra, layout=places)
     handles = list(group.handles)
     try:

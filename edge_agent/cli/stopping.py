@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import TypeVar
@@ -48,17 +48,27 @@ def _say(text: str) -> None:
 
 
 @contextmanager
-def exit_on_signals() -> Iterator[None]:
+def exit_on_signals(engines: Iterable[str] = ()) -> Iterator[None]:
     """While this block runs, SIGINT or SIGTERM ends it with SystemExit(128 + signal).
 
     For the preparation before a pipeline runs: `finally` blocks still release what
     was built, and no engine thread is running work yet.
-    """
 
-    # OpenVINO is imported first, outside the handler: a SystemExit raised inside a C
+    Args:
+        engines: the backends the block will use (`runtime.BACKENDS` names), imported first.
+
+    Raises:
+        EdgeAgentError: an engine does not import (`runtime.load_engine`).
+    """
+    from edge_agent.runtime import load_engine
+
+    # The engines are imported first, outside the handler: a SystemExit raised inside a C
     # extension's import (pybind11's) comes out as "ImportError: initialization failed",
     # not as the exit it was (main.run_command maps any other such import back to it).
-    import edge_agent.runtime.openvino_backend  # noqa: F401
+    # Only those asked for: importing OpenVINO for an ONNX Runtime pipeline failed it on a
+    # box whose OpenVINO does not load.
+    for name in engines:
+        load_engine(name)
 
     def handler(signum: int, frame: FrameType | None) -> None:
         _say(f"stopped by {signal.Signals(signum).name} before the pipeline started")

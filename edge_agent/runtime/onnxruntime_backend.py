@@ -1,7 +1,7 @@
 """ONNX Runtime backend: the second engine, for ONNX files only.
 
 Set up the way a hand-tuned `InferenceSession` is, per hint, so comparisons
-against OpenVINO are fair:
+against OpenVINO are fair ("core" is a CPU this process may use, `procstats.usable_cpus`):
 - latency: one run at a time, every core working inside it (intra-op threads),
   sequential execution, every graph optimisation;
 - throughput: one run per core at once on the same session, each single-threaded.
@@ -14,7 +14,7 @@ folds in, on the worker threads so it overlaps with other runs.
 
 from __future__ import annotations
 
-import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -24,6 +24,7 @@ import onnxruntime as ort
 
 from edge_agent.catalog.manifest import ImageInput, InputSpec, Manifest
 from edge_agent.errors import EdgeAgentError
+from edge_agent.procstats import usable_cpus
 from edge_agent.runtime.base import (
     CompileReport,
     Fallback,
@@ -33,6 +34,7 @@ from edge_agent.runtime.base import (
     Tensors,
 )
 from edge_agent.runtime.devices import parse_request
+from edge_agent.runtime.input_check import check_image_input
 from edge_agent.runtime.preprocess import frames_tensor
 from edge_agent.runtime.runs import ThreadedModel
 
@@ -69,17 +71,25 @@ class OnnxRuntimeBackend:
             for d in parse_request(options.device)
             if d != "CPU"
         )
-        so, workers = session_options(options.hint, options.requests, os.cpu_count() or 1)
+        # The CPUs this process may use, not the box's: under taskset, a unit's CPUAffinity=
+        # or CPUQuota=, or a container's cpuset, os.cpu_count() ran 16 spinning threads (or
+        # 16 parallel runs) on 2 CPUs of a 16-core host. OpenVINO follows affinity itself.
+        cores = max(1, int(usable_cpus()))
+        so, workers = session_options(options.hint, options.requests, cores)
         try:
             session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own Fail/InvalidProtobuf types
-            raise EdgeAgentError(
-                f"cannot read model {path}: {str(exc).splitlines()[0][:300]}",
-                "the file is corrupt, truncated or not an ONNX model; fetch it again",
-                code="model.corrupt",
-            ) from None
+            raise load_error(path, exc) from None
         spec = manifest.input
         if isinstance(spec, ImageInput):
+            check_image_input(
+                manifest.name,
+                spec,
+                {
+                    i.name: (_ORT_TYPES.get(i.type, i.type), len(i.shape))
+                    for i in session.get_inputs()
+                },
+            )
             spec = spec.with_shape(options.shape)
         inputs = {
             i.name: tuple(d if isinstance(d, int) else -1 for d in i.shape)
@@ -107,6 +117,72 @@ class OnnxRuntimeBackend:
             model_shape=spec.shape if isinstance(spec, ImageInput) else None,
         )
         return OnnxRuntimeModel(session, manifest.name, spec, report)
+
+
+_ORT_TYPES = {"tensor(float)": "f32", "tensor(uint8)": "u8"}
+_STATUS = re.compile(r"\[ONNXRuntimeError\] : \d+ : (\w+) : ")
+_LOAD_FAILED = re.compile(r"^Load model from .*? failed:\s*")
+# ORT prefixes the reason with the C++ source location and the function's signature:
+# "/onnxruntime_src/.../model_load_utils.h:46 void onnxruntime::...(const std::...&, int) ".
+_SOURCE = re.compile(r"/\S+:\d+ [^()]*\([^()]*\)\s*")
+_OPSET = re.compile(r"\b[Oo]pset (\d+)\b")
+_SUPPORTED_OPSET = re.compile(r"support for domain (\S+) is till opset (\d+)")
+_NO_OP = re.compile(r"No Op registered for (\S+)")
+_REASON_CHARS = 300
+
+
+def ort_reason(exc: BaseException) -> str:
+    """What went wrong, from an ONNX Runtime exception: its status prefix, the file name it
+    repeats and the C++ source location dropped, never empty.
+
+    Cut at 300 characters as it came, ORT's message was all source path and signature (a
+    model at opset 99 said `...model_load_utils.h:46 void onnxruntime::model_load_utils::
+    ValidateOpsetForDomain(const std::unordered_map<...`), and an empty one raised.
+    """
+    text = " ".join(str(exc).split())
+    text = _LOAD_FAILED.sub("", _STATUS.sub("", text, count=1), count=1)
+    text = _SOURCE.sub("", text).strip()
+    if not text:
+        return type(exc).__name__
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
+
+
+def load_error(path: Path, exc: BaseException) -> EdgeAgentError:
+    """The error for a file ONNX Runtime could not load, by what ORT said: an opset or an
+    operator it does not support is not a damaged file, and fetching it again cannot help."""
+    whole = " ".join(str(exc).split())
+    status = _STATUS.search(whole)
+    engine = f"ONNX Runtime {ort.__version__}"
+    unsupported = (
+        f"the model needs a newer ONNX Runtime than {ort.__version__}, or run it with "
+        "--backend openvino (or re-export it at an opset this version supports)"
+    )
+    opset = _OPSET.search(whole)
+    if opset is not None and "support" in whole:
+        limit = _SUPPORTED_OPSET.search(whole)
+        upto = f" (it supports {limit[1]} up to opset {limit[2]})" if limit else ""
+        return EdgeAgentError(
+            f"{engine} cannot run {path}: it is stamped with opset {opset[1]}{upto}",
+            unsupported,
+            code="model.incompatible",
+        )
+    no_op = _NO_OP.search(whole)
+    if no_op is not None or (status is not None and status[1] == "NOT_IMPLEMENTED"):
+        what = (
+            f"has no operator {no_op[1]}"
+            if no_op
+            else f"uses what it does not implement ({ort_reason(exc)})"
+        )
+        return EdgeAgentError(
+            f"{engine} cannot run {path}: it {what}",
+            unsupported,
+            code="model.incompatible",
+        )
+    return EdgeAgentError(
+        f"cannot read model {path}: {ort_reason(exc)}",
+        "the file is corrupt, truncated or not an ONNX model; fetch it again",
+        code="model.corrupt",
+    )
 
 
 def _precision_note(requested: str | None) -> str:
@@ -165,7 +241,7 @@ class OnnxRuntimeModel(ThreadedModel):
             values = session.run(self._output_names, feed)  # thread-safe; releases the GIL
         except Exception as exc:  # ORT raises its own exception types for bad feeds
             raise EdgeAgentError(
-                f"inference failed: {str(exc).splitlines()[0][:300]}",
+                f"inference failed: {ort_reason(exc)}",
                 "check that the inputs match the model (edge-agent models info NAME)",
                 code="inference.failed",
             ) from None

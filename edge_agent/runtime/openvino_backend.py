@@ -42,6 +42,7 @@ from edge_agent.runtime.base import (
 )
 from edge_agent.runtime.cache import prune, touch
 from edge_agent.runtime.devices import explain_failure, is_present, parse_request
+from edge_agent.runtime.input_check import check_image_input
 from edge_agent.runtime.precision import combine, precision_note
 from edge_agent.runtime.preprocess import fit_frames, fit_frames_into
 from edge_agent.runtime.runs import Slots, ThreadedModel
@@ -50,7 +51,9 @@ log = logging.getLogger(__name__)
 
 _PRECISION = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 # Bumped whenever what `_convert` produces changes, so old cached IRs are not reused.
-_PREPARED_LAYOUT = 4  # 4: a uint8 model's RGB order is swapped on the host
+# 4: a uint8 model's RGB order is swapped on the host; 5: the manifest's input is checked
+# against the model first (an IR converted from a float model declared u8 ran raw frames).
+_PREPARED_LAYOUT = 5
 
 _IR_UNSAVED_LOG_S = 600.0
 # Per cache folder: a full disk fails every compile the same way, and a box restoring many
@@ -293,6 +296,15 @@ class OpenVinoBackend:
         spec = manifest.input
         shape = options.shape
         if isinstance(spec, ImageInput):
+            check_image_input(
+                manifest.name,
+                spec,
+                {
+                    name: (port.get_element_type().get_type_name(), _rank(port))
+                    for port in model.inputs
+                    for name in port.get_names()
+                },
+            )
             spec = spec.with_shape(shape)
             shape = spec.shape
         if shape is not None:
@@ -326,6 +338,12 @@ class OpenVinoBackend:
                     code="model.shape",
                 ) from None
         return model
+
+
+def _rank(port: Any) -> int:
+    """A model input's rank, -1 when the file leaves it free."""
+    rank = port.get_partial_shape().rank
+    return int(rank.get_length()) if rank.is_static else -1
 
 
 def host_swaps_colour(spec: ImageInput) -> bool:

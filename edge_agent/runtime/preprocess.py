@@ -1,19 +1,19 @@
 """Image preprocessing as the manifest describes it.
 
-Geometry runs on the host for both engines, as one `vision.geometry.Geometry`
-(crop, scale, pad; the manifest's `fit` and `pad_value`), skipped when the frame
-is already the model's size. Measured on this project's reference models,
-OpenVINO's in-graph Interpolate cost 1.5-2.4 ms per inference even when it
-changed nothing, against about 0.2 ms for cv2 on a 640x480 frame; for a 720p
-frame into person-ssdlite, PrePostProcessor resize (and pad, which it does only
-on float tensors) made each call 1.1-1.7 ms slower than the host's 0.4 ms fit
-(tools/bench_detect.py), and one graph cannot crop the tiles and regions. Colour
-order, element type, normalisation and layout are folded into the OpenVINO
-graph (see openvino_backend), where they fuse into the first layer; a uint8
-model's RGB order is the exception, swapped on the host, as the graph has no
-layer to fuse it into (`openvino_backend.host_swaps_colour`). This numpy
-version of them serves ONNX Runtime and is the reference the two are tested
-against.
+Geometry runs on the host for both engines, as one `vision.geometry.Geometry` (crop,
+scale, pad; the manifest's `fit`, `pad_value` and `center_crop`), skipped when the
+frame is already the model's size: such a frame IS the model's input, fitted by its
+caller (`infer`, the pipelines), and is never centre-cropped again. Measured on this
+project's reference models, OpenVINO's in-graph Interpolate cost 1.5-2.4 ms per
+inference even when it changed nothing, against about 0.2 ms for cv2 on a 640x480
+frame; for a 720p frame into person-ssdlite, PrePostProcessor resize (and pad, which
+it does only on float tensors) made each call 1.1-1.7 ms slower than the host's 0.4
+ms fit (tools/bench_detect.py), and one graph cannot crop the tiles and regions.
+Colour order, element type, normalisation and layout are folded into the OpenVINO
+graph (see openvino_backend), where they fuse into the first layer; a uint8 model's
+RGB order is the exception, swapped on the host, as the graph has no layer to fuse
+it into (`openvino_backend.host_swaps_colour`). This numpy version of them serves
+ONNX Runtime and is the reference the two are tested against.
 
 On a small model the host's share is large, so each channel is written once,
 straight into the output tensor, instead of building four intermediate
@@ -73,7 +73,11 @@ def input_geometry(
 def fit_frame(frame: Frame, spec: ImageInput) -> Frame:
     """Fit a uint8 BGR HWC frame to the model's input as `input_geometry` says.
 
-    A frame already at the model's size (and not centre-cropped) is returned as it is.
+    A frame already at the model's size is the model's input and is returned as it is,
+    even for a centre-cropped model: every caller with a whole frame fits it (crop, then
+    resize) through `input_geometry` first, and cropping the fitted frame again made
+    text-orientation see 0.875 squared of the short side, not the 0.875 it was trained on.
+    Only a frame of another size is fitted here, once.
     """
     if _at_model_size(frame, spec):
         return np.ascontiguousarray(frame)
@@ -82,8 +86,8 @@ def fit_frame(frame: Frame, spec: ImageInput) -> Frame:
 
 
 def _at_model_size(frame: Frame, spec: ImageInput) -> bool:
-    """Whether `frame` is the model's input as it is: at its size, and not centre-cropped."""
-    return frame.shape[:2] == (spec.height, spec.width) and spec.center_crop >= 1
+    """Whether `frame` is the model's input as it is: at its size (whatever `center_crop`)."""
+    return frame.shape[:2] == (spec.height, spec.width)
 
 
 def fit_frames(batch: npt.NDArray[np.generic], spec: ImageInput) -> Frame:

@@ -139,6 +139,20 @@ def test_fit_frame_cropped_at_model_size_is_contiguous() -> None:
     assert (fitted[0, 0] == frame[16, 16]).all()
 
 
+def test_a_centre_cropped_model_takes_a_frame_at_its_size_as_it_is() -> None:
+    # Whoever has a whole frame fits it (crop, then resize) once; a frame at the model's
+    # size is that fitted input, and cropping it again showed the model 0.875 squared of
+    # the short side.
+    spec = _spec(shape=(1, 3, 224, 224), center_crop=0.875)
+    fitted = fit_frame(_frame(480, 640), spec)
+    assert fitted.shape == (224, 224, 3)
+    assert np.array_equal(fit_frame(fitted, spec), fitted)
+    out = np.zeros((1, 224, 224, 3), dtype=np.uint8)
+    fit_frames_into(fitted[None], spec, out)
+    assert np.array_equal(out[0], fitted)
+    assert np.array_equal(frame_tensor(fitted, spec)[0], fitted.transpose(2, 0, 1))
+
+
 @pytest.mark.parametrize(
     ("size", "changes"),
     [
@@ -258,9 +272,9 @@ def test_fast_tensor_matches_the_plain_formula(
     size: tuple[int, int],
 ) -> None:
     shape = (1, 3, 24, 32) if layout == "NCHW" else (1, 24, 32, 3)
-    spec = _spec(
-        shape=shape, layout=layout, element_type=element_type, color=color, mean=mean, scale=scale
-    )
+    # A u8 input is never normalised (the manifest refuses a mean or scale with it).
+    normalised = {"mean": mean, "scale": scale} if element_type == "f32" else {}
+    spec = _spec(shape=shape, layout=layout, element_type=element_type, color=color, **normalised)
     frame = _frame(*size)
     got = frame_tensor(frame, spec)
     assert got.dtype == (np.uint8 if element_type == "u8" else np.float32)
