@@ -92,19 +92,6 @@ class ImageInput(_Strict):
         default=114, ge=0, le=255, description="Grey level of letterbox padding (0-255)."
     )
 
-    @model_validator(mode="after")
-    def _u8_is_not_normalised(self) -> ImageInput:
-        # Neither engine normalises a uint8 input (there is no uint8 to write the result
-        # in): a mean or scale given with u8 was ignored without a word.
-        if self.element_type == "u8" and (
-            any(m != 0.0 for m in self.mean) or any(s != 1.0 for s in self.scale)
-        ):
-            raise ValueError(
-                "a u8 input is fed raw 0-255 pixels: mean and scale apply only to f32; "
-                'drop them, or set element_type = "f32" if the model takes floats'
-            )
-        return self
-
     @property
     def height(self) -> int:
         return self.shape[2] if self.layout == "NCHW" else self.shape[1]

@@ -9,15 +9,19 @@ mean and scale skipped, with wrong results and no error.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 from edge_agent.catalog.manifest import ImageInput
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
+
+log = logging.getLogger(__name__)
 
 
 def check_image_input(model: str, spec: ImageInput, inputs: Mapping[str, tuple[str, int]]) -> None:
     """Refuse a manifest whose image input is not one of the model's, or has another element
-    type or rank.
+    type or rank; warn of a mean or scale given with a uint8 input, which no engine applies.
 
     Args:
         model: the model's name, for the message.
@@ -56,4 +60,18 @@ def check_image_input(model: str, spec: ImageInput, inputs: Mapping[str, tuple[s
             f"input {spec.name} has {rank}",
             "set [input] shape and layout in the model's manifest to its own",
             code="model.shape",
+        )
+    if spec.element_type == "u8" and (
+        any(m != 0.0 for m in spec.mean) or any(v != 1.0 for v in spec.scale)
+    ):
+        # A warning, not a refusal: a manifest is signed into every release the store
+        # holds, and one refused at parse made a release that served, raw 0-255 pixels
+        # being what its model takes, unreadable after an upgrade.
+        log_event(
+            log,
+            logging.WARNING,
+            "manifest_normalisation_ignored",
+            model=model,
+            detail="a u8 input is fed raw 0-255 pixels: the manifest's mean and scale are "
+            'not applied; drop them, or set element_type = "f32" if the model takes floats',
         )

@@ -3,11 +3,11 @@ engines, with model.shape and what to set; never on the first frame, never silen
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
 from edge_agent.errors import EdgeAgentError
 from edge_agent.runtime import create_backend
@@ -73,9 +73,23 @@ def test_a_model_of_another_rank_fails_at_compile(backend: str, tmp_path: Path) 
     assert "shape has 4 dims, but the model's input x has 3" in err.problem
 
 
-def test_a_u8_manifest_with_mean_or_scale_is_refused() -> None:
-    # Neither engine applies them to a uint8 input: both ignored them without a word.
-    with pytest.raises(ValidationError, match="mean and scale apply only to f32"):
-        image_manifest(element_type="u8", mean=(127.5, 127.5, 127.5))
-    with pytest.raises(ValidationError, match="mean and scale apply only to f32"):
-        image_manifest(element_type="u8", scale=(2.0, 2.0, 2.0))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_mean_given_with_a_u8_input_is_warned_of_and_the_pixels_go_raw(
+    backend: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Neither engine applies a mean or scale to a uint8 input. Refused at parse, a
+    # release signed with such a manifest, serving, became unreadable after an upgrade:
+    # a warning says it instead, and the pixels go in as they are.
+    path = tmp_path / "u8.onnx"
+    path.write_bytes(onnx_model((1, 32, 48, 3), UINT8))
+    manifest = image_manifest(
+        shape=(1, 32, 48, 3), layout="NHWC", element_type="u8", mean=(127.5, 127.5, 127.5)
+    )
+    caplog.set_level(logging.WARNING, logger="edge_agent.runtime")
+    model = create_backend(backend).compile(path, manifest, RuntimeOptions())
+    try:
+        frame = np.full((1, 32, 48, 3), 7, dtype=np.uint8)
+        np.testing.assert_array_equal(model.infer({"x": frame})["y"], frame)
+    finally:
+        model.close()
+    assert [r.getMessage() for r in caplog.records] == ["manifest_normalisation_ignored"]

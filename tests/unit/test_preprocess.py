@@ -272,9 +272,9 @@ def test_fast_tensor_matches_the_plain_formula(
     size: tuple[int, int],
 ) -> None:
     shape = (1, 3, 24, 32) if layout == "NCHW" else (1, 24, 32, 3)
-    # A u8 input is never normalised (the manifest refuses a mean or scale with it).
-    normalised = {"mean": mean, "scale": scale} if element_type == "f32" else {}
-    spec = _spec(shape=shape, layout=layout, element_type=element_type, color=color, **normalised)
+    spec = _spec(
+        shape=shape, layout=layout, element_type=element_type, color=color, mean=mean, scale=scale
+    )
     frame = _frame(*size)
     got = frame_tensor(frame, spec)
     assert got.dtype == (np.uint8 if element_type == "u8" else np.float32)
