@@ -20,6 +20,8 @@ import numpy.typing as npt
 import pytest
 
 from edge_agent.catalog.catalog import default_models_dir
+from edge_agent.errors import EdgeAgentError
+from edge_agent.heads.base import SpeechSegment
 from edge_agent.heads.vad import VadConfig
 from edge_agent.infer import read_audio
 from edge_agent.pipelines import audio as audio_module
@@ -330,3 +332,53 @@ def test_a_stuck_vad_engine_ends_the_pipeline_with_an_error(
     assert kinds[-1] == "pipeline_error"
     time.sleep(0.2)  # the released run returns into a pipeline that sends nothing more
     assert [e.kind for r in seen for e in r.events] == kinds
+
+
+class FailingVad:
+    """The real compiled VAD, whose run `fail_at` raises as an engine does when its device
+    goes away mid-stream."""
+
+    def __init__(self, real: Any, fail_at: int) -> None:
+        self.report = real.report
+        self._real = real
+        self._fail_at = fail_at
+        self.runs = 0
+
+    def infer(self, inputs: Any) -> Any:
+        self.runs += 1
+        if self.runs == self._fail_at:
+            raise EdgeAgentError(
+                "the GPU engine failed: device lost", "restart the box", code="inference.failed"
+            )
+        return self._real.infer(inputs)
+
+
+def test_an_engine_error_mid_speech_fails_the_pipeline_and_closes_what_is_open(
+    clip: Clip, compiled: CompileFn
+) -> None:
+    # Raised out of run() as a bug, it was an "internal" crash the agent never retried,
+    # and the open segment and the "appeared" it never paired with "gone" were lost.
+    model, resolved = compiled("vad-silero", hint="latency")
+    start, end = clip.speech[0]
+    fail_at = int((start + end) / 2 / WINDOW_S)  # well inside the first utterance
+    seen: list[FrameResult] = []
+    audio = AudioPipeline(
+        "vad",
+        WavSource(clip.path, RATE, HEAD.window),
+        FailingVad(model, fail_at),  # type: ignore[arg-type]
+        resolved.manifest,
+        [CallbackSink(seen.append)],
+        PipelineTelemetry("vad"),
+        EventTracker([EventRule(name="talk", label="speech", gone_after_s=0.0)]),
+    )
+    stats = audio.run()
+    assert audio.error is not None
+    assert audio.error.code == "inference.failed"
+    assert stats.frames == fail_at - 1
+    assert stats.frame_failures == 1
+    kinds = [e.kind for r in seen for e in r.events]
+    assert kinds == ["appeared", "gone", "pipeline_error"], kinds
+    segments = [s for r in seen for s in r.results if isinstance(s, SpeechSegment)]
+    assert len(segments) == 1
+    assert abs(segments[0].start - start) <= TOLERANCE_S
+    assert segments[0].end == pytest.approx((fail_at - 1) * WINDOW_S)
