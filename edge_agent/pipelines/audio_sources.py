@@ -73,7 +73,9 @@ class WavSourceSpec(BaseModel):
     type: Literal["wav"] = Field("wav", description="Source kind.")
     path: Path = Field(
         description="WAV file: integer PCM or float, any rate and channels; a regular file "
-        "of 512 MiB at most (`wav.MAX_WAV_FILE_BYTES`)."
+        "of 512 MiB at most (`wav.MAX_WAV_FILE_BYTES`) that decodes, and resamples to the "
+        "model's rate, to 2^28 samples at most (4.6 hours at 16 kHz; "
+        "`wav.MAX_DECODED_SAMPLES`)."
     )
 
 
@@ -171,10 +173,11 @@ class WavSource:
         Raises:
             SourceError: the file is missing or is not a WAV this reader decodes.
             EdgeAgentError: input.invalid for a device, a FIFO, or a file too large to be
-                a recording (`wav.MAX_WAV_FILE_BYTES`), before it is read.
+                a recording (`wav.MAX_WAV_FILE_BYTES`), before it is read; for one longer
+                than `wav.MAX_DECODED_SAMPLES` at `sample_rate`, before it is decoded.
         """
         try:
-            wav = load_wav(path)
+            wav = load_wav(path, sample_rate)
         except FileNotFoundError:
             raise SourceError(
                 f"WAV file {path} does not exist", fix="check the path", code="source.unreachable"

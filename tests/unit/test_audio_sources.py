@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 import time
+import tracemalloc
 import wave
 from pathlib import Path
 
@@ -158,6 +160,32 @@ def test_a_wav_source_on_a_device_is_refused_as_invalid_input(tmp_path: Path) ->
     with pytest.raises(EdgeAgentError, match="character device, not a regular file") as caught:
         open_audio_source(WavSourceSpec(path=Path("/dev/null")), RATE, HOP)
     assert caught.value.code == "input.invalid"
+
+
+def test_a_low_rate_wav_under_the_file_cap_is_refused_before_it_is_decoded(
+    tmp_path: Path,
+) -> None:
+    # 17 MiB of 1 kHz 8-bit mono is 285 million samples at 16 kHz: decoded and resampled,
+    # 1.1 GiB and half a minute of CPU; at the 512 MiB file cap, 40 GiB and the OOM killer,
+    # in the agent's start or restore of the spec.
+    size = 17 << 20
+    fmt = struct.pack("<HHIIHH", 1, 1, 1000, 1000, 1, 8)
+    header = b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", size)
+    low = tmp_path / "low.wav"
+    with low.open("wb") as f:
+        f.write(b"RIFF" + struct.pack("<I", len(header) + size) + header)
+        f.truncate(f.tell() + size)  # sparse: the data chunk is all there, as silence
+    tracemalloc.start()
+    try:
+        with pytest.raises(EdgeAgentError, match=r"samples at 16000 Hz, over the") as caught:
+            open_audio_source(WavSourceSpec(path=low), RATE, HOP)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.code == "input.invalid"
+    assert str(low) in caught.value.problem
+    assert "sox" in caught.value.fix
+    assert peak < size + (4 << 20), f"{peak >> 20} MiB held to refuse it"
 
 
 def fake_arecord(bin_dir: Path, raw: Path, tail: str) -> Path:
