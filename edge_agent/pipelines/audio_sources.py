@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Annotated, Literal
 
@@ -241,8 +242,24 @@ class WavSource:
 class MicSource:
     """Live audio from `arecord`, buffered by a reader thread in a ring buffer."""
 
-    def __init__(self, device: str, sample_rate: int, hop: int, stall_timeout_s: float) -> None:
+    def __init__(
+        self,
+        device: str,
+        sample_rate: int,
+        hop: int,
+        stall_timeout_s: float,
+        on_live: Callable[[], object] | None = None,
+    ) -> None:
         """Start arecord.
+
+        Args:
+            device: the ALSA PCM.
+            sample_rate: Hz.
+            hop: samples per chunk.
+            stall_timeout_s: how long `read` waits for audio before it fails.
+            on_live: called once, on the reading thread, as the first chunk is read:
+                the agent's outage record, which logs `source_recovered` for a mic that
+                came back.
 
         Raises:
             SourceError: arecord is not installed or cannot be started.
@@ -259,6 +276,7 @@ class MicSource:
         self._rate = sample_rate
         self._hop = hop
         self._stall_s = stall_timeout_s
+        self._on_live = on_live
         self._ring = RingBuffer(max(hop, int(sample_rate * _MIC_BUFFER_S)))
         self._cond = threading.Condition()
         self._index = 0
@@ -337,6 +355,9 @@ class MicSource:
             samples=samples,
             read_s=time.perf_counter() - start,
         )
+        if self._index == 0 and self._on_live is not None:
+            # Each retry of a lost mic is a new source: its first chunk is the mic's return.
+            self._on_live()
         self._index += 1
         return chunk
 
@@ -380,13 +401,19 @@ class MicSource:
         self._stderr.close()
 
 
-def open_audio_source(spec: AudioSourceSpec, sample_rate: int, hop: int) -> AudioSource:
+def open_audio_source(
+    spec: AudioSourceSpec,
+    sample_rate: int,
+    hop: int,
+    on_live: Callable[[], object] | None = None,
+) -> AudioSource:
     """Open the audio source a spec describes, delivering `hop` new samples per chunk.
 
     Args:
         spec: which source.
         sample_rate: the model's rate, Hz; files are resampled to it, mics record at it.
         hop: new samples per chunk.
+        on_live: for a mic, called as its first chunk is read (`MicSource`).
 
     Raises:
         SourceError: the file is missing or broken, or arecord is missing.
@@ -395,4 +422,4 @@ def open_audio_source(spec: AudioSourceSpec, sample_rate: int, hop: int) -> Audi
         raise ValueError(f"sample_rate and hop must be positive; got {sample_rate}, {hop}")
     if isinstance(spec, WavSourceSpec):
         return WavSource(spec.path, sample_rate, hop)
-    return MicSource(spec.device, sample_rate, hop, spec.stall_timeout_s)
+    return MicSource(spec.device, sample_rate, hop, spec.stall_timeout_s, on_live)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import stat
@@ -19,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from edge_agent.catalog.catalog import default_models_dir
+from edge_agent.agent.outage import SourceOutage
+from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import SpeechSegment
 from edge_agent.heads.vad import VadConfig
@@ -29,7 +31,10 @@ from edge_agent.pipelines.audio import AudioPipeline
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSource, open_audio_source
 from edge_agent.pipelines.base import AudioChunk, AudioSource, FrameResult, Sink
 from edge_agent.pipelines.events import EventRule, EventTracker
+from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.sinks import CallbackSink
+from edge_agent.pipelines.spec import ModelRef, PipelineSpec
+from edge_agent.runtime.pool import ModelPool
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 from tests.cli_kit import edge_agent_cli
 from tests.conftest import CompileFn, espeak, write_wav
@@ -382,3 +387,41 @@ def test_an_engine_error_mid_speech_fails_the_pipeline_and_closes_what_is_open(
     assert len(segments) == 1
     assert abs(segments[0].start - start) <= TOLERANCE_S
     assert segments[0].end == pytest.approx((fail_at - 1) * WINDOW_S)
+
+
+def test_a_mic_that_comes_back_ends_its_outage_in_the_journal(
+    clip: Clip,
+    catalog: Catalog,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Only video sources told the agent's outage record they were live again: a USB mic
+    # unplugged and back was retried and ran, but its loss never ended in the journal.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    raw = tmp_path / "speech.raw"
+    audio = read_audio(clip.path, RATE)
+    raw.write_bytes((audio[: RATE // 2] * 32767).astype("<i2").tobytes())
+    script = bin_dir / "arecord"
+    script.write_text(f"#!/bin/sh\ncat {raw}\n")  # half a second of audio, then it ends
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    outage = SourceOutage("ears")
+    outage.lost("source.failed")  # the last run's mic went away; this run is the retry
+    spec = PipelineSpec(
+        id="ears", model=ModelRef(name="vad-silero"), source=MicSourceSpec(), sinks=[]
+    )
+    pool = ModelPool(catalog)
+    handle = PipelineHandle(spec, pool, on_live=outage.live)
+    try:
+        with caplog.at_level(logging.WARNING, logger="edge_agent.agent"):
+            stats = handle.run()
+    finally:
+        handle.close()
+    assert stats.frames == RATE // 2 // HEAD.window
+    recovered = [r for r in caplog.records if getattr(r, "event", None) == "source_recovered"]
+    assert len(recovered) == 1
+    assert recovered[0].fields["pipeline"] == "ears"  # type: ignore[attr-defined]
+    assert recovered[0].fields["code"] == "source.failed"  # type: ignore[attr-defined]
+    assert outage.live() is None  # the outage is closed: the next return says nothing

@@ -348,3 +348,22 @@ def test_a_mic_spec_whose_device_runs_a_shell_command_is_refused_naming_the_fiel
         MicSource(device, RATE, HOP, 1.0)
     assert not (bin_dir / "args").exists()
     assert not proof.exists()
+
+
+def test_a_mic_says_it_is_live_once_as_its_first_chunk_is_read(
+    tmp_path: Path, tone_raw: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = fake_arecord(tmp_path / "bin", tone_raw, "exec sleep 60")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    calls: list[int] = []
+    source = open_audio_source(MicSourceSpec(), RATE, HOP, on_live=lambda: calls.append(1))
+    try:
+        time.sleep(0.2)  # arecord has sent its audio: read, not sent, is what counts
+        assert calls == []
+        assert source.read() is not None
+        assert calls == [1]
+        for _ in range(14):
+            assert source.read() is not None
+        assert calls == [1]
+    finally:
+        source.close()
