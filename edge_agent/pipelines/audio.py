@@ -260,6 +260,8 @@ class AudioPipeline:
                 if isinstance(item, BaseException):
                     bug = item
                     break
+                # Per window, so that interval telemetry shows a mic's overruns as they happen.
+                self.telemetry.set_dropped(self.source.dropped)
                 t0 = time.perf_counter()
                 self._holding = True
                 window = np.concatenate([context, item.samples])
@@ -297,6 +299,7 @@ class AudioPipeline:
                 # Read ahead but cut off by the stop; after max_frames they were never wanted.
                 self.telemetry.count("dropped_on_stop", unread)
             self._close_source(wait=True)
+            self.telemetry.set_dropped(self.source.dropped)
         if self._left:
             return  # run() has returned: what the worker held was counted there
         # The stream has ended for this pipeline, however it ended: close the open

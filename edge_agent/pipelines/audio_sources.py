@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge_agent.audio.resample import resample
 from edge_agent.audio.wav import WavError, load_wav, to_mono
-from edge_agent.logs import log_event
+from edge_agent.logs import Throttle, log_event
 from edge_agent.pipelines.base import AudioChunk, AudioSource, SourceError
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,8 @@ _ARECORD_FIX = "install it with `apt-get install alsa-utils` and list devices wi
 # Seconds of audio the mic keeps when the consumer falls behind; older samples go.
 _MIC_BUFFER_S = 10.0
 _STOP_S = 2.0
+# A consumer that keeps falling behind is one line a minute.
+_OVERRUN_LOG_EVERY_S = 60.0
 
 # ALSA parses a device name as config: `file:'|cmd'` is a file PCM that pipes the audio
 # into a shell command, so a name from a spec (an MQTT command) ran code on the box at
@@ -234,6 +236,11 @@ class WavSource:
         self._index += 1
         return chunk
 
+    @property
+    def dropped(self) -> int:
+        """Always 0: a file waits for its reader."""
+        return 0
+
     def close(self) -> None:
         """Drop the decoded audio; safe to call twice."""
         self._audio = self._audio[:0]
@@ -277,6 +284,7 @@ class MicSource:
         self._hop = hop
         self._stall_s = stall_timeout_s
         self._on_live = on_live
+        self._overrun_said = Throttle(_OVERRUN_LOG_EVERY_S)
         self._ring = RingBuffer(max(hop, int(sample_rate * _MIC_BUFFER_S)))
         self._cond = threading.Condition()
         self._index = 0
@@ -301,13 +309,14 @@ class MicSource:
 
     @property
     def dropped(self) -> int:
-        """Samples lost because the consumer fell more than the buffer behind."""
-        return self._ring.overwritten
+        """Windows lost because the consumer fell more than the buffer behind, rounded up."""
+        return -(-self._ring.overwritten // self._hop)
 
     def _pump(self) -> None:
         assert self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
         carry = b""
+        said = 0  # samples lost by the last mic_overrun line
         while True:
             # os.read returns what the pipe holds now instead of waiting for a full block.
             data = os.read(fd, 8192)
@@ -321,9 +330,19 @@ class MicSource:
             with self._cond:
                 before = self._ring.overwritten
                 self._ring.write(samples)
-                if self._ring.overwritten > before and before == 0:
-                    log_event(log, logging.WARNING, "mic_overrun", device=self._device)
+                lost = self._ring.overwritten
                 self._cond.notify()
+            # Said at most once a minute, with the audio lost since: said once for the
+            # source's life, the overruns after the first left no trace in the journal.
+            if lost > before and self._overrun_said.ready():
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "mic_overrun",
+                    device=self._device,
+                    lost_s=round((lost - said) / self._rate, 2),
+                )
+                said = lost
         with self._cond:
             self._ended = True
             self._cond.notify_all()

@@ -27,6 +27,7 @@ from edge_agent.heads.base import SpeechSegment
 from edge_agent.heads.vad import VadConfig
 from edge_agent.infer import read_audio
 from edge_agent.pipelines import audio as audio_module
+from edge_agent.pipelines import audio_sources
 from edge_agent.pipelines.audio import AudioPipeline
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSource, open_audio_source
 from edge_agent.pipelines.base import AudioChunk, AudioSource, FrameResult, Sink
@@ -189,6 +190,8 @@ def test_end_of_stream_lets_a_departure_finish(clip: Clip, compiled: CompileFn) 
 
 class StuckSource:
     """Three windows of quiet, then a read that never returns and a close that hangs."""
+
+    dropped = 0
 
     def __init__(self) -> None:
         self.released = threading.Event()
@@ -425,3 +428,46 @@ def test_a_mic_that_comes_back_ends_its_outage_in_the_journal(
     assert recovered[0].fields["pipeline"] == "ears"  # type: ignore[attr-defined]
     assert recovered[0].fields["code"] == "source.failed"  # type: ignore[attr-defined]
     assert outage.live() is None  # the outage is closed: the next return says nothing
+
+
+def test_mic_overruns_are_counted_as_dropped_windows_and_said(
+    compiled: CompileFn,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The mic keeps 10 s; a sink that holds the first window while 20 s arrive loses about
+    # 10 s of it. That loss was in no counter: `dropped` stayed 0 in the summary and the
+    # heartbeat.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    raw = tmp_path / "quiet.raw"
+    sent = 20 * RATE // HEAD.window  # whole windows
+    raw.write_bytes(bytes(2 * sent * HEAD.window))
+    script = bin_dir / "arecord"
+    script.write_text(f"#!/bin/sh\ncat {raw}\ntouch {bin_dir}/sent\nexec sleep 60\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def hold_the_first(result: FrameResult) -> None:
+        deadline = time.monotonic() + 10
+        while result.frame == 0 and not (bin_dir / "sent").exists():
+            assert time.monotonic() < deadline, "the fake arecord never sent its audio"
+            time.sleep(0.01)
+        time.sleep(0.1 if result.frame == 0 else 0)  # its last write reaches the ring
+
+    # Each overrunning write said, as the minute's throttle would over a longer outage:
+    # said once for the source's life, the overruns after the first went unsaid.
+    monkeypatch.setattr(audio_sources, "_OVERRUN_LOG_EVERY_S", 0.0)
+    source = open_audio_source(MicSourceSpec(stall_timeout_s=0.5), RATE, HEAD.window)
+    audio = pipeline(compiled, source, hold_the_first)
+    with caplog.at_level(logging.WARNING, logger="edge_agent.pipelines"):
+        stats = audio.run()  # ends when the mic stalls, after what there was
+    assert audio.error is not None
+    assert "no audio" in audio.error.problem
+    assert stats.dropped > sent // 3
+    assert stats.frames + stats.dropped + stats.dropped_on_stop == sent
+    overruns = [r for r in caplog.records if getattr(r, "event", None) == "mic_overrun"]
+    assert len(overruns) > 1
+    lost_s = sum(float(getattr(r, "fields", {})["lost_s"]) for r in overruns)
+    assert lost_s == pytest.approx(stats.dropped * WINDOW_S, abs=WINDOW_S + 0.01 * len(overruns))
