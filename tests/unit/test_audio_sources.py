@@ -6,6 +6,7 @@ a shell script that records its arguments and `cat`s raw S16 samples of a sine.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import struct
@@ -367,3 +368,68 @@ def test_a_mic_says_it_is_live_once_as_its_first_chunk_is_read(
         assert calls == [1]
     finally:
         source.close()
+
+
+# What arecord 1.2 prints without -q on a raw device fixed at 48 kHz (alsa-utils aplay.c).
+BANNER = "Recording raw data 'stdin' : Signed 16 bit Little Endian, Rate 16000 Hz, Mono"
+RATE_WARNING = (
+    "Warning: rate is not accurate (requested = 16000Hz, got = 48000Hz)\n"
+    "         please, try the plug plugin "
+)
+
+
+def test_a_mic_that_records_at_another_rate_is_refused_naming_plughw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # With -q arecord kept quiet and recorded at 48 kHz, and the VAD took it for 16 kHz:
+    # speech three times slower, every timestamp three times too fast, nothing said.
+    raw = tmp_path / "at48k.raw"
+    raw.write_bytes(s16(sine(1000, 0.5, 48000)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "arecord"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {bin_dir}/args\n'
+        # Quiet mode says nothing, as arecord's does.
+        'case " $* " in *" -q "*) ;; *) '
+        f"""printf '%s\\n%s\\n' "{BANNER}" "{RATE_WARNING}" >&2;; esac\n"""
+        f"cat {raw}\nexec sleep 60\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    source = open_audio_source(MicSourceSpec(device="hw:1,0", stall_timeout_s=2), RATE, HOP)
+    try:
+        with caplog.at_level(logging.DEBUG), pytest.raises(SourceError) as caught:
+            source.read()
+    finally:
+        source.close()
+    assert "records at 48000 Hz, not the 16000 Hz" in caught.value.problem
+    assert "plughw:1,0" in caught.value.fix
+    assert caught.value.code == "source.unreachable"
+    assert "-q" not in (bin_dir / "args").read_text().split()
+    assert not [r for r in caplog.records if "Recording" in r.getMessage()]  # no chatter
+
+
+def test_arecord_chatter_on_stderr_never_blocks_the_audio(
+    tmp_path: Path, tone_raw: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pipe nobody drained would hold arecord at its 64 KiB: the audio would stall.
+    chatter = tmp_path / "chatter.txt"
+    chatter.write_text("overrun!!! (at least 1.234 ms long)\n" * 10_000)  # 350 KB
+    bin_dir = fake_arecord(
+        tmp_path / "bin",
+        tone_raw,
+        f"cat {chatter} >&2\ncat {tone_raw}\n"
+        'echo "arecord: pcm_read:2221: read error: No such device" >&2\nexit 1',
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    source = open_audio_source(MicSourceSpec(stall_timeout_s=2), RATE, HOP)
+    try:
+        for _ in range(31):  # the tone twice, around the chatter: 31 whole hops
+            assert source.read() is not None
+        with pytest.raises(SourceError, match=r"code 1.*read error: No such device") as caught:
+            source.read()
+    finally:
+        source.close()
+    assert "plughw" in caught.value.fix
