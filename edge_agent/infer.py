@@ -53,7 +53,7 @@ def read_audio(path: Path, rate: int) -> npt.NDArray[np.float32]:
     """Read a WAV file as mono float32 at `rate`."""
     _check_file(path)
     try:
-        wav = load_wav(path)
+        wav = load_wav(path, rate)
     except WavError as exc:
         raise EdgeAgentError(
             f"cannot read {path}: {exc}",

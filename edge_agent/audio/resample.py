@@ -86,7 +86,8 @@ def resample(samples: FloatArray, from_rate: int, to_rate: int) -> FloatArray:
     block = max(1, min(_BLOCK, _MAX_TAPS // (2 * half)))
 
     # Zeros beyond both ends stand in for the silence before and after the clip.
-    padded = np.zeros(len(audio) + 2 * half + 1, dtype=np.float64)
+    # float32 as the input is: float64 held it twice over, and added no precision to it.
+    padded = np.zeros(len(audio) + 2 * half + 1, dtype=np.float32)
     padded[half : half + len(audio)] = audio
     taps = np.arange(2 * half)
     out = np.empty(count, dtype=np.float32)

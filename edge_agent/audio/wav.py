@@ -45,14 +45,23 @@ MAX_RATE = 384_000
 MAX_CHANNELS = 32
 MAX_WAV_FILE_BYTES = 512 << 20
 """The largest WAV file read. Speech is far below it: 512 MiB is 4.6 hours of 16 kHz 16-bit
-mono (what speech models take) and 46 minutes of 48 kHz 16-bit stereo. Decoding holds
-about 7 times the file at its peak (float intermediates), 3.5 GiB at this size; unbounded,
-a WAV source on /dev/zero held memory until the OOM killer came, at every restore."""
+mono (what speech models take) and 46 minutes of 48 kHz 16-bit stereo."""
+MAX_DECODED_SAMPLES = 1 << 28
+"""The most float32 samples a WAV may decode to (frames times channels), and the most it
+may be resampled to: 1 GiB each, 4.6 hours at 16 kHz. The file cap alone did not bound
+memory, which grows with the samples, not the bytes: a 1 kHz 8-bit file under it became
+40 GiB at 16 kHz, and a WAV source on it was killed by the OOM killer at every restore.
+Under both bounds, decoding and resampling hold at most about 3 GiB at their peak (the
+file's bytes, then the decoded samples, the input padded for the filter and the output)."""
 _SPLIT = "cut it into parts, e.g. `sox in.wav part.wav trim 0 3600 : newfile : restart`"
 
 
 class WavError(ValueError):
     """The bytes are not a WAV file this reader can decode."""
+
+
+class WavTooLongError(Exception):
+    """The WAV would decode or resample to more than `MAX_DECODED_SAMPLES`."""
 
 
 def _unsupported(what: str) -> WavError:
@@ -111,16 +120,26 @@ def parse_wav(data: bytes) -> tuple[FloatArray, int]:
 
     Raises:
         WavError: the bytes are not a WAV file, or use an encoding this reader does not take.
+        WavTooLongError: it holds more than `MAX_DECODED_SAMPLES` samples.
     """
     wav = decode_wav(data)
     return wav.samples, wav.rate
 
 
-def decode_wav(data: bytes) -> WavAudio:
+def decode_wav(
+    data: bytes, to_rate: int | None = None, max_samples: int = MAX_DECODED_SAMPLES
+) -> WavAudio:
     """Decode the bytes of a WAV file, saying whether it was cut short.
+
+    Args:
+        data: the whole file.
+        to_rate: the rate the caller resamples it to, Hz; None: it is not resampled.
+        max_samples: the most samples it may decode to, and be resampled to.
 
     Raises:
         WavError: as `parse_wav`.
+        WavTooLongError: its header says it holds more than `max_samples` samples, or
+            would at `to_rate`; said before anything is decoded.
     """
     if len(data) < 12 or data[:4] != b"RIFF":
         raise WavError("not a WAV file: no RIFF header")
@@ -173,12 +192,31 @@ def decode_wav(data: bytes) -> WavAudio:
             f"WAV data chunk holds {len(audio)} bytes, not a whole number of {frame}-byte "
             f"frames ({channels} channels of {bits} bits): the header is damaged"
         )
+    _check_length(usable // frame, channels, rate, to_rate, max_samples)
     raw = np.frombuffer(audio[:usable], dtype=np.uint8)
     samples = _decode(raw, tag, width)
     if tag == _FLOAT:
         # Float WAV may stray past full scale or carry NaNs; models expect [-1, 1].
         samples = np.clip(np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
     return WavAudio(samples.reshape(-1, channels), int(rate), missing / (frame * rate))
+
+
+def _check_length(
+    frames: int, channels: int, rate: int, to_rate: int | None, max_samples: int
+) -> None:
+    decoded = frames * channels
+    resampled = frames if to_rate is None else -(-frames * to_rate // rate)
+    if max(decoded, resampled) <= max_samples:
+        return
+    hours = frames / rate / 3600
+    if decoded > max_samples:
+        what = f"{decoded} samples ({channels} channels)"
+    else:
+        what = f"{resampled} samples at {to_rate} Hz"
+    raise WavTooLongError(
+        f"its {hours:.1f} hours at {rate} Hz decode to {what}, over the {max_samples} "
+        f"held at most ({max_samples * 4 >> 20} MiB of float32)"
+    )
 
 
 def _decode(raw: npt.NDArray[np.uint8], tag: int, width: int) -> FloatArray:
@@ -188,12 +226,23 @@ def _decode(raw: npt.NDArray[np.uint8], tag: int, width: int) -> FloatArray:
         # 8-bit PCM alone among the widths is unsigned, centred on 128.
         return ((raw.astype(np.float32) - 128.0) / 128.0).astype(np.float32)
     if width == 3:
-        triples = raw.reshape(-1, 3).astype(np.int32)
-        ints = triples[:, 0] | (triples[:, 1] << 8) | (triples[:, 2] << 16)
-        ints = np.where(ints >= 1 << 23, ints - (1 << 24), ints)
-        return (ints / float(1 << 23)).astype(np.float32)
-    ints_view = raw.view("<i2" if width == 2 else "<i4")
-    return (ints_view / float(1 << (8 * width - 1))).astype(np.float32)
+        # Each sample's bytes in the top three of an int32, whose arithmetic shift then
+        # extends the sign: int32 per byte and float64 temporaries held 5 times the audio.
+        words = np.zeros((len(raw) // 3, 4), dtype=np.uint8)
+        words[:, 1:] = raw.reshape(-1, 3)
+        ints = words.view("<i4").ravel()
+        ints >>= 8
+    else:
+        ints = raw.view("<i2" if width == 2 else "<i4")
+    # In float32 throughout: a float64 quotient held twice the decoded audio at the peak.
+    # Scaling by a power of two is exact, so the samples are those the quotient gave.
+    scaled = ints.astype(np.float32)
+    scaled *= np.float32(1.0 / (1 << (8 * width - 1)))
+    return scaled
+
+
+def _refused(path: Path, exc: Exception) -> EdgeAgentError:
+    return EdgeAgentError(f"WAV file {path} is refused: {exc}", _SPLIT, code="input.invalid")
 
 
 def _wav_bytes(path: Path) -> bytes:
@@ -206,27 +255,34 @@ def _wav_bytes(path: Path) -> bytes:
             code="input.invalid",
         ) from None
     except FileTooLargeError as exc:
-        raise EdgeAgentError(
-            f"WAV file {path} is refused: {exc}", _SPLIT, code="input.invalid"
-        ) from None
+        raise _refused(path, exc) from None
 
 
-def read_wav(path: Path) -> tuple[FloatArray, int]:
+def read_wav(path: Path, to_rate: int | None = None) -> tuple[FloatArray, int]:
     """Read a WAV file; see `parse_wav` for what it returns.
+
+    Args:
+        path: the file.
+        to_rate: the rate the caller resamples it to, Hz; None: it is not resampled.
 
     Raises:
         EdgeAgentError: input.invalid for a device, a FIFO or a folder, or a file over
-            `MAX_WAV_FILE_BYTES`, before it is read.
+            `MAX_WAV_FILE_BYTES`, before it is read; for one that would decode, or
+            resample to `to_rate`, to more than `MAX_DECODED_SAMPLES`, before it is decoded.
         OSError: the file cannot be opened or read.
         WavError: as `parse_wav`.
     """
-    return parse_wav(_wav_bytes(path))
+    wav = load_wav(path, to_rate)
+    return wav.samples, wav.rate
 
 
-def load_wav(path: Path) -> WavAudio:
+def load_wav(path: Path, to_rate: int | None = None) -> WavAudio:
     """Read a WAV file; see `decode_wav` for what it returns, and `read_wav` for what it
     raises."""
-    return decode_wav(_wav_bytes(path))
+    try:
+        return decode_wav(_wav_bytes(path), to_rate)
+    except WavTooLongError as exc:
+        raise _refused(path, exc) from None
 
 
 def to_mono(samples: FloatArray) -> FloatArray:
@@ -236,5 +292,8 @@ def to_mono(samples: FloatArray) -> FloatArray:
         return audio
     if audio.ndim != 2:
         raise ValueError(f"audio should be (frames, channels); got shape {audio.shape}")
+    if audio.shape[1] == 1:
+        # A view: the mean's copy held the whole clip twice.
+        return audio[:, 0]
     mono: FloatArray = audio.mean(axis=1, dtype=np.float32)
     return mono

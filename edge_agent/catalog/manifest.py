@@ -9,7 +9,7 @@ warnings, so a typo never silently changes how a model is fed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,7 @@ from edge_agent.audio.wav import MAX_RATE, MIN_RATE
 from edge_agent.config_files import load_validated
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.registry import HeadConfig
+from edge_agent.heads.vad import VadConfig
 
 
 class _Strict(BaseModel):
@@ -219,6 +220,28 @@ class Manifest(_Strict):
             heads = " or ".join(TASK_HEADS[task])
             raise ValueError(f"a {task} model's head is {heads}, not {value.type}")
         return value
+
+    @model_validator(mode="after")
+    def _vad_input_is_the_heads(self) -> Self:
+        # `infer` and calibration read audio at the input's rate, the pipeline and the
+        # segment times at the head's: a manifest where they differed fed the model audio
+        # at a rate it was not made for in one of them, and validated.
+        if not isinstance(self.input, AudioInput) or not isinstance(self.head, VadConfig):
+            return self
+        wrong = [
+            f"input.{field} ({mine!r}) and head.{theirs_name} ({theirs!r})"
+            for field, mine, theirs_name, theirs in (
+                ("sample_rate", self.input.sample_rate, "sample_rate", self.head.sample_rate),
+                ("name", self.input.name, "audio_input", self.head.audio_input),
+            )
+            if mine != theirs
+        ]
+        if wrong:
+            raise ValueError(
+                f"{' and '.join(wrong)} disagree: both describe the model's one audio "
+                "input, so they must be equal"
+            )
+        return self
 
 
 def load_manifest(path: Path) -> Manifest:

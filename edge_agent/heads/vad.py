@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Self
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_agent.audio.wav import MAX_RATE, MIN_RATE
 from edge_agent.heads.base import FloatArray, SpeechSegment
@@ -61,6 +61,17 @@ class VadConfig(BaseModel):
     speech_pad_s: float = Field(
         default=0.03, ge=0.0, description="Widen each segment by this much on both sides, seconds."
     )
+
+    @model_validator(mode="after")
+    def _context_within_window(self) -> Self:
+        # The pipeline carries the context from the last window alone: a longer one made
+        # its inputs shorter than `infer`'s (and than the model's static shape).
+        if self.context > self.window:
+            raise ValueError(
+                f"the head's context ({self.context}) is more than its window "
+                f"({self.window}): context is carried from the previous window alone"
+            )
+        return self
 
 
 def audio_windows(samples: FloatArray, window: int, context: int) -> Iterator[FloatArray]:

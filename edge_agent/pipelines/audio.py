@@ -167,7 +167,8 @@ class AudioPipeline:
         self._stop.set()
 
     def run(self) -> PipelineStats:
-        """Process windows until the source ends, `max_frames`, `stop()` or a source error.
+        """Process windows until the source ends, `max_frames`, `stop()`, or a source or
+        engine error (left in `error`, as the vision pipeline leaves it).
 
         Raises:
             Exception: a bug in the source (anything but a SourceError), after cleaning up.
@@ -259,6 +260,8 @@ class AudioPipeline:
                 if isinstance(item, BaseException):
                     bug = item
                     break
+                # Per window, so that interval telemetry shows a mic's overruns as they happen.
+                self.telemetry.set_dropped(self.source.dropped)
                 t0 = time.perf_counter()
                 self._holding = True
                 window = np.concatenate([context, item.samples])
@@ -266,7 +269,20 @@ class AudioPipeline:
                 t1 = time.perf_counter()
                 self._last_ts = item.ts
                 self._busy_since = time.monotonic()
-                probability = vad.step(window)
+                try:
+                    probability = vad.step(window)
+                except EdgeAgentError as exc:
+                    # The engine refused the window (e.g. its GPU was reset): end as the
+                    # vision pipeline does, with its code, so a mic is retried and the
+                    # open segment and presence are closed below; raised out of run(), it
+                    # was an "internal" crash that lost both and was never retried.
+                    self._busy_since = None
+                    if self._left:
+                        return
+                    self.error = exc
+                    self.telemetry.count("frame_failures")
+                    self._holding = False
+                    break
                 self._busy_since = None
                 if self._left:
                     return  # run() gave up on this window and told the sinks why
@@ -283,6 +299,7 @@ class AudioPipeline:
                 # Read ahead but cut off by the stop; after max_frames they were never wanted.
                 self.telemetry.count("dropped_on_stop", unread)
             self._close_source(wait=True)
+            self.telemetry.set_dropped(self.source.dropped)
         if self._left:
             return  # run() has returned: what the worker held was counted there
         # The stream has ended for this pipeline, however it ended: close the open
@@ -296,13 +313,12 @@ class AudioPipeline:
                 FrameResult(self.name, index, end_ts, list(tail.closed), events, {}, self._label)
             )
         if self.error is not None:
-            event = Event(
-                kind="source_error", ts=end_ts, detail=str(self.error), code=self.error.code
-            )
+            kind = "source_error" if isinstance(self.error, SourceError) else "pipeline_error"
+            event = Event(kind=kind, ts=end_ts, detail=str(self.error), code=self.error.code)
             log_event(
                 log,
                 logging.ERROR,
-                "source_error",
+                kind,
                 pipeline=self.name,
                 code=self.error.code,
                 detail=str(self.error),

@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import selectors
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Annotated, Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge_agent.audio.resample import resample
 from edge_agent.audio.wav import WavError, load_wav, to_mono
-from edge_agent.logs import log_event
+from edge_agent.logs import Throttle, log_event
 from edge_agent.pipelines.base import AudioChunk, AudioSource, SourceError
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,15 @@ _ARECORD_FIX = "install it with `apt-get install alsa-utils` and list devices wi
 # Seconds of audio the mic keeps when the consumer falls behind; older samples go.
 _MIC_BUFFER_S = 10.0
 _STOP_S = 2.0
+# arecord's stderr kept for a failure's message: the last lines, each cut to this length.
+_ARECORD_LINES = 8
+_ARECORD_LINE_CHARS = 300
+# alsa-utils aplay.c set_params, when snd_pcm_hw_params_set_rate_near moved the rate by
+# more than 5 %: "Warning: rate is not accurate (requested = %iHz, got = %iHz)".
+_RATE_WARNING = re.compile(r"rate is not accurate \(requested = \d+ ?Hz, got = (?P<got>\d+) ?Hz\)")
+_PLUG_FIX = "a raw hw:, dsnoop: or front: device takes only its card's own rates and channels"
+# A consumer that keeps falling behind is one line a minute.
+_OVERRUN_LOG_EVERY_S = 60.0
 
 # ALSA parses a device name as config: `file:'|cmd'` is a file PCM that pipes the audio
 # into a shell command, so a name from a spec (an MQTT command) ran code on the box at
@@ -73,7 +84,9 @@ class WavSourceSpec(BaseModel):
     type: Literal["wav"] = Field("wav", description="Source kind.")
     path: Path = Field(
         description="WAV file: integer PCM or float, any rate and channels; a regular file "
-        "of 512 MiB at most (`wav.MAX_WAV_FILE_BYTES`)."
+        "of 512 MiB at most (`wav.MAX_WAV_FILE_BYTES`) that decodes, and resamples to the "
+        "model's rate, to 2^28 samples at most (4.6 hours at 16 kHz; "
+        "`wav.MAX_DECODED_SAMPLES`)."
     )
 
 
@@ -171,10 +184,11 @@ class WavSource:
         Raises:
             SourceError: the file is missing or is not a WAV this reader decodes.
             EdgeAgentError: input.invalid for a device, a FIFO, or a file too large to be
-                a recording (`wav.MAX_WAV_FILE_BYTES`), before it is read.
+                a recording (`wav.MAX_WAV_FILE_BYTES`), before it is read; for one longer
+                than `wav.MAX_DECODED_SAMPLES` at `sample_rate`, before it is decoded.
         """
         try:
-            wav = load_wav(path)
+            wav = load_wav(path, sample_rate)
         except FileNotFoundError:
             raise SourceError(
                 f"WAV file {path} does not exist", fix="check the path", code="source.unreachable"
@@ -230,16 +244,71 @@ class WavSource:
         self._index += 1
         return chunk
 
+    @property
+    def dropped(self) -> int:
+        """Always 0: a file waits for its reader."""
+        return 0
+
     def close(self) -> None:
         """Drop the decoded audio; safe to call twice."""
         self._audio = self._audio[:0]
 
 
+class ArecordLog:
+    """What arecord says on stderr: its last lines, and the rate it got if not the one asked.
+
+    Without `-q` arecord warns when a device cannot record at the rate asked (a raw
+    `hw:` or `dsnoop:` PCM fixed at 48 kHz) and then records at the device's rate
+    regardless; with `-q` it said nothing, and 48 kHz audio was taken for 16 kHz.
+    """
+
+    def __init__(self) -> None:
+        self._lines: deque[str] = deque(maxlen=_ARECORD_LINES)
+        self._partial = b""
+        self.got_rate: int | None = None
+        """The rate arecord records at, when it warned it is not the one asked."""
+
+    @property
+    def last(self) -> str:
+        """Its last line worth saying (not the banner), or "no message"."""
+        return self._lines[-1] if self._lines else "no message"
+
+    def feed(self, data: bytes) -> None:
+        """Take the next bytes of its stderr."""
+        *lines, partial = (self._partial + data).split(b"\n")
+        # A line never ended is cut, not kept growing.
+        self._partial = partial[-_ARECORD_LINE_CHARS:]
+        for raw in lines:
+            line = raw.decode(errors="replace").strip()[:_ARECORD_LINE_CHARS]
+            found = _RATE_WARNING.search(line)
+            if found is not None:
+                self.got_rate = int(found["got"])
+            # Its banner ("Recording raw data 'stdin' : ...") says nothing of a failure.
+            if line and not line.startswith("Recording "):
+                self._lines.append(line)
+
+
 class MicSource:
     """Live audio from `arecord`, buffered by a reader thread in a ring buffer."""
 
-    def __init__(self, device: str, sample_rate: int, hop: int, stall_timeout_s: float) -> None:
+    def __init__(
+        self,
+        device: str,
+        sample_rate: int,
+        hop: int,
+        stall_timeout_s: float,
+        on_live: Callable[[], object] | None = None,
+    ) -> None:
         """Start arecord.
+
+        Args:
+            device: the ALSA PCM.
+            sample_rate: Hz.
+            hop: samples per chunk.
+            stall_timeout_s: how long `read` waits for audio before it fails.
+            on_live: called once, on the reading thread, as the first chunk is read:
+                the agent's outage record, which logs `source_recovered` for a mic that
+                came back.
 
         Raises:
             SourceError: arecord is not installed or cannot be started.
@@ -256,22 +325,28 @@ class MicSource:
         self._rate = sample_rate
         self._hop = hop
         self._stall_s = stall_timeout_s
+        self._on_live = on_live
+        self._overrun_said = Throttle(_OVERRUN_LOG_EVERY_S)
         self._ring = RingBuffer(max(hop, int(sample_rate * _MIC_BUFFER_S)))
         self._cond = threading.Condition()
         self._index = 0
         self._ended = False
         self._closed = False
-        # A file, not a pipe: nobody has to drain it while arecord runs.
-        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (lives until close())
-        # An argv, never a shell; the device cannot start with '-' (`is_alsa_device`).
-        cmd = [exe, "-q", "-D", device, "-f", "S16_LE", "-c", "1", "-r", str(sample_rate)]
+        self._said = ArecordLog()
+        # An argv, never a shell; the device cannot start with '-' (`is_alsa_device`). Not
+        # `-q`: that hid the warning that the device records at another rate (ArecordLog).
+        cmd = [exe, "-D", device, "-f", "S16_LE", "-c", "1", "-r", str(sample_rate)]
         cmd += ["-t", "raw"]
         try:
             self._proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                # Its messages untranslated, so the rate warning is found in any locale.
+                env={**os.environ, "LC_ALL": "C"},
             )
         except OSError as exc:
-            self._stderr.close()
             raise SourceError(
                 f"cannot start {exe}: {exc.strerror}", fix=_ARECORD_FIX, code="source.unreachable"
             ) from None
@@ -280,18 +355,45 @@ class MicSource:
 
     @property
     def dropped(self) -> int:
-        """Samples lost because the consumer fell more than the buffer behind."""
-        return self._ring.overwritten
+        """Windows lost because the consumer fell more than the buffer behind, rounded up."""
+        return -(-self._ring.overwritten // self._hop)
 
     def _pump(self) -> None:
+        # One thread reads both pipes, so a chatty arecord never blocks on a full stderr.
         assert self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
+        assert self._proc.stderr is not None
+        out, err = self._proc.stdout.fileno(), self._proc.stderr.fileno()
+        with selectors.DefaultSelector() as pipes:
+            pipes.register(out, selectors.EVENT_READ)
+            pipes.register(err, selectors.EVENT_READ)
+            self._pump_pipes(pipes, out, err)
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def _pump_pipes(self, pipes: selectors.BaseSelector, out: int, err: int) -> None:
         carry = b""
-        while True:
-            # os.read returns what the pipe holds now instead of waiting for a full block.
-            data = os.read(fd, 8192)
+        said = 0  # samples lost by the last mic_overrun line
+        while pipes.get_map():
+            # Once its audio has ended, its last words are waited for only so long.
+            ready = {key.fd for key, _ in pipes.select(None if out in pipes.get_map() else _STOP_S)}
+            if not ready:
+                return
+            # stderr first: arecord warns of the rate it got before it sends any audio.
+            if err in ready:
+                # os.read returns what the pipe holds now instead of waiting for a block.
+                text = os.read(err, 4096)
+                if not text:
+                    pipes.unregister(err)
+                self._said.feed(text or b"\n")  # a last line left unended is a line
+                if self._said.got_rate is not None:
+                    return  # its audio is at another rate: none of it is taken
+            if out not in ready:
+                continue
+            data = os.read(out, 8192)
             if not data:
-                break
+                pipes.unregister(out)
+                continue
             data = carry + data
             # S16 samples are 2 bytes; a read can end halfway through one.
             usable = len(data) - len(data) % 2
@@ -300,12 +402,19 @@ class MicSource:
             with self._cond:
                 before = self._ring.overwritten
                 self._ring.write(samples)
-                if self._ring.overwritten > before and before == 0:
-                    log_event(log, logging.WARNING, "mic_overrun", device=self._device)
+                lost = self._ring.overwritten
                 self._cond.notify()
-        with self._cond:
-            self._ended = True
-            self._cond.notify_all()
+            # Said at most once a minute, with the audio lost since: said once for the
+            # source's life, the overruns after the first left no trace in the journal.
+            if lost > before and self._overrun_said.ready():
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "mic_overrun",
+                    device=self._device,
+                    lost_s=round((lost - said) / self._rate, 2),
+                )
+                said = lost
 
     def read(self) -> AudioChunk | None:
         """The next `hop` samples; None once closed.
@@ -334,10 +443,22 @@ class MicSource:
             samples=samples,
             read_s=time.perf_counter() - start,
         )
+        if self._index == 0 and self._on_live is not None:
+            # Each retry of a lost mic is a new source: its first chunk is the mic's return.
+            self._on_live()
         self._index += 1
         return chunk
 
     def _failure(self) -> SourceError:
+        got = self._said.got_rate
+        if got is not None:
+            plug = f"plug{self._device}" if self._device.startswith("hw:") else "plughw:N,M"
+            return SourceError(
+                f"ALSA device {self._device!r} records at {got} Hz, not the {self._rate} Hz "
+                "the model takes (arecord: rate is not accurate)",
+                fix=f"{_PLUG_FIX}: give {plug}, which converts the rate, or default",
+                code="source.unreachable",
+            )
         if not self._ended:
             return SourceError(
                 f"no audio from ALSA device {self._device!r} for {self._stall_s:g} s",
@@ -349,12 +470,10 @@ class MicSource:
             code: int | str = self._proc.wait(timeout=_STOP_S)
         except subprocess.TimeoutExpired:
             code = "unknown (closed its output)"
-        self._stderr.seek(0)
-        lines = self._stderr.read().decode(errors="replace").strip().splitlines()
-        why = lines[-1] if lines else "no message"
         return SourceError(
-            f"arecord exited with code {code} on device {self._device!r}: {why}",
-            fix=f"check the device with `arecord -l`; if arecord is missing, {_ARECORD_FIX}",
+            f"arecord exited with code {code} on device {self._device!r}: {self._said.last}",
+            fix="check the device with `arecord -l`; "
+            f"{_PLUG_FIX} ({self._rate} Hz mono S16_LE is asked): give plughw:N,M or default",
             code="source.failed",
         )
 
@@ -372,18 +491,24 @@ class MicSource:
             self._proc.kill()
             self._proc.wait()
         self._thread.join(timeout=_STOP_S)
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
-        self._stderr.close()
+        for pipe in (self._proc.stdout, self._proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
-def open_audio_source(spec: AudioSourceSpec, sample_rate: int, hop: int) -> AudioSource:
+def open_audio_source(
+    spec: AudioSourceSpec,
+    sample_rate: int,
+    hop: int,
+    on_live: Callable[[], object] | None = None,
+) -> AudioSource:
     """Open the audio source a spec describes, delivering `hop` new samples per chunk.
 
     Args:
         spec: which source.
         sample_rate: the model's rate, Hz; files are resampled to it, mics record at it.
         hop: new samples per chunk.
+        on_live: for a mic, called as its first chunk is read (`MicSource`).
 
     Raises:
         SourceError: the file is missing or broken, or arecord is missing.
@@ -392,4 +517,4 @@ def open_audio_source(spec: AudioSourceSpec, sample_rate: int, hop: int) -> Audi
         raise ValueError(f"sample_rate and hop must be positive; got {sample_rate}, {hop}")
     if isinstance(spec, WavSourceSpec):
         return WavSource(spec.path, sample_rate, hop)
-    return MicSource(spec.device, sample_rate, hop, spec.stall_timeout_s)
+    return MicSource(spec.device, sample_rate, hop, spec.stall_timeout_s, on_live)

@@ -91,6 +91,12 @@ class AudioSource(Protocol):
         """Release the device or file; safe to call twice."""
         ...
 
+    @property
+    def dropped(self) -> int:
+        """Windows of audio discarded so far because the consumer was slower than a live
+        source (rounded up: a part of a window lost damages the window)."""
+        ...
+
 
 class Event(BaseModel):
     """Something that happened once: a label appeared or went, a source failed."""

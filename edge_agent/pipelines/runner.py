@@ -114,7 +114,9 @@ class PipelineHandle:
                         code="model.incompatible",
                     )
                 head = vad_config(resolved.manifest)
-                audio = open_audio_source(source_spec, head.sample_rate, head.window)
+                audio = open_audio_source(
+                    source_spec, head.sample_rate, head.window, on_live=self._on_live
+                )
                 self._open_sinks(extra_sinks, audio)
                 self.pipeline: VisionPipeline | AudioPipeline = AudioPipeline(
                     spec.id,

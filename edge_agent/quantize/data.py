@@ -102,7 +102,7 @@ def load_clips(path: Path, rate: int) -> list[npt.NDArray[np.float32]]:
     clips = []
     for file in files:
         try:
-            samples, source_rate = read_wav(file)
+            samples, source_rate = read_wav(file, rate)
         except (WavError, OSError) as exc:
             raise EdgeAgentError(
                 f"cannot read {file}: {exc}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import stat
@@ -19,15 +20,22 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from edge_agent.catalog.catalog import default_models_dir
+from edge_agent.agent.outage import SourceOutage
+from edge_agent.catalog.catalog import Catalog, default_models_dir
+from edge_agent.errors import EdgeAgentError
+from edge_agent.heads.base import SpeechSegment
 from edge_agent.heads.vad import VadConfig
 from edge_agent.infer import read_audio
 from edge_agent.pipelines import audio as audio_module
+from edge_agent.pipelines import audio_sources
 from edge_agent.pipelines.audio import AudioPipeline
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSource, open_audio_source
 from edge_agent.pipelines.base import AudioChunk, AudioSource, FrameResult, Sink
 from edge_agent.pipelines.events import EventRule, EventTracker
+from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.sinks import CallbackSink
+from edge_agent.pipelines.spec import ModelRef, PipelineSpec
+from edge_agent.runtime.pool import ModelPool
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 from tests.cli_kit import edge_agent_cli
 from tests.conftest import CompileFn, espeak, write_wav
@@ -183,6 +191,8 @@ def test_end_of_stream_lets_a_departure_finish(clip: Clip, compiled: CompileFn) 
 class StuckSource:
     """Three windows of quiet, then a read that never returns and a close that hangs."""
 
+    dropped = 0
+
     def __init__(self) -> None:
         self.released = threading.Event()
         self._given = 0
@@ -330,3 +340,134 @@ def test_a_stuck_vad_engine_ends_the_pipeline_with_an_error(
     assert kinds[-1] == "pipeline_error"
     time.sleep(0.2)  # the released run returns into a pipeline that sends nothing more
     assert [e.kind for r in seen for e in r.events] == kinds
+
+
+class FailingVad:
+    """The real compiled VAD, whose run `fail_at` raises as an engine does when its device
+    goes away mid-stream."""
+
+    def __init__(self, real: Any, fail_at: int) -> None:
+        self.report = real.report
+        self._real = real
+        self._fail_at = fail_at
+        self.runs = 0
+
+    def infer(self, inputs: Any) -> Any:
+        self.runs += 1
+        if self.runs == self._fail_at:
+            raise EdgeAgentError(
+                "the GPU engine failed: device lost", "restart the box", code="inference.failed"
+            )
+        return self._real.infer(inputs)
+
+
+def test_an_engine_error_mid_speech_fails_the_pipeline_and_closes_what_is_open(
+    clip: Clip, compiled: CompileFn
+) -> None:
+    # Raised out of run() as a bug, it was an "internal" crash the agent never retried,
+    # and the open segment and the "appeared" it never paired with "gone" were lost.
+    model, resolved = compiled("vad-silero", hint="latency")
+    start, end = clip.speech[0]
+    fail_at = int((start + end) / 2 / WINDOW_S)  # well inside the first utterance
+    seen: list[FrameResult] = []
+    audio = AudioPipeline(
+        "vad",
+        WavSource(clip.path, RATE, HEAD.window),
+        FailingVad(model, fail_at),  # type: ignore[arg-type]
+        resolved.manifest,
+        [CallbackSink(seen.append)],
+        PipelineTelemetry("vad"),
+        EventTracker([EventRule(name="talk", label="speech", gone_after_s=0.0)]),
+    )
+    stats = audio.run()
+    assert audio.error is not None
+    assert audio.error.code == "inference.failed"
+    assert stats.frames == fail_at - 1
+    assert stats.frame_failures == 1
+    kinds = [e.kind for r in seen for e in r.events]
+    assert kinds == ["appeared", "gone", "pipeline_error"], kinds
+    segments = [s for r in seen for s in r.results if isinstance(s, SpeechSegment)]
+    assert len(segments) == 1
+    assert abs(segments[0].start - start) <= TOLERANCE_S
+    assert segments[0].end == pytest.approx((fail_at - 1) * WINDOW_S)
+
+
+def test_a_mic_that_comes_back_ends_its_outage_in_the_journal(
+    clip: Clip,
+    catalog: Catalog,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Only video sources told the agent's outage record they were live again: a USB mic
+    # unplugged and back was retried and ran, but its loss never ended in the journal.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    raw = tmp_path / "speech.raw"
+    audio = read_audio(clip.path, RATE)
+    raw.write_bytes((audio[: RATE // 2] * 32767).astype("<i2").tobytes())
+    script = bin_dir / "arecord"
+    script.write_text(f"#!/bin/sh\ncat {raw}\n")  # half a second of audio, then it ends
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    outage = SourceOutage("ears")
+    outage.lost("source.failed")  # the last run's mic went away; this run is the retry
+    spec = PipelineSpec(
+        id="ears", model=ModelRef(name="vad-silero"), source=MicSourceSpec(), sinks=[]
+    )
+    pool = ModelPool(catalog)
+    handle = PipelineHandle(spec, pool, on_live=outage.live)
+    try:
+        with caplog.at_level(logging.WARNING, logger="edge_agent.agent"):
+            stats = handle.run()
+    finally:
+        handle.close()
+    assert stats.frames == RATE // 2 // HEAD.window
+    recovered = [r for r in caplog.records if getattr(r, "event", None) == "source_recovered"]
+    assert len(recovered) == 1
+    assert recovered[0].fields["pipeline"] == "ears"  # type: ignore[attr-defined]
+    assert recovered[0].fields["code"] == "source.failed"  # type: ignore[attr-defined]
+    assert outage.live() is None  # the outage is closed: the next return says nothing
+
+
+def test_mic_overruns_are_counted_as_dropped_windows_and_said(
+    compiled: CompileFn,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The mic keeps 10 s; a sink that holds the first window while 20 s arrive loses about
+    # 10 s of it. That loss was in no counter: `dropped` stayed 0 in the summary and the
+    # heartbeat.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    raw = tmp_path / "quiet.raw"
+    sent = 20 * RATE // HEAD.window  # whole windows
+    raw.write_bytes(bytes(2 * sent * HEAD.window))
+    script = bin_dir / "arecord"
+    script.write_text(f"#!/bin/sh\ncat {raw}\ntouch {bin_dir}/sent\nexec sleep 60\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def hold_the_first(result: FrameResult) -> None:
+        deadline = time.monotonic() + 10
+        while result.frame == 0 and not (bin_dir / "sent").exists():
+            assert time.monotonic() < deadline, "the fake arecord never sent its audio"
+            time.sleep(0.01)
+        time.sleep(0.1 if result.frame == 0 else 0)  # its last write reaches the ring
+
+    # Each overrunning write said, as the minute's throttle would over a longer outage:
+    # said once for the source's life, the overruns after the first went unsaid.
+    monkeypatch.setattr(audio_sources, "_OVERRUN_LOG_EVERY_S", 0.0)
+    source = open_audio_source(MicSourceSpec(stall_timeout_s=0.5), RATE, HEAD.window)
+    audio = pipeline(compiled, source, hold_the_first)
+    with caplog.at_level(logging.WARNING, logger="edge_agent.pipelines"):
+        stats = audio.run()  # ends when the mic stalls, after what there was
+    assert audio.error is not None
+    assert "no audio" in audio.error.problem
+    assert stats.dropped > sent // 3
+    assert stats.frames + stats.dropped + stats.dropped_on_stop == sent
+    overruns = [r for r in caplog.records if getattr(r, "event", None) == "mic_overrun"]
+    assert len(overruns) > 1
+    lost_s = sum(float(getattr(r, "fields", {})["lost_s"]) for r in overruns)
+    assert lost_s == pytest.approx(stats.dropped * WINDOW_S, abs=WINDOW_S + 0.01 * len(overruns))

@@ -6,9 +6,12 @@ a shell script that records its arguments and `cat`s raw S16 samples of a sine.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import struct
 import time
+import tracemalloc
 import wave
 from pathlib import Path
 
@@ -158,6 +161,32 @@ def test_a_wav_source_on_a_device_is_refused_as_invalid_input(tmp_path: Path) ->
     with pytest.raises(EdgeAgentError, match="character device, not a regular file") as caught:
         open_audio_source(WavSourceSpec(path=Path("/dev/null")), RATE, HOP)
     assert caught.value.code == "input.invalid"
+
+
+def test_a_low_rate_wav_under_the_file_cap_is_refused_before_it_is_decoded(
+    tmp_path: Path,
+) -> None:
+    # 17 MiB of 1 kHz 8-bit mono is 285 million samples at 16 kHz: decoded and resampled,
+    # 1.1 GiB and half a minute of CPU; at the 512 MiB file cap, 40 GiB and the OOM killer,
+    # in the agent's start or restore of the spec.
+    size = 17 << 20
+    fmt = struct.pack("<HHIIHH", 1, 1, 1000, 1000, 1, 8)
+    header = b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", size)
+    low = tmp_path / "low.wav"
+    with low.open("wb") as f:
+        f.write(b"RIFF" + struct.pack("<I", len(header) + size) + header)
+        f.truncate(f.tell() + size)  # sparse: the data chunk is all there, as silence
+    tracemalloc.start()
+    try:
+        with pytest.raises(EdgeAgentError, match=r"samples at 16000 Hz, over the") as caught:
+            open_audio_source(WavSourceSpec(path=low), RATE, HOP)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.code == "input.invalid"
+    assert str(low) in caught.value.problem
+    assert "sox" in caught.value.fix
+    assert peak < size + (4 << 20), f"{peak >> 20} MiB held to refuse it"
 
 
 def fake_arecord(bin_dir: Path, raw: Path, tail: str) -> Path:
@@ -320,3 +349,87 @@ def test_a_mic_spec_whose_device_runs_a_shell_command_is_refused_naming_the_fiel
         MicSource(device, RATE, HOP, 1.0)
     assert not (bin_dir / "args").exists()
     assert not proof.exists()
+
+
+def test_a_mic_says_it_is_live_once_as_its_first_chunk_is_read(
+    tmp_path: Path, tone_raw: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = fake_arecord(tmp_path / "bin", tone_raw, "exec sleep 60")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    calls: list[int] = []
+    source = open_audio_source(MicSourceSpec(), RATE, HOP, on_live=lambda: calls.append(1))
+    try:
+        time.sleep(0.2)  # arecord has sent its audio: read, not sent, is what counts
+        assert calls == []
+        assert source.read() is not None
+        assert calls == [1]
+        for _ in range(14):
+            assert source.read() is not None
+        assert calls == [1]
+    finally:
+        source.close()
+
+
+# What arecord 1.2 prints without -q on a raw device fixed at 48 kHz (alsa-utils aplay.c).
+BANNER = "Recording raw data 'stdin' : Signed 16 bit Little Endian, Rate 16000 Hz, Mono"
+RATE_WARNING = (
+    "Warning: rate is not accurate (requested = 16000Hz, got = 48000Hz)\n"
+    "         please, try the plug plugin "
+)
+
+
+def test_a_mic_that_records_at_another_rate_is_refused_naming_plughw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # With -q arecord kept quiet and recorded at 48 kHz, and the VAD took it for 16 kHz:
+    # speech three times slower, every timestamp three times too fast, nothing said.
+    raw = tmp_path / "at48k.raw"
+    raw.write_bytes(s16(sine(1000, 0.5, 48000)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "arecord"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" > {bin_dir}/args\n'
+        # Quiet mode says nothing, as arecord's does.
+        'case " $* " in *" -q "*) ;; *) '
+        f"""printf '%s\\n%s\\n' "{BANNER}" "{RATE_WARNING}" >&2;; esac\n"""
+        f"cat {raw}\nexec sleep 60\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    source = open_audio_source(MicSourceSpec(device="hw:1,0", stall_timeout_s=2), RATE, HOP)
+    try:
+        with caplog.at_level(logging.DEBUG), pytest.raises(SourceError) as caught:
+            source.read()
+    finally:
+        source.close()
+    assert "records at 48000 Hz, not the 16000 Hz" in caught.value.problem
+    assert "plughw:1,0" in caught.value.fix
+    assert caught.value.code == "source.unreachable"
+    assert "-q" not in (bin_dir / "args").read_text().split()
+    assert not [r for r in caplog.records if "Recording" in r.getMessage()]  # no chatter
+
+
+def test_arecord_chatter_on_stderr_never_blocks_the_audio(
+    tmp_path: Path, tone_raw: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pipe nobody drained would hold arecord at its 64 KiB: the audio would stall.
+    chatter = tmp_path / "chatter.txt"
+    chatter.write_text("overrun!!! (at least 1.234 ms long)\n" * 10_000)  # 350 KB
+    bin_dir = fake_arecord(
+        tmp_path / "bin",
+        tone_raw,
+        f"cat {chatter} >&2\ncat {tone_raw}\n"
+        'echo "arecord: pcm_read:2221: read error: No such device" >&2\nexit 1',
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    source = open_audio_source(MicSourceSpec(stall_timeout_s=2), RATE, HOP)
+    try:
+        for _ in range(31):  # the tone twice, around the chatter: 31 whole hops
+            assert source.read() is not None
+        with pytest.raises(SourceError, match=r"code 1.*read error: No such device") as caught:
+            source.read()
+    finally:
+        source.close()
+    assert "plughw" in caught.value.fix

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from edge_agent.catalog.catalog import Catalog, default_models_dir
-from edge_agent.catalog.manifest import ImageInput, Manifest, load_manifest
+from edge_agent.catalog.manifest import AudioInput, ImageInput, Manifest, load_manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.infer import read_input
 
@@ -292,4 +292,44 @@ def test_an_audio_model_rate_no_wav_reader_takes_is_refused(tmp_path: Path, rate
     path = tmp_path / "vad.toml"
     path.write_text(text.replace("sample_rate = 16000", f"sample_rate = {rate}"))
     with pytest.raises(EdgeAgentError, match=r"invalid at input\.audio\.sample_rate"):
+        load_manifest(path)
+
+
+def _vad_without_head_rate(tmp_path: Path, *changes: tuple[str, str]) -> Path:
+    """vad-silero's manifest as a custom one is written: the head's rate left to its default."""
+    text = VAD_TOML.read_text(encoding="utf-8")
+    head = text.index("[head]")
+    text = text[:head] + text[head:].replace("sample_rate = 16000\n", "", 1)
+    for old, new in changes:
+        assert old in text
+        text = text.replace(old, new, 1)
+    path = tmp_path / "vad.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_vad_whose_input_and_head_disagree_is_refused_naming_both(tmp_path: Path) -> None:
+    # `infer` and calibration read audio at the input's rate, the pipeline at the head's:
+    # an 8 kHz model ran on 16 kHz audio in one of them, and the manifest validated.
+    assert load_manifest(_vad_without_head_rate(tmp_path)).input == AudioInput(
+        name="input", sample_rate=16000
+    )
+    eight_k = _vad_without_head_rate(tmp_path, ("sample_rate = 16000", "sample_rate = 8000"))
+    with pytest.raises(
+        EdgeAgentError, match=r"input\.sample_rate \(8000\) and head\.sample_rate \(16000\)"
+    ) as caught:
+        load_manifest(eight_k)
+    assert caught.value.code == "config.invalid"
+    renamed = _vad_without_head_rate(tmp_path, ('name = "input"', 'name = "audio"'))
+    with pytest.raises(
+        EdgeAgentError, match=r"input\.name \('audio'\) and head\.audio_input \('input'\)"
+    ):
+        load_manifest(renamed)
+
+
+def test_a_vad_context_longer_than_its_window_is_refused(tmp_path: Path) -> None:
+    # The pipeline carries context from the last window alone: its inputs came out shorter
+    # than `infer`'s and than the model's static [1, 576].
+    path = _vad_without_head_rate(tmp_path, ("context = 64", "context = 600"))
+    with pytest.raises(EdgeAgentError, match=r"head.*context \(600\) is more than its window"):
         load_manifest(path)

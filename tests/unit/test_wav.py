@@ -24,6 +24,7 @@ from edge_agent.audio.wav import (
     MAX_WAV_FILE_BYTES,
     MIN_RATE,
     WavError,
+    WavTooLongError,
     decode_wav,
     load_wav,
     parse_wav,
@@ -361,3 +362,31 @@ def test_a_wav_over_the_cap_is_refused_without_reading_it(tmp_path: Path) -> Non
     assert caught.value.code == "input.invalid"
     assert "sox" in caught.value.fix
     assert peak < 1 << 20, f"{peak >> 20} MiB held to refuse it"
+
+
+def test_the_sample_bound_counts_channels_and_the_rate_resampled_to() -> None:
+    data = riff(fmt_chunk(1, 2, 8000, 16), chunk(b"data", bytes(4 * 100)))  # 100 frames
+    assert decode_wav(data, 16000, max_samples=200).samples.shape == (100, 2)
+    with pytest.raises(WavTooLongError, match=r"200 samples \(2 channels\), over the 199"):
+        decode_wav(data, 8000, max_samples=199)
+    with pytest.raises(WavTooLongError, match=r"201 samples at 16080 Hz, over the 200"):
+        decode_wav(data, 16080, max_samples=200)
+    assert decode_wav(data, None, max_samples=200).rate == 8000
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4])
+def test_integer_pcm_decodes_to_the_exact_quotient(width: int) -> None:
+    # The decode runs in float32 to halve its peak; the samples are the float64 quotient's.
+    rng = np.random.default_rng(width)
+    raw = rng.integers(0, 256, 3 * width * 1000, dtype=np.uint8)
+    raw[: 2 * width] = [0] * width + [255] * width  # the extremes
+    data = riff(fmt_chunk(1, 3, 16000, 8 * width), chunk(b"data", raw.tobytes()))
+    got = decode_wav(data).samples.ravel()
+    if width == 1:
+        want = (raw.astype(np.float64) - 128) / 128
+    else:
+        words = raw.reshape(-1, width)
+        ints = sum(words[:, k].astype(np.int64) << (8 * k) for k in range(width))
+        ints = np.where(ints >= 1 << (8 * width - 1), ints - (1 << (8 * width)), ints)
+        want = ints / float(1 << (8 * width - 1))
+    np.testing.assert_array_equal(got, want.astype(np.float32))
