@@ -37,6 +37,8 @@ class JobContext:
     _cancel: threading.Event = field(default_factory=threading.Event)
     _committed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _expired: float | None = None
+    """The deadline, in seconds, once the job ran past it (`expire`)."""
 
     @classmethod
     def detached(cls) -> JobContext:
@@ -54,9 +56,26 @@ class JobContext:
         return self._cancel
 
     def check(self) -> None:
-        """Raise command.cancelled if cancel was asked for; call between steps."""
-        if self._cancel.is_set():
-            raise EdgeAgentError("cancelled", code="command.cancelled")
+        """Raise command.cancelled if cancel was asked for, or the deadline passed; call
+        between steps."""
+        if not self._cancel.is_set():
+            return
+        if self._expired is not None:
+            # Said as what it was: a bare "cancelled" answered a console that asked for no
+            # cancel, and the operator took it for someone else's.
+            raise EdgeAgentError(
+                f"cancelled: ran past the agent's job deadline of {self._expired:g} s, and "
+                "the next job has started",
+                "give it less to do (fewer samples, a recipe without accuracy control for a "
+                "calibration), then send it again",
+                code="command.cancelled",
+            )
+        raise EdgeAgentError("cancelled", code="command.cancelled")
+
+    def expire(self, deadline_s: float) -> None:
+        """Stop the job at its next check, saying it ran past `deadline_s`."""
+        self._expired = deadline_s
+        self._cancel.set()
 
     def commit(self) -> None:
         """Pass the point of no return: call right before the first lasting change.
@@ -159,7 +178,7 @@ class Jobs:
             log_event(
                 log, logging.ERROR, "job_deadline", command_id=job.id, deadline_s=self.deadline_s
             )
-            job.context.cancel_event.set()
+            job.context.expire(self.deadline_s)
             self._running = None
             self._worker = None
             if self._queue:

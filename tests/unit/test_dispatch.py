@@ -316,8 +316,14 @@ def test_a_stuck_job_past_its_deadline_does_not_block_the_next() -> None:
     done: list[str] = []
     hang = threading.Event()
 
+    said: list[str] = []
+
     def stuck(job: JobContext) -> None:
         hang.wait(10)
+        try:
+            job.check()
+        except EdgeAgentError as exc:
+            said.append(f"{exc.code}: {exc.problem}")
 
     jobs.start("stuck", stuck, lambda s, f: None)
     jobs.start("next", lambda job: done.append("next"), lambda s, f: None)
@@ -327,6 +333,15 @@ def test_a_stuck_job_past_its_deadline_does_not_block_the_next() -> None:
     hang.set()
     assert done == ["next"]
     jobs.join(1.0)
+    # Its next check says why it must stop: a bare "cancelled" answered a console that
+    # had asked for no cancel.
+    deadline = time.monotonic() + 3
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert said == [
+        "command.cancelled: cancelled: ran past the agent's job deadline of 0.2 s, and the next "
+        "job has started"
+    ]
 
 
 def test_a_duplicate_of_a_running_command_is_told_it_runs_and_runs_once(
