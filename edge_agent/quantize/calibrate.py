@@ -33,7 +33,7 @@ from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import ImageInput
 from edge_agent.errors import EdgeAgentError
 from edge_agent.quantize.recipe import CalibrationReport, Precision, Recipe, Rung, RungResult
-from edge_agent.quantize.tasks import Inputs, Outputs, Task, build_task
+from edge_agent.quantize.tasks import Inputs, Outputs, Task, build_task, non_finite
 from edge_agent.runtime.devices import is_present, parse_request
 
 log = logging.getLogger(__name__)
@@ -219,17 +219,20 @@ class Calibrator:
         )  # fmt: skip
         self.progress("reference (fp32)", 0.0)
         self.reference = self.task.run(_runner(compiled), self.task.holdout)
+        self.task.require_evidence(self.reference)
         self.samples = min(
             recipe.subset_size or len(self.task.calibration), len(self.task.calibration)
         )
 
-    def evaluate(self, model: ov.Model, precision: Precision | None) -> tuple[float, str]:
+    def evaluate(self, model: ov.Model, precision: Precision | None) -> tuple[float, str, int]:
         """Score `model` as it will serve: on the serving device, at `precision` (None:
-        the device default). Returns the score and the precision the device really used."""
+        the device default). Returns the score, the precision the device really used and
+        how many held-out items it answered with NaN or inf (each fails the rung)."""
         config = {} if precision is None else {"INFERENCE_PRECISION_HINT": precision}
         compiled = self.core.compile_model(model, self.device, config)
         outputs = self.task.run(_runner(compiled), self.task.holdout)
-        return self.task.score(self.reference, outputs), _precision_of(compiled)
+        broken = non_finite(self.reference, outputs)
+        return self.task.score(self.reference, outputs), _precision_of(compiled), broken
 
     def compress(self, rung: Rung) -> ov.Model:
         r = self.recipe
@@ -317,7 +320,7 @@ class Calibrator:
         self, rung: Rung, model: ov.Model, precision: Precision | None, started: float,
         floor: str = "",
     ) -> RungResult:  # fmt: skip
-        score, used = self.evaluate(model, precision)
+        score, used, broken = self.evaluate(model, precision)
         drop = 1.0 - score
         passed = bool(floor) or drop <= self.recipe.max_drop + 1e-9
         verdict = "within" if drop <= self.recipe.max_drop + 1e-9 else "exceeds"
@@ -325,6 +328,8 @@ class Calibrator:
             f"{self.task.metric} {score:.4f} at {used} on {self.device}: drop {drop:.4f} "
             f"{verdict} max_drop {self.recipe.max_drop}"
         )
+        if broken:
+            reason += f" (NaN or inf in {broken} of {len(self.reference)} held-out outputs)"
         if floor:
             reason = f"{floor} at f32 ({reason})"
         log.info(

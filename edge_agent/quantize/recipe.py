@@ -16,7 +16,7 @@ Rung = Literal[
 """bf16 and f16 are the uncompressed model at the device's default precision."""
 Precision = Literal["f32", "bf16", "f16"]
 MetricChoice = Literal[
-    "auto", "detection-f1", "top1-agreement", "text-mask-f1", "frame-agreement", "cosine"
+    "auto", "detection-f1", "top1-agreement", "text-mask-f1", "speech-balanced-accuracy", "cosine"
 ]
 
 
@@ -75,6 +75,16 @@ class Recipe(_Strict):
         "compiles the model once per layer group (minutes on a 2-core box). fp32, the floor, "
         "cannot be skipped.",
     )
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _no_plain_agreement(cls, metric: object) -> object:
+        if metric == "frame-agreement":
+            raise ValueError(
+                "frame-agreement (plain accuracy over windows) passed a VAD that never flags "
+                'speech on mostly silent audio; use "speech-balanced-accuracy" or "auto"'
+            )
+        return metric
 
     @field_validator("skip")
     @classmethod
