@@ -182,15 +182,6 @@ def quiet_nncf() -> Iterator[None]:
         logger.setLevel(level)
 
 
-_NNCF_FAILURES = (
-    nncf.InternalError,
-    nncf.ValidationError,
-    nncf.ParameterNotSupportedError,
-    RuntimeError,
-    ValueError,
-)
-
-
 class Calibrator:
     """One calibration run: the FP32 reference, then the rungs."""
 
@@ -290,21 +281,25 @@ class Calibrator:
         for index, rung in enumerate(rungs[:-1]):
             self.progress(f"rung {rung}", index / len(rungs))
             started = time.perf_counter()
-            if rung in ("bf16", "f16"):
-                model = self.fp32  # no compression: FP32 weights at the device's default
-            else:
-                try:
-                    with quiet_nncf():
-                        model = self.compress(rung)
-                except _SkipError as skip:
-                    results.append(_failed(rung, f"skipped: {skip}", 0.0))
-                    continue
-                except _NNCF_FAILURES as exc:
-                    # A rung NNCF cannot do on this model is a failed rung, not a failed run.
-                    reason = f"NNCF failed: {str(exc).splitlines()[0][:200]}"
-                    results.append(_failed(rung, reason, time.perf_counter() - started))
-                    continue
-            result = self._judge(rung, model, None, started)
+            try:
+                model, result = self._try(rung, started)
+            except _SkipError as skip:
+                results.append(_failed(rung, f"skipped: {skip}", 0.0))
+                continue
+            except EdgeAgentError:
+                raise  # a cancelled job, or the operator's to fix: the whole run stops
+            except Exception as exc:
+                # NNCF raises kinds of its own beyond its documented ones (weights-int4 on a
+                # layer 96 wide: InvalidGroupSizeError), and a GPU or NPU plugin may refuse
+                # to compile or run a compressed graph: each used to end the whole run, with
+                # a traceback, instead of stepping down to a safer rung.
+                log.debug(
+                    "event=calibrate_rung_failed model=%s rung=%s", self.resolved.manifest.name,
+                    rung, exc_info=True,
+                )  # fmt: skip
+                reason = f"failed: {type(exc).__name__}: {_first_line(exc)}"
+                results.append(_failed(rung, reason, time.perf_counter() - started))
+                continue
             results.append(result)
             if result.passed:
                 return Outcome(model, rung, result.reason, results, result.precision, None)
@@ -312,9 +307,29 @@ class Calibrator:
         # not quietly run it at a default precision the gate has just rejected.
         self.progress("rung fp32", (len(rungs) - 1) / len(rungs))
         why = "FP32 asked for" if not results else "no faster rung passed the gate; FP32 kept"
-        result = self._judge("fp32", self.fp32, "f32", time.perf_counter(), floor=why)
+        try:
+            result = self._judge("fp32", self.fp32, "f32", time.perf_counter(), floor=why)
+        except EdgeAgentError:
+            raise
+        except Exception as exc:
+            # The floor failing leaves nothing to ship: the run fails, as one line.
+            raise EdgeAgentError(
+                f"{self.resolved.manifest.name} at f32 fails on {self.device}: "
+                f"{type(exc).__name__}: {_first_line(exc)}",
+                "run `edge-agent doctor` to check the device, or calibrate for another --device",
+                "calibration.failed",
+            ) from exc
         results.append(result)
         return Outcome(self.fp32, "fp32", result.reason, results, result.precision, "f32")
+
+    def _try(self, rung: Rung, started: float) -> tuple[ov.Model, RungResult]:
+        """Make one rung's model and gate it; raises whatever failed on the way."""
+        if rung in ("bf16", "f16"):
+            model = self.fp32  # no compression: FP32 weights at the device's default
+        else:
+            with quiet_nncf():
+                model = self.compress(rung)
+        return model, self._judge(rung, model, None, started)
 
     def _judge(
         self, rung: Rung, model: ov.Model, precision: Precision | None, started: float,
@@ -345,6 +360,10 @@ class Calibrator:
             reason=reason,
             seconds=time.perf_counter() - started,
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
 
 
 def _failed(rung: Rung, reason: str, seconds: float) -> RungResult:
