@@ -65,6 +65,27 @@ def read_fp32(core: ov.Core, resolved: ResolvedModel) -> ov.Model:
     return model
 
 
+def refuse_calibrated(resolved: ResolvedModel) -> None:
+    """Refuse a model that is itself a calibration's output as the FP32 reference.
+
+    Its compressed weights would pass for FP32: every generation could lose another
+    max_drop against the one before while each report said the drop was small, and a
+    fallback to "fp32" would pin f32 on INT8 weights.
+
+    Raises:
+        EdgeAgentError: config.invalid, naming the model to calibrate instead.
+    """
+    done = resolved.manifest.quantization
+    if done is not None:
+        name = resolved.manifest.name
+        raise EdgeAgentError(
+            f"{name} at {resolved.path} is already calibrated ({done.mode}) and cannot be "
+            "the FP32 reference of another calibration",
+            f"calibrate the FP32 model it came from (--model {name}, or the original file)",
+            "config.invalid",
+        )
+
+
 def _runner(compiled: Any) -> Callable[[Inputs], Outputs]:
     request = compiled.create_infer_request()
     names = [(i, sorted(o.get_names())) for i, o in enumerate(compiled.outputs)]
@@ -189,6 +210,7 @@ class Calibrator:
         self, resolved: ResolvedModel, data: CalibrationData, recipe: Recipe, device: str,
         progress: Progress | None = None,
     ) -> None:  # fmt: skip
+        refuse_calibrated(resolved)
         self.resolved = resolved
         self.recipe = recipe
         self.progress = progress or (lambda stage, done: None)

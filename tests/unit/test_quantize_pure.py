@@ -14,12 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_agent.catalog.manifest import Manifest, load_manifest
+from edge_agent.catalog.catalog import ResolvedModel
+from edge_agent.catalog.manifest import Manifest, QuantizationInfo, load_manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Classification, Detection, Result
 from edge_agent.heads.vad import VadConfig
 from edge_agent.quantize.api import to_toml
-from edge_agent.quantize.calibrate import ladder
+from edge_agent.quantize.calibrate import CalibrationData, Calibrator, ladder
 from edge_agent.quantize.metrics import (
     cosine,
     detection_f1,
@@ -27,7 +28,7 @@ from edge_agent.quantize.metrics import (
     top1_agreement,
 )
 from edge_agent.quantize.output import begin_output, check_output, discard, publish
-from edge_agent.quantize.recipe import load_recipe
+from edge_agent.quantize.recipe import Recipe, load_recipe
 from edge_agent.quantize.tasks import Outputs, Task, auto_metric, build_task, non_finite
 from tests.conftest import REPO
 
@@ -324,3 +325,24 @@ def test_a_recipe_metric_that_does_not_fit_the_head_is_refused() -> None:
         build_task(manifest, frames, [], 0.3, "speech-balanced-accuracy", _no_runner, {})
     assert caught.value.code == "config.invalid"
     assert build_task(manifest, frames, [], 0.3, "cosine", _no_runner, {}).metric == "cosine"
+
+
+def test_a_calibrated_model_is_refused_as_the_fp32_reference(tmp_path: Path) -> None:
+    # A store's person-ssdlite-int8 became "FP32": metric_before 1.0 and precision_before
+    # f32 were false, and each generation could lose another max_drop.
+    manifest = load_manifest(REPO / "models" / "person-ssdlite.toml")
+    calibrated = manifest.model_copy(
+        update={
+            "format": "ir",
+            "quantization": QuantizationInfo(
+                mode="int8", metric="detection-f1", metric_before=1.0, metric_after=1.0,
+                max_drop=0.01, samples=21, speedup=1.8, report="model.report.json",
+            ),
+        }
+    )  # fmt: skip
+    resolved = ResolvedModel(manifest=calibrated, path=tmp_path / "model.xml")
+    frames = [np.zeros((120, 160, 3), dtype=np.uint8)] * 10
+    with pytest.raises(EdgeAgentError, match="already calibrated") as caught:
+        Calibrator(resolved, CalibrationData(frames, []), Recipe(), "CPU")
+    assert caught.value.code == "config.invalid"
+    assert "calibrate the FP32 model it came from (--model person-ssdlite" in caught.value.fix
