@@ -54,7 +54,12 @@ class Recipe(_Strict):
     )
     metric: MetricChoice = Field(default="auto", description="Gate metric; auto picks by head.")
     holdout: float = Field(
-        default=0.3, gt=0.0, lt=1.0, description="Fraction of samples held out for the gate."
+        default=0.3,
+        gt=0.0,
+        le=0.5,
+        description="Fraction of samples held out for the gate, at most half (the rest "
+        "calibrates). Frames are held out one in every round(1/holdout), so 0.4 holds out "
+        "half; WAV files are split whole, a single recording by its last part.",
     )
     ladder: bool = Field(
         default=True, description="On a failed gate, walk down to safer rungs, ending on FP32."

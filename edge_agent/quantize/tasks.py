@@ -238,7 +238,8 @@ def build_task(
     head = manifest.head
     assert isinstance(head, VadConfig)
     state_shape = input_shapes[head.state_in]
-    cut = max(1, round(len(clips) * (1 - holdout))) if len(clips) > 1 else 0
+    # At least one clip on each side: 4 WAVs at holdout 0.1 used to hold out none.
+    cut = min(len(clips) - 1, max(1, round(len(clips) * (1 - holdout))))
     calib = _recorded_windows(clips[:cut] if cut else clips, head, fp32, state_shape)
     held = [
         {head.audio_input: w[None]}

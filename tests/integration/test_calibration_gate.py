@@ -73,3 +73,13 @@ def test_an_nncf_error_fails_its_rung_and_the_ladder_goes_on(tmp_path: Path) -> 
     assert (first.rung, first.passed) == ("weights-int4", False)
     assert first.reason.startswith("failed: InvalidGroupSizeError: "), first.reason
     assert outcome.rung == "weights-int8"
+
+
+def test_four_recordings_at_a_small_holdout_keep_one_held_out(catalog: Catalog) -> None:
+    # 4 WAVs at holdout 0.1 held out none ("0 held-out samples ... give at least 4 frames"):
+    # one is held out, and the gate goes on to judge its 94 windows.
+    rng = np.random.default_rng(0)
+    hiss = [(rng.standard_normal(16000 * 3) * 1e-3).astype(np.float32) for _ in range(4)]
+    recipe = Recipe(holdout=0.1)
+    with pytest.raises(EdgeAgentError, match="FP32 flags 0 of the 94 held-out windows"):
+        Calibrator(catalog.resolve("vad-silero"), CalibrationData([], hiss), recipe, "CPU")

@@ -346,3 +346,13 @@ def test_a_calibrated_model_is_refused_as_the_fp32_reference(tmp_path: Path) -> 
         Calibrator(resolved, CalibrationData(frames, []), Recipe(), "CPU")
     assert caught.value.code == "config.invalid"
     assert "calibrate the FP32 model it came from (--model person-ssdlite" in caught.value.fix
+
+
+def test_a_holdout_above_half_is_refused_not_clamped(tmp_path: Path) -> None:
+    # holdout 0.8 split frames 5/5 (one in every two), silently.
+    path = tmp_path / "r.toml"
+    path.write_text("holdout = 0.8\n")
+    with pytest.raises(EdgeAgentError, match="invalid at holdout"):
+        load_recipe(path)
+    path.write_text("holdout = 0.5\n")
+    assert load_recipe(path).holdout == 0.5
