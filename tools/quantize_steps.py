@@ -158,7 +158,7 @@ def quantize_plain(name: str, data: Path, recipe_path: Path, folder: Path) -> Pl
             calibrator = Calibrator(resolved, CalibrationData(frames, []), recipe, "CPU")
             model = calibrator.compress("int8")
             # Scored as it will serve: the device default precision.
-            score, _ = calibrator.evaluate(model, None)
+            score, _, _ = calibrator.evaluate(model, None)
         fp32_ir = save_ir(calibrator.fp32, folder / "fp32")
         int8_ir = save_ir(model, folder / "int8")
     except Exception as exc:  # NNCF, OpenVINO and edge-agent each raise their own kinds

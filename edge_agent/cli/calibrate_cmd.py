@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from edge_agent.catalog.catalog import ResolvedModel
     from edge_agent.quantize.calibrate import Progress
     from edge_agent.quantize.recipe import CalibrationReport
+
+log = logging.getLogger(__name__)
 
 
 def register(commands: Any) -> None:
@@ -51,7 +54,9 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from edge_agent.cli import launch
     from edge_agent.cli.common import catalog, layout
+    from edge_agent.errors import EdgeAgentError
     from edge_agent.quantize.data import calibration_data, recipe_for, resolve_data
     from edge_agent.quantize.output import check_output
     from edge_agent.quantize.recipe import load_recipe
@@ -75,7 +80,22 @@ def run(args: argparse.Namespace) -> int:
         from edge_agent.quantize.api import calibrate
 
         data = calibration_data(source, resolved.manifest, recipe)
-        path, report = calibrate(resolved, data, recipe, out, args.device, _progress(resolved))
+        try:
+            path, report = calibrate(resolved, data, recipe, out, args.device, _progress(resolved))
+        except (EdgeAgentError, OSError):
+            raise
+        except Exception as exc:
+            if launch.signalled():
+                raise  # a Ctrl-C in disguise: run_command says so
+            # Every failure inside a rung only fails that rung; what reaches here is a bug
+            # outside the ladder, and an operator gets one line, not NNCF's stack.
+            log.debug("event=calibrate_failed model=%s", resolved.manifest.name, exc_info=True)
+            raise EdgeAgentError(
+                f"calibration of {resolved.manifest.name} failed: {type(exc).__name__}: "
+                f"{(str(exc).strip().splitlines() or [''])[0][:200]}",
+                "run again with -vv to log where, and report it as a bug",
+                "calibration.failed",
+            ) from exc
     if args.json:
         print(json.dumps(summary(report, path)), flush=True)
     else:

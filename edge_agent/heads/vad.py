@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Literal, Self
 
 import numpy as np
-import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_agent.audio.wav import MAX_RATE, MIN_RATE
@@ -256,24 +255,3 @@ class VadSegmenter:
             self._mark(padded_end, speaking=False)
         rate = self.config.sample_rate
         return [SpeechSegment(start=padded_start / rate, end=padded_end / rate)]
-
-
-def frame_agreement(
-    a: npt.NDArray[np.floating], b: npt.NDArray[np.floating], threshold: float
-) -> float:
-    """Fraction of windows where two probability streams agree on speech versus not.
-
-    Args:
-        a: speech probabilities, one per window.
-        b: the same windows scored by another model (say, a quantized one).
-        threshold: a window is speech at this probability or above.
-
-    Returns:
-        Agreement in [0, 1]; 1.0 for two empty streams.
-    """
-    pa, pb = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
-    if pa.shape != pb.shape:
-        raise ValueError(f"probability streams differ in length: {len(pa)} vs {len(pb)}")
-    if pa.size == 0:
-        return 1.0
-    return float(np.mean((pa >= threshold) == (pb >= threshold)))

@@ -33,7 +33,7 @@ from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import ImageInput
 from edge_agent.errors import EdgeAgentError
 from edge_agent.quantize.recipe import CalibrationReport, Precision, Recipe, Rung, RungResult
-from edge_agent.quantize.tasks import Inputs, Outputs, Task, build_task
+from edge_agent.quantize.tasks import Inputs, Outputs, Task, build_task, non_finite
 from edge_agent.runtime.devices import is_present, parse_request
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,27 @@ def read_fp32(core: ov.Core, resolved: ResolvedModel) -> ov.Model:
     if isinstance(spec, ImageInput):
         model.reshape({spec.name: ov.PartialShape(list(spec.shape))})
     return model
+
+
+def refuse_calibrated(resolved: ResolvedModel) -> None:
+    """Refuse a model that is itself a calibration's output as the FP32 reference.
+
+    Its compressed weights would pass for FP32: every generation could lose another
+    max_drop against the one before while each report said the drop was small, and a
+    fallback to "fp32" would pin f32 on INT8 weights.
+
+    Raises:
+        EdgeAgentError: config.invalid, naming the model to calibrate instead.
+    """
+    done = resolved.manifest.quantization
+    if done is not None:
+        name = resolved.manifest.name
+        raise EdgeAgentError(
+            f"{name} at {resolved.path} is already calibrated ({done.mode}) and cannot be "
+            "the FP32 reference of another calibration",
+            f"calibrate the FP32 model it came from (--model {name}, or the original file)",
+            "config.invalid",
+        )
 
 
 def _runner(compiled: Any) -> Callable[[Inputs], Outputs]:
@@ -182,15 +203,6 @@ def quiet_nncf() -> Iterator[None]:
         logger.setLevel(level)
 
 
-_NNCF_FAILURES = (
-    nncf.InternalError,
-    nncf.ValidationError,
-    nncf.ParameterNotSupportedError,
-    RuntimeError,
-    ValueError,
-)
-
-
 class Calibrator:
     """One calibration run: the FP32 reference, then the rungs."""
 
@@ -198,6 +210,7 @@ class Calibrator:
         self, resolved: ResolvedModel, data: CalibrationData, recipe: Recipe, device: str,
         progress: Progress | None = None,
     ) -> None:  # fmt: skip
+        refuse_calibrated(resolved)
         self.resolved = resolved
         self.recipe = recipe
         self.progress = progress or (lambda stage, done: None)
@@ -219,17 +232,20 @@ class Calibrator:
         )  # fmt: skip
         self.progress("reference (fp32)", 0.0)
         self.reference = self.task.run(_runner(compiled), self.task.holdout)
+        self.task.require_evidence(self.reference)
         self.samples = min(
             recipe.subset_size or len(self.task.calibration), len(self.task.calibration)
         )
 
-    def evaluate(self, model: ov.Model, precision: Precision | None) -> tuple[float, str]:
+    def evaluate(self, model: ov.Model, precision: Precision | None) -> tuple[float, str, int]:
         """Score `model` as it will serve: on the serving device, at `precision` (None:
-        the device default). Returns the score and the precision the device really used."""
+        the device default). Returns the score, the precision the device really used and
+        how many held-out items it answered with NaN or inf (each fails the rung)."""
         config = {} if precision is None else {"INFERENCE_PRECISION_HINT": precision}
         compiled = self.core.compile_model(model, self.device, config)
         outputs = self.task.run(_runner(compiled), self.task.holdout)
-        return self.task.score(self.reference, outputs), _precision_of(compiled)
+        broken = non_finite(self.reference, outputs)
+        return self.task.score(self.reference, outputs), _precision_of(compiled), broken
 
     def compress(self, rung: Rung) -> ov.Model:
         r = self.recipe
@@ -287,21 +303,25 @@ class Calibrator:
         for index, rung in enumerate(rungs[:-1]):
             self.progress(f"rung {rung}", index / len(rungs))
             started = time.perf_counter()
-            if rung in ("bf16", "f16"):
-                model = self.fp32  # no compression: FP32 weights at the device's default
-            else:
-                try:
-                    with quiet_nncf():
-                        model = self.compress(rung)
-                except _SkipError as skip:
-                    results.append(_failed(rung, f"skipped: {skip}", 0.0))
-                    continue
-                except _NNCF_FAILURES as exc:
-                    # A rung NNCF cannot do on this model is a failed rung, not a failed run.
-                    reason = f"NNCF failed: {str(exc).splitlines()[0][:200]}"
-                    results.append(_failed(rung, reason, time.perf_counter() - started))
-                    continue
-            result = self._judge(rung, model, None, started)
+            try:
+                model, result = self._try(rung, started)
+            except _SkipError as skip:
+                results.append(_failed(rung, f"skipped: {skip}", 0.0))
+                continue
+            except EdgeAgentError:
+                raise  # a cancelled job, or the operator's to fix: the whole run stops
+            except Exception as exc:
+                # NNCF raises kinds of its own beyond its documented ones (weights-int4 on a
+                # layer 96 wide: InvalidGroupSizeError), and a GPU or NPU plugin may refuse
+                # to compile or run a compressed graph: each used to end the whole run, with
+                # a traceback, instead of stepping down to a safer rung.
+                log.debug(
+                    "event=calibrate_rung_failed model=%s rung=%s", self.resolved.manifest.name,
+                    rung, exc_info=True,
+                )  # fmt: skip
+                reason = f"failed: {type(exc).__name__}: {_first_line(exc)}"
+                results.append(_failed(rung, reason, time.perf_counter() - started))
+                continue
             results.append(result)
             if result.passed:
                 return Outcome(model, rung, result.reason, results, result.precision, None)
@@ -309,15 +329,35 @@ class Calibrator:
         # not quietly run it at a default precision the gate has just rejected.
         self.progress("rung fp32", (len(rungs) - 1) / len(rungs))
         why = "FP32 asked for" if not results else "no faster rung passed the gate; FP32 kept"
-        result = self._judge("fp32", self.fp32, "f32", time.perf_counter(), floor=why)
+        try:
+            result = self._judge("fp32", self.fp32, "f32", time.perf_counter(), floor=why)
+        except EdgeAgentError:
+            raise
+        except Exception as exc:
+            # The floor failing leaves nothing to ship: the run fails, as one line.
+            raise EdgeAgentError(
+                f"{self.resolved.manifest.name} at f32 fails on {self.device}: "
+                f"{type(exc).__name__}: {_first_line(exc)}",
+                "run `edge-agent doctor` to check the device, or calibrate for another --device",
+                "calibration.failed",
+            ) from exc
         results.append(result)
         return Outcome(self.fp32, "fp32", result.reason, results, result.precision, "f32")
+
+    def _try(self, rung: Rung, started: float) -> tuple[ov.Model, RungResult]:
+        """Make one rung's model and gate it; raises whatever failed on the way."""
+        if rung in ("bf16", "f16"):
+            model = self.fp32  # no compression: FP32 weights at the device's default
+        else:
+            with quiet_nncf():
+                model = self.compress(rung)
+        return model, self._judge(rung, model, None, started)
 
     def _judge(
         self, rung: Rung, model: ov.Model, precision: Precision | None, started: float,
         floor: str = "",
     ) -> RungResult:  # fmt: skip
-        score, used = self.evaluate(model, precision)
+        score, used, broken = self.evaluate(model, precision)
         drop = 1.0 - score
         passed = bool(floor) or drop <= self.recipe.max_drop + 1e-9
         verdict = "within" if drop <= self.recipe.max_drop + 1e-9 else "exceeds"
@@ -325,6 +365,8 @@ class Calibrator:
             f"{self.task.metric} {score:.4f} at {used} on {self.device}: drop {drop:.4f} "
             f"{verdict} max_drop {self.recipe.max_drop}"
         )
+        if broken:
+            reason += f" (NaN or inf in {broken} of {len(self.reference)} held-out outputs)"
         if floor:
             reason = f"{floor} at f32 ({reason})"
         log.info(
@@ -340,6 +382,10 @@ class Calibrator:
             reason=reason,
             seconds=time.perf_counter() - started,
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
 
 
 def _failed(rung: Rung, reason: str, seconds: float) -> RungResult:

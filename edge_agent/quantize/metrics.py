@@ -7,7 +7,7 @@ labels, the FP32 model's own answers are the reference, so every metric is in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -17,7 +17,9 @@ from edge_agent.heads.base import Classification, Detection, Result, TextBox
 from edge_agent.heads.boxes import iou
 from edge_agent.heads.dbnet import mask_f1, text_mask
 
-MetricName = Literal["detection-f1", "top1-agreement", "text-mask-f1", "frame-agreement", "cosine"]
+MetricName = Literal[
+    "detection-f1", "top1-agreement", "text-mask-f1", "speech-balanced-accuracy", "cosine"
+]
 
 
 def detection_f1(
@@ -119,3 +121,46 @@ def cosine(a: npt.NDArray[np.generic], b: npt.NDArray[np.generic]) -> float:
     if nx == 0.0 or ny == 0.0:
         return 0.0
     return float(np.dot(x, y) / (nx * ny))
+
+
+def speech_balanced_accuracy(
+    reference: npt.NDArray[np.floating], candidate: npt.NDArray[np.floating], threshold: float
+) -> float:
+    """Mean of the candidate's agreement with FP32 on FP32's speech windows and on its
+    non-speech windows (balanced accuracy, FP32's verdicts as the truth).
+
+    Plain agreement over windows is mostly silence on a quiet site's microphone, so a VAD
+    that never flags speech agreed on 99% of them and passed a 0.01 gate. Balanced accuracy
+    scores that model 0.5 whatever the mix. It is chosen over speech F1, which also fails it,
+    because F1 ignores agreement on silence: its value for the same error rates moves with
+    how much of the recording was speech, and false alarms in silence only count relative
+    to the speech there was.
+
+    Args:
+        reference: FP32's speech probabilities, one per window.
+        candidate: the same windows scored by the compressed model.
+        threshold: a window is speech at this probability or above.
+
+    Returns:
+        In [0, 1]; a class FP32 never found is left out, and 1.0 for two empty streams
+        (the gate refuses a holdout without enough of each class before it gets here).
+    """
+    ref, cand = np.asarray(reference).reshape(-1), np.asarray(candidate).reshape(-1)
+    if ref.shape != cand.shape:
+        raise ValueError(f"probability streams differ in length: {len(ref)} vs {len(cand)}")
+    speech, said = ref >= threshold, cand >= threshold
+    rates = [float(np.mean(said[cls] == speech[cls])) for cls in (speech, ~speech) if cls.any()]
+    return float(np.mean(rates)) if rates else 1.0
+
+
+def cosine_all(
+    reference: Mapping[str, npt.NDArray[np.generic]],
+    candidate: Mapping[str, npt.NDArray[np.generic]],
+) -> float:
+    """Cosine similarity of the worst-agreeing output of one inference.
+
+    The minimum, not the mean: a model is as broken as its most broken output (a detector
+    whose scores flipped sign is useless however well its boxes match), and a mean over
+    several healthy outputs would dilute that one towards a pass.
+    """
+    return min((cosine(reference[k], candidate[k]) for k in sorted(reference)), default=1.0)

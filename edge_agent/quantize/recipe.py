@@ -16,7 +16,7 @@ Rung = Literal[
 """bf16 and f16 are the uncompressed model at the device's default precision."""
 Precision = Literal["f32", "bf16", "f16"]
 MetricChoice = Literal[
-    "auto", "detection-f1", "top1-agreement", "text-mask-f1", "frame-agreement", "cosine"
+    "auto", "detection-f1", "top1-agreement", "text-mask-f1", "speech-balanced-accuracy", "cosine"
 ]
 
 
@@ -54,7 +54,12 @@ class Recipe(_Strict):
     )
     metric: MetricChoice = Field(default="auto", description="Gate metric; auto picks by head.")
     holdout: float = Field(
-        default=0.3, gt=0.0, lt=1.0, description="Fraction of samples held out for the gate."
+        default=0.3,
+        gt=0.0,
+        le=0.5,
+        description="Fraction of samples held out for the gate, at most half (the rest "
+        "calibrates). Frames are held out one in every round(1/holdout), so 0.4 holds out "
+        "half; WAV files are split whole, a single recording by its last part.",
     )
     ladder: bool = Field(
         default=True, description="On a failed gate, walk down to safer rungs, ending on FP32."
@@ -75,6 +80,16 @@ class Recipe(_Strict):
         "compiles the model once per layer group (minutes on a 2-core box). fp32, the floor, "
         "cannot be skipped.",
     )
+
+    @field_validator("metric", mode="before")
+    @classmethod
+    def _no_plain_agreement(cls, metric: object) -> object:
+        if metric == "frame-agreement":
+            raise ValueError(
+                "frame-agreement (plain accuracy over windows) passed a VAD that never flags "
+                'speech on mostly silent audio; use "speech-balanced-accuracy" or "auto"'
+            )
+        return metric
 
     @field_validator("skip")
     @classmethod

@@ -17,13 +17,13 @@ import numpy.typing as npt
 
 from edge_agent.catalog.manifest import ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
-from edge_agent.heads.base import Result
+from edge_agent.heads.base import Detection, Result, TextBox
 from edge_agent.heads.blazeface import BlazeFaceConfig
 from edge_agent.heads.classification import ClassificationConfig
 from edge_agent.heads.dbnet import DbnetConfig
 from edge_agent.heads.registry import build_frame_head
 from edge_agent.heads.ssd import SsdConfig
-from edge_agent.heads.vad import VadConfig, audio_windows, frame_agreement
+from edge_agent.heads.vad import VadConfig, audio_windows
 from edge_agent.heads.yolo import YoloConfig
 from edge_agent.quantize import metrics
 from edge_agent.quantize.recipe import MetricChoice
@@ -35,6 +35,15 @@ DETECTION_BAND = 0.1
 """Scores this close to a detector's threshold are FP32's own doubt, not a verdict."""
 Runner = Callable[[Inputs], Outputs]
 """Runs one inference on a compiled model; outputs keyed by every output name."""
+MIN_HELD_FRAMES = 4
+"""Held-out frames below which a drop of a few hundredths is noise, not a verdict."""
+MIN_HELD_WINDOWS = 64
+"""Held-out VAD windows (2 s of 32 ms windows) below which the gate cannot judge."""
+MIN_EVIDENCE = 3
+"""Boxes FP32 is sure of (or text boxes) that the held-out frames must hold: with none,
+any model that also finds nothing, even one that outputs zeros, agrees with FP32 perfectly."""
+MIN_EVIDENCE_WINDOWS = 16
+"""Speech windows, and non-speech windows, a VAD's holdout must hold (half a second each)."""
 
 
 def auto_metric(manifest: Manifest) -> str:
@@ -47,7 +56,7 @@ def auto_metric(manifest: Manifest) -> str:
     if isinstance(head, DbnetConfig):
         return "text-mask-f1"
     if isinstance(head, VadConfig):
-        return "frame-agreement"
+        return "speech-balanced-accuracy"
     return "cosine"
 
 
@@ -105,24 +114,22 @@ class Task:
     def per_item(
         self, reference: Sequence[Outputs], candidate: Sequence[Outputs]
     ) -> tuple[float, list[float]]:
-        """The metric over all items, and each item's own score (NNCF ranks layers by it)."""
+        """The metric over all items, and each item's own score (NNCF ranks layers by it).
+
+        A candidate that outputs NaN or inf where FP32 does not scores 0: read through a
+        head, NaN compares false with every threshold and passed as "no box, no speech".
+        """
+        if non_finite(reference, candidate):
+            return 0.0, [0.0] * len(candidate)
         head = self.manifest.head
         name = self.metric
-        if name == "frame-agreement":
+        if name == "speech-balanced-accuracy":
             assert isinstance(head, VadConfig)
-            a = np.asarray(
-                [float(np.asarray(o[head.probability]).reshape(-1)[0]) for o in reference]
-            )
-            b = np.asarray(
-                [float(np.asarray(o[head.probability]).reshape(-1)[0]) for o in candidate]
-            )
+            a, b = _speech(reference, head), _speech(candidate, head)
             each = ((a >= head.threshold) == (b >= head.threshold)).astype(float).tolist()
-            return frame_agreement(a, b, head.threshold), each
+            return metrics.speech_balanced_accuracy(a, b, head.threshold), each
         if name == "cosine":
-            key = sorted(reference[0])[0] if reference else ""
-            each = [
-                metrics.cosine(r[key], c[key]) for r, c in zip(reference, candidate, strict=True)
-            ]
+            each = [metrics.cosine_all(r, c) for r, c in zip(reference, candidate, strict=True)]
             return (float(np.mean(each)) if each else 1.0), each
         ref, cand = self.decode(reference), self.decode(candidate)
         spec = self.manifest.input
@@ -141,6 +148,71 @@ class Task:
             each = [metrics.text_mask_f1([r], [c], size) for r, c in zip(ref, cand, strict=True)]
             return (float(np.mean(each)) if each else 1.0), each
         raise ValueError(f"unknown metric {name}")
+
+    def require_evidence(self, reference: Sequence[Outputs]) -> None:
+        """Refuse a holdout in which FP32 found too little for the metric to judge by.
+
+        Detection and text F1 are 1.0 when neither side finds anything, and a VAD's
+        balanced accuracy needs both classes: on a capture of an empty scene or of
+        silence, any model, a broken one included, would pass.
+
+        Raises:
+            EdgeAgentError: calibration.failed, naming what was found and the minimum.
+        """
+        head = self.manifest.head
+        name = self.metric
+        if name == "speech-balanced-accuracy":
+            assert isinstance(head, VadConfig)
+            speech = int(np.sum(_speech(reference, head) >= head.threshold))
+            silence = len(reference) - speech
+            if min(speech, silence) < MIN_EVIDENCE_WINDOWS:
+                raise EdgeAgentError(
+                    f"cannot judge {self.manifest.name}: FP32 flags {speech} of the "
+                    f"{len(reference)} held-out windows as speech and {silence} as not; the "
+                    f"gate needs at least {MIN_EVIDENCE_WINDOWS} of each",
+                    "record audio with both speech and pauses in it, or more of it",
+                    "calibration.failed",
+                )
+            return
+        if name not in ("detection-f1", "text-mask-f1"):
+            return  # top-1 and cosine compare every item whatever it holds
+        if isinstance(head, SsdConfig | BlazeFaceConfig | YoloConfig):
+            # Boxes within the band are exempt from the metric: they are no evidence.
+            sure = head.score_threshold + DETECTION_BAND
+            found = sum(
+                isinstance(d, Detection) and d.score >= sure
+                for item in self.decode(reference)
+                for d in item
+            )
+            what, fix = "objects", "capture while people or objects are in view, or more of it"
+        else:
+            found = sum(isinstance(d, TextBox) for item in self.decode(reference) for d in item)
+            what, fix = "text boxes", "capture frames with text in view, or more of them"
+        if found < MIN_EVIDENCE:
+            raise EdgeAgentError(
+                f"cannot judge {self.manifest.name}: FP32 finds {found} {what} in the "
+                f"{len(reference)} held-out frames; the gate needs at least {MIN_EVIDENCE}",
+                fix,
+                "calibration.failed",
+            )
+
+
+def non_finite(reference: Sequence[Outputs], candidate: Sequence[Outputs]) -> int:
+    """How many items the candidate answered with NaN or inf where FP32 did not."""
+    return sum(
+        any(
+            bool(np.any(~np.isfinite(c[k]) & np.isfinite(r[k])))
+            for k in r
+            if np.issubdtype(np.asarray(r[k]).dtype, np.floating)
+        )
+        for r, c in zip(reference, candidate, strict=True)
+    )
+
+
+def _speech(outputs: Sequence[Outputs], head: VadConfig) -> npt.NDArray[np.float64]:
+    return np.asarray(
+        [float(np.asarray(o[head.probability]).reshape(-1)[0]) for o in outputs], dtype=np.float64
+    )
 
 
 def build_task(
@@ -162,11 +234,12 @@ def build_task(
         stride = max(2, round(1 / holdout))
         held = items[::stride]
         calib = [x for i, x in enumerate(items) if i % stride]
-        return _enough(Task(manifest, chosen, calib, held))
+        return _enough(Task(manifest, chosen, calib, held), stride)
     head = manifest.head
     assert isinstance(head, VadConfig)
     state_shape = input_shapes[head.state_in]
-    cut = max(1, round(len(clips) * (1 - holdout))) if len(clips) > 1 else 0
+    # At least one clip on each side: 4 WAVs at holdout 0.1 used to hold out none.
+    cut = min(len(clips) - 1, max(1, round(len(clips) * (1 - holdout))))
     calib = _recorded_windows(clips[:cut] if cut else clips, head, fp32, state_shape)
     held = [
         {head.audio_input: w[None]}
@@ -181,15 +254,30 @@ def build_task(
     return _enough(Task(manifest, chosen, calib, held, state_shape))
 
 
-def _enough(task: Task) -> Task:
-    if not task.calibration or not task.holdout:
+def _enough(task: Task, stride: int | None = None) -> Task:
+    """`task`, unless its holdout is too small to judge by; `stride` is an image task's
+    split (every stride-th frame held out)."""
+    least = MIN_HELD_WINDOWS if task.state_shape is not None else MIN_HELD_FRAMES
+    if task.calibration and len(task.holdout) >= least:
+        return task
+    counts = f"{len(task.calibration)} calibration and {len(task.holdout)} held-out"
+    if stride is not None:
+        frames = (least - 1) * stride + 1  # the fewest that hold out `least`
         raise EdgeAgentError(
-            f"too little data to calibrate {task.manifest.name}: {len(task.calibration)} "
-            f"calibration and {len(task.holdout)} held-out samples",
-            "give at least 4 frames (a few hundred is better), or a longer recording",
+            f"too little data to calibrate {task.manifest.name}: {counts} frames; the gate "
+            f"needs at least {least} held out",
+            f"give at least {frames} frames (a few hundred is better)",
             "calibration.failed",
         )
-    return task
+    head = task.manifest.head
+    assert isinstance(head, VadConfig)
+    seconds = least * head.window / head.sample_rate
+    raise EdgeAgentError(
+        f"too little audio to calibrate {task.manifest.name}: {counts} windows; the gate "
+        f"needs at least {least} held out ({seconds:.1f} s)",
+        "give longer recordings (a few minutes is better), or more WAV files",
+        "calibration.failed",
+    )
 
 
 def _recorded_windows(

@@ -139,10 +139,12 @@ def wire(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wire]:
     tmp = tmp_path_factory.mktemp("agent-cli")
     pages = tmp / "pages"
     pages.mkdir()
+    # Twelve pages (six photos, upright and turned): the calibration gate needs 4 held out.
     for i, name in enumerate(["astronaut", "coffee", "chelsea", "rocket", "camera", "page"]):
         image = sample(name)
         image = bgr(image) if image.ndim == 3 else np.stack([image] * 3, axis=-1)
         cv2.imwrite(str(pages / f"{i:02d}.jpg"), image)
+        cv2.imwrite(str(pages / f"{i + 6:02d}.jpg"), np.ascontiguousarray(image[::-1, ::-1]))
     (tmp / "mosquitto").mkdir()
     with ExitStack() as stack:
         broker = stack.enter_context(

@@ -143,7 +143,7 @@ def test_vad_full_int8_is_rejected_and_ladder_ends_on_weights(
     assert not rungs["int8"].passed
     assert rungs["int8"].drop > recipe.max_drop
     assert report.mode == "weights-int8"
-    assert report.metric == "frame-agreement"
+    assert report.metric == "speech-balanced-accuracy"
     assert report.metric_after >= 0.99
     assert path.is_file()
     assert [r.rung for r in report.rungs][-1] == "weights-int8"

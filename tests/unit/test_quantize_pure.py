@@ -14,15 +14,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_agent.catalog.manifest import Manifest, load_manifest
+from edge_agent.catalog.catalog import ResolvedModel
+from edge_agent.catalog.manifest import Manifest, QuantizationInfo, load_manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Classification, Detection, Result
+from edge_agent.heads.vad import VadConfig
 from edge_agent.quantize.api import to_toml
-from edge_agent.quantize.calibrate import ladder
-from edge_agent.quantize.metrics import cosine, detection_f1, top1_agreement
+from edge_agent.quantize.calibrate import CalibrationData, Calibrator, ladder
+from edge_agent.quantize.metrics import (
+    cosine,
+    detection_f1,
+    speech_balanced_accuracy,
+    top1_agreement,
+)
 from edge_agent.quantize.output import begin_output, check_output, discard, publish
-from edge_agent.quantize.recipe import load_recipe
-from edge_agent.quantize.tasks import build_task
+from edge_agent.quantize.recipe import Recipe, load_recipe
+from edge_agent.quantize.tasks import Outputs, Task, auto_metric, build_task, non_finite
 from tests.conftest import REPO
 
 
@@ -218,14 +225,134 @@ def test_too_few_frames_to_split_is_a_calibration_error() -> None:
     with pytest.raises(EdgeAgentError, match="too little data") as caught:
         build_task(manifest, [frame], [], 0.3, "auto", _no_runner, {})
     assert caught.value.code == "calibration.failed"
-    task = build_task(manifest, [frame] * 4, [], 0.3, "auto", _no_runner, {})
-    assert (len(task.calibration), len(task.holdout)) == (2, 2)
+    # The fix names the fewest frames that hold out the minimum, and that many do.
+    with pytest.raises(EdgeAgentError, match="at least 4 held out") as caught:
+        build_task(manifest, [frame] * 9, [], 0.3, "auto", _no_runner, {})
+    assert "give at least 10 frames" in caught.value.fix
+    task = build_task(manifest, [frame] * 10, [], 0.3, "auto", _no_runner, {})
+    assert (len(task.calibration), len(task.holdout)) == (6, 4)
+
+
+def test_a_one_frame_holdout_is_refused_naming_the_minimum() -> None:
+    # 50 frames at holdout 0.02 held out 1 frame, and its report said metric_after 1.0.
+    manifest = load_manifest(REPO / "models" / "person-ssdlite.toml")
+    frames = [np.zeros((120, 160, 3), dtype=np.uint8)] * 50
+    with pytest.raises(EdgeAgentError, match="1 held-out frames; the gate needs at least 4"):
+        build_task(manifest, frames, [], 0.02, "auto", _no_runner, {})
+
+
+def _vad_task(metric: str = "auto") -> Task:
+    manifest = load_manifest(REPO / "models" / "vad-silero.toml")
+    return Task(manifest, auto_metric(manifest) if metric == "auto" else metric, [], [])
+
+
+def _vad_outputs(probabilities: np.ndarray) -> list[dict[str, np.ndarray]]:
+    head = load_manifest(REPO / "models" / "vad-silero.toml").head
+    assert isinstance(head, VadConfig)
+    state = np.zeros((2, 1, 128), dtype=np.float32)
+    return [
+        {head.probability: np.asarray([[p]], dtype=np.float32), head.state_out: state}
+        for p in probabilities
+    ]
+
+
+def test_a_vad_that_never_flags_speech_fails_on_mostly_silent_audio() -> None:
+    # 1% speech, as a quiet site's microphone records: plain agreement scored 0.99 and a
+    # 0.01 gate passed a model that flags nothing.
+    reference = np.where(np.arange(1000) % 100 == 0, 0.9, 0.05)
+    task = _vad_task()
+    assert task.metric == "speech-balanced-accuracy"
+    deaf = task.score(_vad_outputs(reference), _vad_outputs(np.zeros(1000)))
+    assert deaf == pytest.approx(0.5)
+    # ... and so does one that flags everything.
+    assert task.score(_vad_outputs(reference), _vad_outputs(np.ones(1000))) == pytest.approx(0.5)
+    assert task.score(_vad_outputs(reference), _vad_outputs(reference)) == 1.0
+
+
+def test_speech_balanced_accuracy() -> None:
+    a = np.array([0.9, 0.1, 0.6, 0.2])
+    assert speech_balanced_accuracy(a, a, 0.5) == 1.0
+    assert speech_balanced_accuracy(a, 1 - a, 0.5) == 0.0
+    # One of two speech windows missed, both silent ones kept: (0.5 + 1.0) / 2.
+    assert speech_balanced_accuracy(a, np.array([0.8, 0.3, 0.4, 0.1]), 0.5) == 0.75
+    # The only speech window missed: plain agreement said 0.75, each class counts alike.
+    b = np.array([0.9, 0.1, 0.2, 0.3])
+    assert speech_balanced_accuracy(b, np.zeros(4), 0.5) == 0.5
+    with pytest.raises(ValueError, match="length"):
+        speech_balanced_accuracy(a, a[:3], 0.5)
+
+
+def test_nan_outputs_fail_the_rung_rather_than_read_as_no_speech() -> None:
+    reference = np.where(np.arange(1000) % 100 == 0, 0.9, 0.05)
+    broken = _vad_outputs(reference)
+    for item in broken[500:]:
+        item["output"] = np.full((1, 1), np.nan, dtype=np.float32)  # the manifest's probability
+    task = _vad_task()
+    assert task.score(_vad_outputs(reference), broken) == 0.0
+    # Even under the metric a recipe may pick for any model.
+    assert _vad_task("cosine").score(_vad_outputs(reference), broken) == 0.0
+    assert non_finite(_vad_outputs(reference), broken) == 500
+
+
+def test_plain_frame_agreement_is_refused_in_a_recipe(tmp_path: Path) -> None:
+    path = tmp_path / "r.toml"
+    path.write_text('metric = "frame-agreement"\n')
+    with pytest.raises(EdgeAgentError, match="speech-balanced-accuracy"):
+        load_recipe(path)
+
+
+def test_cosine_compares_every_output() -> None:
+    # A candidate whose scores flipped sign while its boxes match scored 1.0: only the
+    # alphabetically first output ("boxes") was compared.
+    manifest = load_manifest(REPO / "models" / "person-ssdlite.toml")
+    task = Task(manifest, "cosine", [], [])
+    rng = np.random.default_rng(0)
+    reference: list[Outputs] = [
+        {"boxes": rng.random((10, 4)), "scores": rng.random(10)} for _ in range(5)
+    ]
+    candidate: list[Outputs] = [
+        {"boxes": r["boxes"], "scores": -np.asarray(r["scores"], dtype=np.float64)}
+        for r in reference
+    ]
+    assert task.score(reference, candidate) < 0.0
+    assert task.score(reference, reference) == pytest.approx(1.0)
 
 
 def test_a_recipe_metric_that_does_not_fit_the_head_is_refused() -> None:
     manifest = load_manifest(REPO / "models" / "person-ssdlite.toml")
-    frames = [np.zeros((120, 160, 3), dtype=np.uint8)] * 4
+    frames = [np.zeros((120, 160, 3), dtype=np.uint8)] * 10
     with pytest.raises(EdgeAgentError, match="does not fit") as caught:
-        build_task(manifest, frames, [], 0.3, "frame-agreement", _no_runner, {})
+        build_task(manifest, frames, [], 0.3, "speech-balanced-accuracy", _no_runner, {})
     assert caught.value.code == "config.invalid"
     assert build_task(manifest, frames, [], 0.3, "cosine", _no_runner, {}).metric == "cosine"
+
+
+def test_a_calibrated_model_is_refused_as_the_fp32_reference(tmp_path: Path) -> None:
+    # A store's person-ssdlite-int8 became "FP32": metric_before 1.0 and precision_before
+    # f32 were false, and each generation could lose another max_drop.
+    manifest = load_manifest(REPO / "models" / "person-ssdlite.toml")
+    calibrated = manifest.model_copy(
+        update={
+            "format": "ir",
+            "quantization": QuantizationInfo(
+                mode="int8", metric="detection-f1", metric_before=1.0, metric_after=1.0,
+                max_drop=0.01, samples=21, speedup=1.8, report="model.report.json",
+            ),
+        }
+    )  # fmt: skip
+    resolved = ResolvedModel(manifest=calibrated, path=tmp_path / "model.xml")
+    frames = [np.zeros((120, 160, 3), dtype=np.uint8)] * 10
+    with pytest.raises(EdgeAgentError, match="already calibrated") as caught:
+        Calibrator(resolved, CalibrationData(frames, []), Recipe(), "CPU")
+    assert caught.value.code == "config.invalid"
+    assert "calibrate the FP32 model it came from (--model person-ssdlite" in caught.value.fix
+
+
+def test_a_holdout_above_half_is_refused_not_clamped(tmp_path: Path) -> None:
+    # holdout 0.8 split frames 5/5 (one in every two), silently.
+    path = tmp_path / "r.toml"
+    path.write_text("holdout = 0.8\n")
+    with pytest.raises(EdgeAgentError, match="invalid at holdout"):
+        load_recipe(path)
+    path.write_text("holdout = 0.5\n")
+    assert load_recipe(path).holdout == 0.5

@@ -16,7 +16,6 @@ from edge_agent.heads.vad import (
     VadConfig,
     VadSegmenter,
     audio_windows,
-    frame_agreement,
 )
 
 CONFIG = VadConfig()
@@ -224,12 +223,3 @@ def test_audio_windows_cover_everything(length: int, window: int, context: int) 
 def test_audio_windows_want_mono() -> None:
     with pytest.raises(ValueError, match="mono"):
         list(audio_windows(np.zeros((100, 2), np.float32), 512, 64))
-
-
-def test_frame_agreement() -> None:
-    a = np.array([0.9, 0.1, 0.6, 0.2])
-    assert frame_agreement(a, a, 0.5) == 1.0
-    assert frame_agreement(a, 1 - a, 0.5) == 0.0
-    assert frame_agreement(a, np.array([0.8, 0.3, 0.4, 0.1]), 0.5) == 0.75
-    with pytest.raises(ValueError, match="length"):
-        frame_agreement(a, a[:3], 0.5)
