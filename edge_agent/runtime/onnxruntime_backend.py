@@ -52,6 +52,11 @@ def session_options(hint: Hint, requests: int | None, cores: int) -> tuple[ort.S
     return so, workers
 
 
+_OPENVINO = 'the openvino backend (--backend openvino; backend = "openvino" in a pipeline\'s model)'
+"""How to ask for the other engine, in the CLI and in an agent's pipeline spec alike: the
+agent answers with these fixes too, and it has no --backend flag."""
+
+
 class OnnxRuntimeBackend:
     """CPU execution through ONNX Runtime."""
 
@@ -61,7 +66,7 @@ class OnnxRuntimeBackend:
         if manifest.format != "onnx":
             raise EdgeAgentError(
                 f"ONNX Runtime cannot read {manifest.name}: it is a {manifest.format} model",
-                "use --backend openvino, which reads ONNX, IR, TFLite and TF",
+                f"use {_OPENVINO}, which reads ONNX, IR, TFLite and TF",
                 code="model.incompatible",
             )
         started = time.perf_counter()
@@ -154,8 +159,8 @@ def load_error(path: Path, exc: BaseException) -> EdgeAgentError:
     status = _STATUS.search(whole)
     engine = f"ONNX Runtime {ort.__version__}"
     unsupported = (
-        f"the model needs a newer ONNX Runtime than {ort.__version__}, or run it with "
-        "--backend openvino (or re-export it at an opset this version supports)"
+        f"the model needs a newer ONNX Runtime than {ort.__version__}, or run it on "
+        f"{_OPENVINO} (or re-export it at an opset this version supports)"
     )
     opset = _OPSET.search(whole)
     if opset is not None and "support" in whole:
@@ -190,7 +195,7 @@ def _precision_note(requested: str | None) -> str:
         return ""
     return (
         f"{requested} requested, onnxruntime runs f32: its CPU provider computes in f32 only "
-        f"(use --backend openvino for {requested})"
+        f"(use {_OPENVINO} for {requested})"
     )
 
 
@@ -208,7 +213,7 @@ def _check_shape(
         raise EdgeAgentError(
             f"{model}'s ONNX input {name} is fixed at {free}; ONNX Runtime cannot run it "
             f"at {','.join(map(str, wanted))}",
-            "change only the free (N) dims, or use --backend openvino, which reshapes models",
+            f"change only the free (N) dims, or use {_OPENVINO}, which reshapes models",
             code="model.shape",
         )
 
