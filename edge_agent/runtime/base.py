@@ -99,7 +99,7 @@ class CompileReport(BaseModel):
         description="An image model's own input shape, behind the folded preprocessing.",
     )
     inputs: dict[str, tuple[int, ...]] = Field(
-        description="Each input's shape as fed (a frame input's spatial dims are free: -1)."
+        description="Each input's shape as fed: a frame input as N,H,W,3 uint8 at the model's size."
     )
 
 
