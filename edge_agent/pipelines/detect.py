@@ -30,7 +30,7 @@ from pathlib import Path
 from threading import Lock
 from typing import TypeVar
 
-from edge_agent.catalog.manifest import ImageInput
+from edge_agent.catalog.manifest import ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Detection, Result
 from edge_agent.logs import Throttle, log_event
@@ -58,6 +58,29 @@ OUTSIDE_LOG_S = 3600.0
 whose every image has another size would otherwise say it for each image."""
 
 Size = tuple[int, int]
+
+BOX_HEADS = ("ssd", "blazeface", "yolo")
+"""The heads whose results are boxes of objects: the only ones tiles and regions merge.
+A text or classification head's results were appended once per call: two copies of a
+text line in the overlap of two tiles, fifteen classifications of one frame."""
+
+
+def check_mode(mode: str, manifest: Manifest) -> None:
+    """Refuse a `[detect]` mode that cannot serve `manifest`'s head.
+
+    Raises:
+        EdgeAgentError: `model.incompatible`, tiles or regions with a head that is not
+            a detector's.
+    """
+    head = manifest.head.type
+    if mode == "frame" or head in BOX_HEADS:
+        return
+    raise EdgeAgentError(
+        f'{manifest.name} has a {head} head, and detect mode "{mode}" is for detectors'
+        f" ({', '.join(BOX_HEADS)} heads)",
+        f'use mode = "frame" with a {head} head',
+        code="model.incompatible",
+    )
 
 
 @dataclass(slots=True)

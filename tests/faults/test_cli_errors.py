@@ -294,3 +294,14 @@ def test_a_malformed_stream_url_is_one_line_without_the_password(
     in_spec = edge_agent("run-pipeline", str(spec))
     assert one_line_error(in_spec, "source.stream.url", needle) == "config.invalid"
     assert "secret" not in by_flag.stderr + in_spec.stderr
+
+
+@pytest.mark.parametrize("mode", ["tiles", "regions"])
+def test_tiles_and_regions_refuse_a_head_that_is_not_a_detector(
+    photo: Path, tmp_path: Path, mode: str
+) -> None:
+    # A classifier ran once per tile: fifteen classifications of one frame, unmerged.
+    spec = spec_file(tmp_path, f'[detect]\nmode = "{mode}"', source=photo.parent)
+    proc = edge_agent("run-pipeline", str(spec), "--max-frames", "1")
+    code = one_line_error(proc, "classification head", f'mode "{mode}"', 'mode = "frame"')
+    assert code == "model.incompatible"
