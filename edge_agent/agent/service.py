@@ -31,6 +31,7 @@ from edge_agent.agent.models import ModelOps
 from edge_agent.agent.pipelines import Pipelines
 from edge_agent.agent.pump import OutboxPump
 from edge_agent.agent.records import AgentRecords, CommandLog
+from edge_agent.agent.sink import event_priority
 from edge_agent.agent.supervisor import AgentSupervisor
 from edge_agent.agent.telemetry import model_telemetry, pipeline_telemetry
 from edge_agent.build_id import build_id
@@ -229,7 +230,7 @@ class AgentService:
         self._queue(
             self.topics.device(self.device, "events"),
             message.model_dump_json(exclude_none=True).encode(),
-            Priority.CRITICAL,
+            event_priority(event),
         )
 
     def _emit_result(self, pipeline: str, result: msg.ResultMessage) -> None:

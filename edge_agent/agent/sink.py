@@ -8,11 +8,13 @@ messages and returns: the outbox write is a local sqlite insert.
 - `results/<pipeline>` follows the config's `results` policy: every frame,
   only frames with results (the default), or nothing (events only).
 - Detections are tracked (vision/tracker.py) into Frigate-shaped detection
-  events: `new` when an object appears, `update` when its best score rises or
-  at most once a second of stream time while it stays, `end` when it is gone
-  (or the pipeline stops). Updates are throttled because events are never
-  dropped by the outbox: one per frame per object would crowd out everything
-  else while the broker is away.
+  events: `new` when an object appears, `end` when it is gone (or the pipeline
+  stops), and `update` only when it carries news: its score rose materially
+  since the last one sent (at once), its box moved materially (at most once a
+  stream second), or a long heartbeat passed. An object that stays put costs one
+  event a minute, not one a second: 50 parked cars sent 4.3 M updates a day per
+  camera. Updates are queued at the results' priority (`event_priority`), so a
+  long outage drops them before `new`, `end` and command answers.
 - Pipeline events (a rule's appeared/gone, a source lost, a model swapped)
   become `events`, stamped with the box's clock; a failure's carries its code.
 - A source lost, and the first frame after it, are marked on the pipeline's
@@ -26,8 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from edge_agent.agent.outage import SourceOutage
 from edge_agent.heads.base import Detection
+from edge_agent.heads.boxes import iou
+from edge_agent.outbox import Priority
 from edge_agent.pipelines.base import FrameResult
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent, ResultMessage
 from edge_agent.vision.tracker import Tracker, TrackEvent
@@ -40,7 +46,20 @@ EmitEvent = Callable[[AgentEvent | DetectionEvent], None]
 """Queue an event for `events`."""
 
 UPDATE_EVERY_S = 1.0
-"""Stream seconds between two `update` events of one object whose score did not rise."""
+"""Least stream seconds between two `update` events of a moving object."""
+HEARTBEAT_S = 60.0
+"""Stream seconds after which an object that neither moved nor scored higher is said
+again. Events are not retained, so a console that subscribed after an object's `new`
+learns of it from the next update: a minute bounds that wait, and costs a parked car
+1,440 events a day instead of the 86,400 a once-a-second update sent."""
+MOVED_IOU = 0.8
+"""An object moved when its box's IoU with the last box sent falls under this. A parked
+car's box jitters by a few pixels from frame to frame (IoU above 0.9); a person walking
+across the frame falls under it within a second."""
+SCORE_RISE = 0.05
+"""A best score this much above the last one sent is news. Smaller rises are the model's
+noise and waited for the next update: the best score only rises, so each object sends at
+most 1 / SCORE_RISE of these."""
 
 _EVENT_KIND = {
     "source_error": "source_lost",
@@ -63,6 +82,31 @@ class _Object:
     best_score: float
     updated_ts: float
     """Stream time of the last `new`/`update` event sent."""
+    sent_box: tuple[float, float, float, float]
+    """The box of the last `new`/`update` event sent."""
+    sent_score: float
+    """The score of the last `new`/`update` event sent."""
+
+
+def _moved(sent: tuple[float, float, float, float], box: tuple[float, float, float, float]) -> bool:
+    overlap = iou(np.asarray(sent, dtype=np.float64), np.asarray([box], dtype=np.float64))
+    return bool(overlap[0] < MOVED_IOU)
+
+
+def event_priority(event: AgentEvent | DetectionEvent) -> Priority:
+    """The outbox priority an event is queued at.
+
+    A detection `update` repeats what its object's `new` said, with a newer box or score;
+    the next update, or the `end`, says it again. It is dropped like a result over the
+    outbox quota: queued as never-dropped, a yard of parked cars filled the quota during
+    an outage and evicted every result, then competed with command answers.
+
+    Returns:
+        `Priority.RESULT` for a detection update, `Priority.CRITICAL` for every other event.
+    """
+    if isinstance(event, DetectionEvent) and event.type == "update":
+        return Priority.RESULT
+    return Priority.CRITICAL
 
 
 class AgentSink:
@@ -168,6 +212,8 @@ class AgentSink:
                 last_seen=now,
                 best_score=change.score,
                 updated_ts=change.ts,
+                sent_box=change.box,
+                sent_score=change.score,
             )
             self._detection("new", change, seen)
             return
@@ -176,10 +222,14 @@ class AgentSink:
             self._detection("end", change, seen, end_time=seen.last_seen)
             return
         seen.last_seen = now
-        rose = change.score > seen.best_score
         seen.best_score = max(seen.best_score, change.score)
-        if rose or change.ts - seen.updated_ts >= UPDATE_EVERY_S:
+        since = change.ts - seen.updated_ts
+        rose = seen.best_score >= seen.sent_score + SCORE_RISE
+        moved = since >= UPDATE_EVERY_S and _moved(seen.sent_box, change.box)
+        if rose or moved or since >= HEARTBEAT_S:
             seen.updated_ts = change.ts
+            seen.sent_box = change.box
+            seen.sent_score = seen.best_score
             self._detection("update", change, seen)
 
     def _detection(

@@ -21,6 +21,7 @@ from edge_agent.catalog.manifest import ImageInput
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
+from edge_agent.pipelines.detect import check_mode
 from edge_agent.pipelines.runner import PipelineHandle
 from edge_agent.pipelines.spec import ModelRef
 from edge_agent.pipelines.vision import VisionPipeline
@@ -88,6 +89,7 @@ class Swaps:
                 "swap to an image model, or start an audio pipeline for it",
                 code="model.incompatible",
             )
+        check_mode(entry.spec.detect.mode, manifest)
         parse_request(model.device)
         self.swap_to(entry, handle, model)
         return state_of(entry)

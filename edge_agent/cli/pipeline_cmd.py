@@ -119,7 +119,15 @@ def source_from_text(text: str) -> AnySourceSpec:
             ) from None
     if text.lower().endswith((".wav", ".wave")):
         return WavSourceSpec(path=Path(text))
-    return spec_from_uri(text)
+    try:
+        return spec_from_uri(text)
+    except ValidationError as exc:
+        # Not quoted: a stream URL may hold the camera's password.
+        raise EdgeAgentError(
+            f"invalid --source: {first_error(exc)[1]}",
+            "give a camera index or /dev/videoN, a stream URL, a folder or a video file",
+            code="input.invalid",
+        ) from None
 
 
 def build_specs(args: argparse.Namespace) -> list[PipelineSpec]:

@@ -30,10 +30,10 @@ from pathlib import Path
 from threading import Lock
 from typing import TypeVar
 
-from edge_agent.catalog.manifest import ImageInput
+from edge_agent.catalog.manifest import ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Detection, Result
-from edge_agent.logs import log_event
+from edge_agent.logs import Throttle, log_event
 from edge_agent.pipelines.base import Frame
 from edge_agent.pipelines.decode import MinSize, min_size_for_fit, min_size_for_tiles
 from edge_agent.pipelines.spec import DetectSpec
@@ -53,7 +53,34 @@ SAVE_EVERY_S = 60.0
 GEOMETRY_CACHE = 512
 """Geometries kept per stream; regions make new rectangles every frame, tiles do not."""
 
+OUTSIDE_LOG_S = 3600.0
+"""At most one `zone_outside_frame` line per zone or mask this often: a folder source
+whose every image has another size would otherwise say it for each image."""
+
 Size = tuple[int, int]
+
+BOX_HEADS = ("ssd", "blazeface", "yolo")
+"""The heads whose results are boxes of objects: the only ones tiles and regions merge.
+A text or classification head's results were appended once per call: two copies of a
+text line in the overlap of two tiles, fifteen classifications of one frame."""
+
+
+def check_mode(mode: str, manifest: Manifest) -> None:
+    """Refuse a `[detect]` mode that cannot serve `manifest`'s head.
+
+    Raises:
+        EdgeAgentError: `model.incompatible`, tiles or regions with a head that is not
+            a detector's.
+    """
+    head = manifest.head.type
+    if mode == "frame" or head in BOX_HEADS:
+        return
+    raise EdgeAgentError(
+        f'{manifest.name} has a {head} head, and detect mode "{mode}" is for detectors'
+        f" ({', '.join(BOX_HEADS)} heads)",
+        f'use mode = "frame" with a {head} head',
+        code="model.incompatible",
+    )
 
 
 @dataclass(slots=True)
@@ -102,6 +129,7 @@ class Detector:
         # CPU, medians with the two alternating frame by frame).
         self._whole: tuple[Size, ImageInput, Geometry] | None = None
         self._saved_ts: float | None = None
+        self._outside = Throttle(OUTSIDE_LOG_S)
 
     def min_size(self, image: ImageInput) -> MinSize:
         """The smallest decode of a frame that loses nothing the model would see, for the
@@ -185,6 +213,18 @@ class Detector:
         # A frame decoded at 1/`scale` (reduced JPEG decode): pixel-unit zones, masks and
         # the tile side are the camera's pixels, so they shrink with it.
         scene = Scene(size, _scaled(self.zones, scale), _scaled(self.masks, scale))
+        for kind, name in scene.outside():
+            # Valid in the spec, yet never matching: a zone drawn for another camera's
+            # resolution, or fractions given with units = "fraction" and pixel values.
+            if self._outside.ready((kind, name)):
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "zone_outside_frame",
+                    kind=kind,
+                    name=name,
+                    frame=f"{size[0] * scale}x{size[1] * scale}",
+                )
         model_side = max(image.width, image.height)
         tile = max(model_side, (self.spec.tile or size[1] * scale // 2) // scale)
         motion: MotionDetector | None = None

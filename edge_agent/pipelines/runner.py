@@ -23,7 +23,7 @@ from edge_agent.pipelines.active import ActiveModel
 from edge_agent.pipelines.audio import AudioPipeline, vad_config
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec, open_audio_source
 from edge_agent.pipelines.base import AudioSource, Event, FrameSource, Sink
-from edge_agent.pipelines.detect import Detector
+from edge_agent.pipelines.detect import Detector, check_mode
 from edge_agent.pipelines.events import EventTracker
 from edge_agent.pipelines.guard import GuardedSink, guard_sinks
 from edge_agent.pipelines.live_sources import LiveSource
@@ -129,6 +129,7 @@ class PipelineHandle:
                     spec.max_frames,
                 )
             else:
+                check_mode(spec.detect.mode, resolved.manifest)
                 active = ActiveModel.build(model, resolved.manifest, spec.model.name)
                 detector = Detector(
                     spec.detect, spec.zones, spec.masks, self.layout.regions(spec.id)
@@ -222,6 +223,7 @@ class PipelineHandle:
                     ref.name, ref.backend, runtime_options(ref, self.pool)
                 )
                 try:
+                    check_mode(self.spec.detect.mode, resolved.manifest)
                     active = ActiveModel.build(model, resolved.manifest, ref.name)
                 except BaseException:
                     self.pool.release(model)

@@ -14,6 +14,7 @@ import os
 import re
 import stat
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Literal, TextIO, get_args
@@ -217,9 +218,10 @@ class CallbackSink:
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _SNAPSHOT = re.compile(r"[A-Za-z0-9_.-]+-\d{8}-[A-Za-z0-9_.-]+\.jpg")
-"""A snapshot sink's file name (`SnapshotSink._name`): only these count toward its quota
-and are deleted by it. The quota once took every JPEG in the folder: a sink pointed at a
-folder of someone's photos deleted the photos, oldest first."""
+"""A snapshot sink's file name (`SnapshotSink._name`, and the frame-only names written
+before it carried a time): only these count toward its quota and are deleted by it. The
+quota once took every JPEG in the folder: a sink pointed at a folder of someone's photos
+deleted the photos, oldest first."""
 
 
 def _safe(name: str) -> str:
@@ -230,9 +232,11 @@ def _safe(name: str) -> str:
 class SnapshotSink:
     """Annotated JPEGs of frames that carry chosen events, rate-limited and under a quota.
 
-    Files are named `{pipeline}-{frame:08d}-{kind}-{label}.jpg` (the label part
-    is left out for events without one) and written atomically, so a reader
-    never sees half a JPEG.
+    Files are named `{pipeline}-{YYYYmmdd-HHMMSS.mmm}-{frame:08d}-{kind}-{label}.jpg`
+    (the time is the wall clock's, UTC; the label part is left out for events without
+    one) and written atomically, so a reader never sees half a JPEG. The frame number
+    alone started again at 0 in each run, and the agent starts a new run on each retry
+    of a camera that keeps dropping: the snapshots of every run overwrote each other.
 
     Args:
         folder: Where snapshots go; created if missing. May be shared.
@@ -241,6 +245,7 @@ class SnapshotSink:
         max_files: Snapshots kept in `folder` (files named as this sink names them, of
             any pipeline); the oldest go first, so the disk never fills. Other files,
             JPEGs included, are never touched.
+        clock: Unix seconds, for the file names.
     """
 
     def __init__(
@@ -249,6 +254,7 @@ class SnapshotSink:
         min_interval_s: float = 10.0,
         kinds: tuple[str, ...] = ("appeared",),
         max_files: int = 500,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if max_files < 1:
             raise ValueError(f"max_files must be at least 1, got {max_files}")
@@ -256,6 +262,7 @@ class SnapshotSink:
         self.min_interval_s = min_interval_s
         self.kinds = frozenset(kinds)
         self.max_files = max_files
+        self._clock = clock
         self.written = 0
         self._last_ts: float | None = None
         folder.mkdir(parents=True, exist_ok=True)
@@ -286,10 +293,12 @@ class SnapshotSink:
     def close(self) -> None:
         """Nothing to release: every snapshot is complete on disk when `emit` returns."""
 
-    @staticmethod
-    def _name(result: FrameResult, event: Event) -> str:
+    def _name(self, result: FrameResult, event: Event) -> str:
         tag = f"{event.kind}-{_safe(event.label)}" if event.label else event.kind
-        return f"{_safe(result.pipeline)}-{result.frame:08d}-{tag}.jpg"
+        now = self._clock()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+        millis = int(now * 1000) % 1000
+        return f"{_safe(result.pipeline)}-{stamp}.{millis:03d}-{result.frame:08d}-{tag}.jpg"
 
     def _write(self, name: str, image: Image) -> Path:
         ok, encoded = cv2.imencode(".jpg", image)
@@ -327,8 +336,8 @@ class SnapshotSink:
             mine = newest + 1
             os.utime(written, ns=(mine, mine))
         jpegs.append((mine, written.name, str(written)))
-        # Oldest first; names carry the zero-padded frame number, so they break
-        # ties between files written within one mtime tick.
+        # Oldest first; names carry the time and the zero-padded frame number, so they
+        # break ties between files written within one mtime tick.
         jpegs.sort()
         for _, _, path in jpegs[: max(0, len(jpegs) - self.max_files)]:
             Path(path).unlink(missing_ok=True)
@@ -352,6 +361,10 @@ class JsonLinesSinkSpec(BaseModel):
 
 
 _EVENT_KINDS: tuple[str, ...] = get_args(Event.model_fields["kind"].annotation)
+_FRAMELESS = frozenset({"source_error", "source_reconnecting", "pipeline_error"})
+"""Event kinds sent between frames (a result of frame -1, with no image): accepted as a
+snapshot's kinds, they never took one, and nothing said so."""
+_SNAPSHOT_KINDS = tuple(k for k in _EVENT_KINDS if k not in _FRAMELESS)
 
 
 class SnapshotSinkSpec(BaseModel):
@@ -367,7 +380,7 @@ class SnapshotSinkSpec(BaseModel):
     kinds: tuple[str, ...] = Field(
         default=("appeared",),
         min_length=1,
-        description=f"Event kinds that trigger a snapshot, among: {', '.join(_EVENT_KINDS)}.",
+        description=f"Event kinds that trigger a snapshot, among: {', '.join(_SNAPSHOT_KINDS)}.",
     )
     max_files: int = Field(
         default=500, ge=1, description="JPEGs kept in the folder; the oldest are deleted."
@@ -379,6 +392,12 @@ class SnapshotSinkSpec(BaseModel):
         unknown = sorted(set(kinds) - set(_EVENT_KINDS))
         if unknown:
             raise ValueError(f"unknown event kinds {unknown}; known: {list(_EVENT_KINDS)}")
+        frameless = sorted(set(kinds) & _FRAMELESS)
+        if frameless:
+            raise ValueError(
+                f"event kinds {frameless} come between frames and carry no image to save;"
+                f" snapshots are taken for: {list(_SNAPSHOT_KINDS)}"
+            )
         return kinds
 
 

@@ -153,6 +153,20 @@ class StreamSourceSpec(LiveSpec):
     def _known_scheme(cls, value: str) -> str:
         if not value.lower().startswith(_STREAM_SCHEMES):
             raise ValueError(f"stream url must start with one of {', '.join(_STREAM_SCHEMES)}")
+        # Read here as the source reads it (urlsplit, .port), so a typo in a camera's URL
+        # is this one line: it passed, and the source's first log of the URL raised a
+        # ValueError out as a traceback (an internal error over MQTT). The messages never
+        # quote the URL: it may hold the camera's password.
+        try:
+            parts = urlsplit(value)
+            _ = parts.port
+        except ValueError as exc:
+            raise ValueError(
+                f"stream url is malformed: {exc} (a port is a number up to 65535, an IPv6"
+                " host is written in brackets: rtsp://[fe80::1]:554/stream)"
+            ) from None
+        if not parts.hostname:
+            raise ValueError("stream url has no host, as in rtsp://camera.local:554/stream")
         return value
 
 

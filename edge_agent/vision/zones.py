@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 import cv2
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_agent.heads.base import Detection, Result
 from edge_agent.vision.geometry import Rect
@@ -44,6 +44,21 @@ class _Polygon(BaseModel):
         default="px",
         description='"px": frame pixels; "fraction": fractions of the frame width and height.',
     )
+
+    @model_validator(mode="after")
+    def _not_fractions_read_as_pixels(self) -> _Polygon:
+        # Pixels are the default unit: a zone drawn in fractions without `units` was a
+        # polygon 1 px across in the top-left corner, matching nothing (and in tiles or
+        # regions mode shrinking the sweep to one tile), with nothing said anywhere.
+        if self.units == "px" and all(0 <= v <= 1 for point in self.points for v in point):
+            kind = type(self).__name__.lower()
+            name = getattr(self, "name", "")
+            raise ValueError(
+                f"{kind}{f' {name!r}' if name else ''} has every point within 0-1 but its"
+                " units are pixels (a polygon 1 pixel across); for fractions of the frame"
+                ' add units = "fraction"'
+            )
+        return self
 
     def polygon(self, frame_size: tuple[int, int]) -> Points:
         """The corners in frame pixels, [K, 2] float64."""
@@ -139,6 +154,23 @@ class Scene:
             return []
         hit = inside(self._zones[index], bottom_centres([d.box for d in detections]))
         return [d for d, h in zip(detections, hit, strict=True) if h]
+
+    def outside(self) -> list[tuple[str, str]]:
+        """(kind, name) of each zone and mask that lies wholly outside the frame: drawn
+        for another resolution, or in pixels where fractions were meant."""
+        width, height = self.frame_size
+        shapes = [
+            *(("zone", z.name, p) for z, p in zip(self.zones, self._zones, strict=True)),
+            *(("mask", m.name, p) for m, p in zip(self.masks, self._masks, strict=True)),
+        ]
+        return [
+            (kind, name)
+            for kind, name, polygon in shapes
+            if polygon[:, 0].min() >= width
+            or polygon[:, 1].min() >= height
+            or polygon[:, 0].max() <= 0
+            or polygon[:, 1].max() <= 0
+        ]
 
     def zone_bounds(self) -> list[Rect]:
         """Each zone's bounding rectangle in frame pixels, cut to the frame (for tiles)."""

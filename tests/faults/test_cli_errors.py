@@ -275,3 +275,37 @@ def test_usage_errors_are_one_line_too() -> None:
     one_line_error(edge_agent("bench"), "--model")
     one_line_error(edge_agent("run-pipeline", "--hint", "fast"), "--hint")
     one_line_error(edge_agent("run-pipeline"), "nothing to run", "--source")
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("rtsp://admin:secret@cam.local:55x4/stream", "'55x4'"),
+        ("rtsp://admin:secret@[fe80::1/stream", "Invalid IPv6 URL"),
+        ("rtsp://:554/stream", "no host"),
+    ],
+)
+def test_a_malformed_stream_url_is_one_line_without_the_password(
+    tmp_path: Path, url: str, needle: str
+) -> None:
+    # It validated, then the source's first log of the URL raised ValueError: a traceback.
+    by_flag = edge_agent("run-pipeline", "--model", "person-ssdlite", "--source", url)
+    assert one_line_error(by_flag, "--source", "stream url", needle) == "input.invalid"
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        f'id = "dock"\n[model]\nname = "person-ssdlite"\n[source]\ntype = "stream"\nurl = "{url}"\n'
+    )
+    in_spec = edge_agent("run-pipeline", str(spec))
+    assert one_line_error(in_spec, "source.stream.url", needle) == "config.invalid"
+    assert "secret" not in by_flag.stderr + in_spec.stderr
+
+
+@pytest.mark.parametrize("mode", ["tiles", "regions"])
+def test_tiles_and_regions_refuse_a_head_that_is_not_a_detector(
+    photo: Path, tmp_path: Path, mode: str
+) -> None:
+    # A classifier ran once per tile: fifteen classifications of one frame, unmerged.
+    spec = spec_file(tmp_path, f'[detect]\nmode = "{mode}"', source=photo.parent)
+    proc = edge_agent("run-pipeline", str(spec), "--max-frames", "1")
+    code = one_line_error(proc, "classification head", f'mode "{mode}"', 'mode = "frame"')
+    assert code == "model.incompatible"

@@ -8,8 +8,15 @@ from collections.abc import Sequence
 import pytest
 
 from edge_agent.agent.outage import SourceOutage
-from edge_agent.agent.sink import UPDATE_EVERY_S, AgentSink, ResultsPolicy
+from edge_agent.agent.sink import (
+    HEARTBEAT_S,
+    UPDATE_EVERY_S,
+    AgentSink,
+    ResultsPolicy,
+    event_priority,
+)
 from edge_agent.heads.base import Classification, Detection, Result
+from edge_agent.outbox import Priority
 from edge_agent.pipelines.base import Event, FrameResult
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent, EventMessage, ResultMessage
 
@@ -96,6 +103,46 @@ def test_a_rising_score_is_reported_at_once_as_the_best_score() -> None:
     feed(out, sink, [[person(10, 0.6)], [person(11, 0.9)], [person(12, 0.7)]])
     events = out.detections()
     assert [(e.type, e.score) for e in events] == [("new", 0.6), ("update", 0.9)]
+
+
+def test_parked_objects_send_a_heartbeat_a_minute_and_a_moved_one_an_update() -> None:
+    out = _Out()
+    sink = out.sink("events")
+    fps = 5.0
+    # 50 parked cars in a 10 x 5 grid, their boxes jittering by a pixel as a model's do.
+    parked = [(60.0 + 120 * (i % 10), 60.0 + 120 * (i // 10)) for i in range(50)]
+    seconds = HEARTBEAT_S + 5
+    frames = int(seconds * fps)
+    for index in range(frames):
+        ts = index / fps
+        out.now = T0 + ts
+        jitter = (index % 3) - 1
+        cars = [
+            Detection(label="car", class_id=3, score=0.8, box=(x + jitter, y, x + 100, y + 90))
+            for x, y in parked
+        ]
+        # One van drives off, 40 px a second, from the 20th second on.
+        drive = 40 * max(0.0, ts - 20)
+        van = Detection(label="van", class_id=4, score=0.8, box=(60 + drive, 700, 260 + drive, 800))
+        sink.emit(FrameResult("dock", index, ts, [*cars, van], [], {}, "cars"))
+    events = out.detections()
+    cars_events = [e for e in events if e.label == "car"]
+    assert sum(e.type == "new" for e in cars_events) == 50
+    updates: dict[str, int] = {}
+    for event in cars_events:
+        if event.type == "update":
+            updates[event.id] = updates.get(event.id, 0) + 1
+    # At most one heartbeat each in a minute, not one update a second (3,000 of them).
+    assert len(cars_events) <= 100
+    assert all(count == 1 for count in updates.values())
+    van_updates = [e for e in events if e.label == "van" and e.type == "update"]
+    # It moved: updates while it drives (not once a frame), none in the 20 s it stood still.
+    assert 3 <= len(van_updates) <= seconds - 20 + 1
+    assert van_updates[0].box[0] > 60
+    assert all(event_priority(e) == Priority.RESULT for e in van_updates)
+    assert event_priority(events[0]) == Priority.CRITICAL  # a `new` is never dropped
+    sink.close()
+    assert {event_priority(e) for e in out.detections() if e.type == "end"} == {Priority.CRITICAL}
 
 
 def test_close_ends_objects_still_in_view() -> None:

@@ -112,6 +112,26 @@ def test_pixel_zones_are_camera_pixels_on_a_reduced_decode() -> None:
     assert results[0].box[3] > 600, "the feet are at camera row ~700, in the zone"
 
 
+def test_a_zone_wholly_outside_the_frame_is_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    image = ImageInput(
+        name="x", shape=(1, 300, 300, 3), layout="NHWC", element_type="u8", color="RGB"
+    )
+    # Drawn on a 1920x1080 camera's picture, run on a 1280x720 one.
+    far = Zone(name="far", points=((1400, 800), (1900, 800), (1900, 1000), (1400, 1000)))
+    near = Zone(name="near", points=((0, 600), (1280, 600), (1280, 720), (0, 720)))
+    detector = Detector(zones=[far, near])
+    for index in range(3):
+        frame = Frame(index, index / 10, np.zeros((720, 1280, 3), np.uint8), 0.0)
+        [geometry] = detector.plan(frame, image)
+        detector.combine(frame, image, [(geometry, [])])
+    warned = [r for r in caplog.records if getattr(r, "event", None) == "zone_outside_frame"]
+    assert [(r.levelname, getattr(r, "fields", {})) for r in warned] == [
+        ("WARNING", {"kind": "zone", "name": "far", "frame": "1280x720"})
+    ]
+
+
 def test_a_whole_frame_plan_follows_the_frame_size_and_the_model() -> None:
     """Mode "frame" keeps its last geometry; a new frame size or a swapped model's input
     (equal or not) each get their own, as `input_geometry` gives them."""

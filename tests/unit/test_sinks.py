@@ -4,9 +4,11 @@ and a quota."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -190,6 +192,14 @@ def _jpegs(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.jpg"))
 
 
+_STAMP = re.compile(r"-\d{8}-\d{6}\.\d{3}-")
+
+
+def _names(folder: Path) -> list[str]:
+    """The JPEGs in `folder` by name, the wall-clock part of snapshot names left out."""
+    return [_STAMP.sub("-", p.name) for p in _jpegs(folder)]
+
+
 def test_a_snapshot_taken_after_the_clock_stepped_back_is_kept(tmp_path: Path) -> None:
     # Snapshots from before a clock step back (a box that ran on a wrong clock, then
     # synced; or the reverse) carry later mtimes than anything written now. Each new one
@@ -203,8 +213,7 @@ def test_a_snapshot_taken_after_the_clock_stepped_back_is_kept(tmp_path: Path) -
     sink = SnapshotSink(tmp_path, min_interval_s=0.0, max_files=2)
     for frame in (7, 8):
         sink.emit(frame_result(frame, frame / 10, [appeared(frame / 10)]))
-    names = [p.name for p in _jpegs(tmp_path)]
-    assert names == [f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (7, 8)]
+    assert _names(tmp_path) == [f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (7, 8)]
     # And the order on disk is the order of writing.
     mtimes = [p.stat().st_mtime_ns for p in _jpegs(tmp_path)]
     assert mtimes[0] < mtimes[1]
@@ -216,8 +225,9 @@ def test_snapshot_is_rate_limited_by_stream_time(tmp_path: Path) -> None:
     for frame in range(0, 400, 20):
         sink.emit(frame_result(frame, frame / 10, [appeared(frame / 10)]))
     sink.close()
-    names = [p.name for p in _jpegs(tmp_path)]
-    assert names == [f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (0, 100, 200, 300)]
+    assert _names(tmp_path) == [
+        f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (0, 100, 200, 300)
+    ]
     assert sink.written == 4
 
 
@@ -262,7 +272,7 @@ def test_snapshot_quota_deletes_the_oldest(tmp_path: Path) -> None:
     sink = SnapshotSink(tmp_path, min_interval_s=0.0, max_files=3)
     for frame in range(6):
         sink.emit(frame_result(frame, frame / 10, [appeared(frame / 10)]))
-    assert [p.name for p in _jpegs(tmp_path)] == [
+    assert _names(tmp_path) == [
         "IMG_0001.jpg",
         *(f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (3, 4, 5)),
         "holiday.jpg",
@@ -280,7 +290,34 @@ def test_snapshot_ignores_other_events_and_frames_without_images(tmp_path: Path)
     assert _jpegs(tmp_path) == []
     sink = SnapshotSink(tmp_path, min_interval_s=0.0, kinds=("gone",))
     sink.emit(frame_result(4, 0.4, [gone]))
-    assert [p.name for p in _jpegs(tmp_path)] == ["door_cam-00000004-gone-person.jpg"]
+    assert _names(tmp_path) == ["door_cam-00000004-gone-person.jpg"]
+
+
+def test_snapshots_of_each_run_are_kept_though_frame_numbers_start_again(
+    tmp_path: Path,
+) -> None:
+    # The agent starts a new run on each retry of a camera that keeps dropping; a person
+    # in view is `appeared` at frame 2 of each. The three runs wrote one file.
+    starts = (1_700_000_000.0, 1_700_000_005.25, 1_700_000_015.5)
+    for start in starts:
+        sink = SnapshotSink(tmp_path, min_interval_s=0.0, clock=itertools.repeat(start).__next__)
+        sink.emit(frame_result(2, 0.2, [appeared(0.2)]))
+        sink.close()
+    assert [p.name for p in _jpegs(tmp_path)] == [
+        "door_cam-20231114-221320.000-00000002-appeared-person.jpg",
+        "door_cam-20231114-221325.250-00000002-appeared-person.jpg",
+        "door_cam-20231114-221335.500-00000002-appeared-person.jpg",
+    ]
+
+
+@pytest.mark.parametrize("kind", ["source_error", "source_reconnecting", "pipeline_error"])
+def test_a_snapshot_of_an_event_without_a_frame_is_refused(tmp_path: Path, kind: str) -> None:
+    # Sent between frames, with no image: accepted, such a sink never wrote anything.
+    with pytest.raises(
+        ValidationError,
+        match=rf"\['{kind}'\] come between frames.*\['appeared', 'gone', 'model_swapped'\]",
+    ):
+        SnapshotSinkSpec(folder=tmp_path, kinds=("appeared", kind))
 
 
 def test_snapshot_write_failure_raises_for_the_guard_and_keeps_the_rate_limit(

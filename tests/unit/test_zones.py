@@ -105,3 +105,15 @@ def test_a_corner_that_is_not_a_finite_number_is_refused(bad: float) -> None:
         Zone(name="x", points=((bad, 0.1), (1, 0), (1, 1)))
     with pytest.raises(ValidationError, match="finite"):
         Mask.model_validate_json('{"points": [[0, 0], [1, 0], [1, NaN]]}')
+
+
+def test_fractions_given_as_pixels_are_refused_naming_the_units() -> None:
+    # Pixels are the default: this was a zone 1 px across in the corner, matching nothing.
+    dock = {"name": "dock", "points": [[0.1, 0.6], [0.6, 0.6], [0.6, 1.0], [0.1, 1.0]]}
+    with pytest.raises(ValidationError, match=r"zone 'dock'.*units = \"fraction\""):
+        Zone.model_validate(dock)
+    with pytest.raises(ValidationError, match=r'mask has every point.*units = "fraction"'):
+        Mask.model_validate({"points": dock["points"]})
+    assert Zone.model_validate({**dock, "units": "fraction"}).polygon((100, 100))[1, 0] == 60
+    # A pixel zone near the corner is fine once any point is past the first pixel.
+    Zone.model_validate({**dock, "points": [[0, 0], [2, 0], [2, 2]]})
