@@ -93,7 +93,8 @@ class Pipelines:
         self._clock = clock
         self._restorer = Restorer(
             self._roster,
-            self._checked,
+            # From the record: what an earlier build accepted, harmless, is mended.
+            lambda data: checked_spec(data, self.layout.state, self.protected, recorded=True),
             lambda entry: self._start_registered(entry, persist=False),
             self._event,
         )

@@ -16,11 +16,13 @@ from pydantic import ValidationError
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.pipelines.confine import confine_writes, refuse_protected
+from edge_agent.pipelines.sinks import RECORDED
 from edge_agent.pipelines.spec import PipelineSpec
 
 
-def parse_spec(data: dict[str, Any]) -> PipelineSpec:
-    """Validate a spec from a command, naming the first bad field.
+def parse_spec(data: dict[str, Any], recorded: bool = False) -> PipelineSpec:
+    """Validate a spec from a command, or from the record (`recorded`), naming the first
+    bad field.
 
     A spec without `sinks` gets none: in the agent, results go to MQTT through the
     agent's own sink, and the CLI's default (JSON lines on stdout) would only fill
@@ -28,7 +30,7 @@ def parse_spec(data: dict[str, Any]) -> PipelineSpec:
     """
     data = {"sinks": [], **data}
     try:
-        return PipelineSpec.model_validate(data)
+        return PipelineSpec.model_validate(data, context={RECORDED: True} if recorded else None)
     except ValidationError as exc:
         where, message = first_error(exc, "spec.", data)
         raise EdgeAgentError(
@@ -40,18 +42,22 @@ def parse_spec(data: dict[str, Any]) -> PipelineSpec:
         ) from None
 
 
-def checked_spec(data: dict[str, Any], state: Path, protected: Iterable[Path]) -> PipelineSpec:
+def checked_spec(
+    data: dict[str, Any], state: Path, protected: Iterable[Path], recorded: bool = False
+) -> PipelineSpec:
     """`parse_spec`, then the paths it names; raises `command.invalid` naming the field.
 
     Args:
         data: The spec, as a command or the record gives it.
         state: The state folder: a relative sink path is taken inside it.
         protected: Files and folders no pipeline may name.
+        recorded: `data` is from the record: what an earlier build accepted and was
+            harmless is mended, not refused (`sinks.RECORDED`).
 
     Returns:
         The spec, with its sinks' paths inside the state folder.
     """
-    spec = parse_spec(data)
+    spec = parse_spec(data, recorded)
     # Before anything is opened: a sink is created as it opens.
     code, prefix = "command.invalid", "args.spec."
     # First: a relative sink path is made one inside the state folder, and then the

@@ -22,7 +22,7 @@ from typing import Annotated, Literal, TextIO, get_args
 import cv2
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from edge_agent.heads.base import Classification, Detection, Result, TextBox
 from edge_agent.logs import log_event
@@ -360,6 +360,10 @@ class JsonLinesSinkSpec(BaseModel):
     )
 
 
+RECORDED = "recorded"
+"""In a validation context (`PipelineSpec.model_validate(d, context={RECORDED: True})`): the
+spec comes from the agent's record, written by this build or an earlier one, so what an
+earlier build accepted and was harmless is mended, not refused."""
 _EVENT_KINDS: tuple[str, ...] = get_args(Event.model_fields["kind"].annotation)
 _FRAMELESS = frozenset({"source_error", "source_reconnecting", "pipeline_error"})
 """Event kinds sent between frames (a result of frame -1, with no image): accepted as a
@@ -388,11 +392,15 @@ class SnapshotSinkSpec(BaseModel):
 
     @field_validator("kinds")
     @classmethod
-    def _known_kinds(cls, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    def _known_kinds(cls, kinds: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         unknown = sorted(set(kinds) - set(_EVENT_KINDS))
         if unknown:
             raise ValueError(f"unknown event kinds {unknown}; known: {list(_EVENT_KINDS)}")
         frameless = sorted(set(kinds) & _FRAMELESS)
+        if frameless and RECORDED in (info.context or {}):
+            # Recorded by a build that accepted them: they never took a snapshot, and
+            # refused, they kept the whole camera from coming back after the upgrade.
+            return tuple(k for k in kinds if k not in _FRAMELESS)
         if frameless:
             raise ValueError(
                 f"event kinds {frameless} come between frames and carry no image to save;"

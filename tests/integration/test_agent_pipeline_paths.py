@@ -404,6 +404,27 @@ def test_a_recorded_sink_outside_the_state_folder_is_listed_failed_until_stopped
         pipelines.close()
 
 
+def test_a_recorded_snapshot_kind_that_never_took_one_is_dropped_not_the_camera(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # Builds before the check accepted snapshot kinds that come between frames; they never
+    # took a snapshot. Refused at restore, they kept the whole camera from coming back
+    # after the upgrade; a new start_pipeline with them is still refused.
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    sink = {"type": "snapshot", "folder": "snaps", "kinds": ["appeared", "source_error"]}
+    old = {**spec, "id": "dock", "sinks": [sink]}
+    pipelines.records.update(pipelines={"dock": old})
+    try:
+        assert pipelines.restore() == ["dock"]
+        with pytest.raises(EdgeAgentError) as refused:
+            pipelines.start({**old, "id": "dock-2"})
+        assert refused.value.code == "command.invalid"
+        assert "carry no image" in str(refused.value)
+    finally:
+        pipelines.close()
+    assert list(pipelines.records.record.pipelines) == ["dock"]
+
+
 def test_calibration_data_in_the_agents_own_files_is_refused_before_anything_is_read(
     broker: LocalBroker, tmp_path: Path, watcher: Watcher
 ) -> None:
