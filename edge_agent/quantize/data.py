@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 import numpy.typing as npt
+from pydantic import ValidationError
 
 from edge_agent.audio.resample import resample
 from edge_agent.audio.wav import WavError, read_wav, to_mono
 from edge_agent.catalog.manifest import AudioInput, ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
+from edge_agent.pipelines.capture import CaptureSinkSpec
 from edge_agent.pipelines.decode import read_image_file, require_utf8_path
 from edge_agent.quantize.recipe import Recipe, load_recipe
 from edge_agent.runtime.preprocess import fit_frame
@@ -54,7 +57,7 @@ def resolve_data(text: str, layout: Layout) -> Path:
                 "write pipeline:<id> with the id from the pipeline's spec",
                 "input.invalid",
             )
-        folder = layout.captures(pipeline)
+        folder = capture_folder(pipeline, layout)
         if not folder.is_dir() or not any(folder.iterdir()):
             raise EdgeAgentError(
                 f"pipeline {pipeline!r} has captured nothing yet ({folder})",
@@ -68,6 +71,34 @@ def resolve_data(text: str, layout: Layout) -> Path:
             f"calibration data {path} does not exist", "check the path", "input.not_found"
         )
     return path
+
+
+def capture_folder(pipeline: str, layout: Layout) -> Path:
+    """Where `pipeline`'s capture sink writes: the `folder` its spec names, in the agent's
+    record of it, else the pipeline's captures folder in the state.
+
+    Warns when the pipeline detects on tiles or regions: calibration and its gate see
+    whole frames fitted to the model, not the crops it serves on.
+    """
+    from edge_agent.agent.records import recorded_spec
+    from edge_agent.pipelines.spec import PipelineSpec
+
+    recorded = recorded_spec(layout.agent, pipeline)
+    try:
+        spec = PipelineSpec.model_validate({"sinks": [], **recorded}) if recorded else None
+    except ValidationError:
+        spec = None  # the agent reports a spec it cannot run; its captures may still be here
+    if spec is None:
+        return layout.captures(pipeline)
+    if spec.detect.mode != "frame":
+        log_event(
+            log, logging.WARNING, "calibration_whole_frames", pipeline=pipeline,
+            mode=spec.detect.mode,
+            detail="the pipeline detects on tiles or regions; calibration and its accuracy "
+            "gate judge the model on whole frames fitted to its input, which it does not serve",
+        )  # fmt: skip
+    folders = [s.folder for s in spec.sinks if isinstance(s, CaptureSinkSpec) and s.folder]
+    return folders[0] if folders else layout.captures(pipeline)
 
 
 def _evenly(paths: list[Path], limit: int) -> list[Path]:

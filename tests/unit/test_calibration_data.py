@@ -3,14 +3,22 @@ sample of long audio."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import cv2
 import numpy as np
 import numpy.typing as npt
+import pytest
 
+from edge_agent.agent.records import AgentRecords
 from edge_agent.catalog.manifest import ImageInput, load_manifest
-from edge_agent.quantize.data import AUDIO_STRETCH_S, load_clips, load_frames
+from edge_agent.errors import EdgeAgentError
+from edge_agent.paths import Layout
+from edge_agent.pipelines.capture import CaptureSinkSpec
+from edge_agent.pipelines.sources import FileSourceSpec
+from edge_agent.pipelines.spec import DetectSpec, ModelRef, PipelineSpec, load_spec
+from edge_agent.quantize.data import AUDIO_STRETCH_S, load_clips, load_frames, resolve_data
 from edge_agent.quantize.tasks import build_task
 from edge_agent.runtime.preprocess import frame_tensor
 from tests.conftest import REPO, bgr, sample, write_wav
@@ -82,3 +90,38 @@ def test_long_audio_is_sampled_in_stretches_spread_across_every_recording(tmp_pa
     np.testing.assert_allclose(starts, [15, 55, 95, 135], atol=0.05)
     # Within the budget, every recording is kept whole.
     assert [len(c) for c in load_clips(tmp_path, rate, max_seconds=160.0)] == [40 * rate] * 4
+
+
+def test_pipeline_data_is_read_where_its_capture_sink_writes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A capture sink with a folder of its own was never found: pipeline:<id> read the
+    # pipeline's default captures folder and said it had captured nothing.
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    folder = layout.state / "dock-captures"
+    folder.mkdir(parents=True)
+    cv2.imwrite(str(folder / "slot-00000.jpg"), np.zeros((48, 64, 3), np.uint8))
+    spec = PipelineSpec(
+        id="dock",
+        model=ModelRef(name="person-ssdlite"),
+        source=FileSourceSpec(path=tmp_path / "walk.avi"),
+        detect=DetectSpec(mode="tiles"),
+        sinks=[CaptureSinkSpec(folder=folder)],
+    )
+    AgentRecords(layout.agent).update(pipelines={"dock": spec.model_dump(mode="json")})
+    caplog.set_level(logging.WARNING, logger="edge_agent.quantize.data")
+    assert resolve_data("pipeline:dock", layout) == folder
+    # It says plainly that the gate judges whole frames, not the tiles the pipeline serves.
+    assert [r.getMessage() for r in caplog.records] == ["calibration_whole_frames"]
+
+
+def test_a_capture_sink_on_an_audio_pipeline_is_refused(tmp_path: Path) -> None:
+    # It was accepted and wrote nothing: the audio pipeline has no frames to keep.
+    path = tmp_path / "ears.toml"
+    path.write_text(
+        'id = "ears"\nmodel = {name = "vad-silero"}\nsource = {type = "mic"}\n'
+        'sinks = [{type = "capture"}]\n'
+    )
+    with pytest.raises(EdgeAgentError, match="capture sink keeps video frames") as caught:
+        load_spec(path)
+    assert "\n" not in str(caught.value)
