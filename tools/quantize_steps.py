@@ -143,6 +143,7 @@ def quantize_plain(name: str, data: Path, recipe_path: Path, folder: Path) -> Pl
     """
     # NNCF is slow to import and only this step needs it.
     from edge_agent.catalog.catalog import Catalog, default_models_dir
+    from edge_agent.catalog.manifest import ImageInput
     from edge_agent.paths import Layout
     from edge_agent.quantize.api import to_toml
     from edge_agent.quantize.calibrate import CalibrationData, Calibrator, save_ir
@@ -153,7 +154,9 @@ def quantize_plain(name: str, data: Path, recipe_path: Path, folder: Path) -> Pl
     try:
         recipe = load_recipe(recipe_path)
         resolved = Catalog(default_models_dir(), Layout.from_env(os.environ).cache).resolve(name)
-        frames = load_frames(data, recipe.max_samples)
+        spec = resolved.manifest.input
+        assert isinstance(spec, ImageInput)
+        frames = load_frames(data, recipe.max_samples, spec)
         with quiet_nncf():
             calibrator = Calibrator(resolved, CalibrationData(frames, []), recipe, "CPU")
             model = calibrator.compress("int8")

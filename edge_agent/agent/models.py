@@ -9,6 +9,7 @@ pipelines to pick up the new version (a hot swap between two frames).
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,8 @@ from edge_agent.store.health import HealthGate, HealthGateError, HealthGates
 from edge_agent.store.store import ModelStore
 
 log = logging.getLogger(__name__)
+SCRATCH_PREFIX = "calibrate-"
+"""A calibration's scratch folder in `Layout.state_tmp`, the one thing the agent keeps there."""
 _DAMAGED_SAY_EVERY_S = 3600.0
 """How often one damaged store entry is logged while it stays damaged."""
 
@@ -264,7 +267,7 @@ class ModelOps:
         samples = calibration_data(resolve_data(data, self.layout), resolved.manifest, recipe)
         job.check()
         name = install_as or f"{resolved.manifest.name}-int8"
-        with tempfile.TemporaryDirectory(dir=self._scratch(), prefix="calibrate-") as tmp:
+        with tempfile.TemporaryDirectory(dir=self._scratch(), prefix=SCRATCH_PREFIX) as tmp:
             out = Path(tmp) / "out"
 
             def progress(stage: str, fraction: float) -> None:
@@ -290,6 +293,19 @@ class ModelOps:
             self.store.install(SignedRelease(release=release), out, move=True)
         self._event("calibration_done", name, version, detail=report.mode)
         return {"name": name, "version": version, "report": report.model_dump(mode="json")}
+
+    def sweep_scratch(self) -> None:
+        """Delete what calibrations left in the state's scratch folder; call at agent start,
+        before any command runs.
+
+        A stop during a calibration (systemd stop, an upgrade, the OOM killer) skips its
+        cleanup: the job runs on a daemon thread and the agent waits 5 s for it, so each
+        interrupted run left its FP32 and INT8 IRs on the state disk for good. Only the
+        calibrations' own folders go: nothing else of the agent writes here.
+        """
+        for leftover in self.layout.state_tmp.glob(f"{SCRATCH_PREFIX}*"):
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
 
     def _scratch(self) -> Path:
         folder = self.layout.state_tmp

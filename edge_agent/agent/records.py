@@ -73,11 +73,26 @@ class AgentRecord(BaseModel):
     )
 
 
+RECORD_FILE = "agent.json"
+
+
+def recorded_spec(folder: Path, pipeline: str) -> dict[str, Any] | None:
+    """The spec the agent in `folder` recorded for `pipeline`, read only (a damaged record
+    is the agent's to set aside, not a reader's); None when there is none to read."""
+    try:
+        data = json.loads((folder / RECORD_FILE).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+    pipelines = data.get("pipelines") if isinstance(data, dict) else None
+    spec = pipelines.get(pipeline) if isinstance(pipelines, dict) else None
+    return spec if isinstance(spec, dict) else None
+
+
 class AgentRecords:
     """Load and save `AgentRecord`; thread-safe."""
 
     def __init__(self, folder: Path) -> None:
-        self.path = folder / "agent.json"
+        self.path = folder / RECORD_FILE
         self._lock = threading.Lock()
         self.record = self._load()
 

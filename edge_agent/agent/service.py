@@ -153,6 +153,7 @@ class AgentService:
             self.device,
         )
         self.models.topics = self.topics
+        self.models.sweep_scratch()  # before the dispatcher exists: no calibration runs yet
         self.supervisor = AgentSupervisor(
             self.pipelines, self.models, self.records, self._set_interval, self._status_extra
         )

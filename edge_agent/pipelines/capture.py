@@ -70,6 +70,7 @@ class CaptureSink:
         self.over_quota = 0
         self._last_ts: float | None = None
         folder.mkdir(parents=True, exist_ok=True)
+        self._drop_slots_from(spec.frames)
         # Resume: a restarted pipeline keeps filling the sample it had.
         self._slots = min(len(list(folder.glob("slot-*.jpg"))), spec.frames)
         self._size = spec.frames
@@ -112,6 +113,17 @@ class CaptureSink:
         """Save the count of frames offered, so the next run resumes the sample."""
         if self.offered != self._saved:
             self._save()
+
+    def _drop_slots_from(self, first: int) -> None:
+        """Delete the slots numbered `first` and above: a run with more `frames` filled them.
+
+        Kept, they were never replaced, counted against the quota for good, and calibration
+        read them beside the sample: stale frames, no longer a uniform one.
+        """
+        for path in self.folder.glob("slot-*.jpg"):
+            number = path.stem.removeprefix("slot-")
+            if number.isdigit() and int(number) >= first:
+                path.unlink(missing_ok=True)
 
     def _load_offered(self) -> int:
         path = self.folder / STATE_FILE

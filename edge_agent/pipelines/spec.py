@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_agent.config_files import load_validated
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec
+from edge_agent.pipelines.capture import CaptureSinkSpec
 from edge_agent.pipelines.events import EventRule
 from edge_agent.pipelines.sinks import JsonLinesSinkSpec, SinkSpec
 from edge_agent.pipelines.sources import (
@@ -123,6 +124,18 @@ class PipelineSpec(BaseModel):
                 raise ValueError(
                     f"event rule {rule.name!r} names zone {rule.zone!r}; the zones are: {known}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _capture_has_frames(self) -> PipelineSpec:
+        # An audio pipeline's capture sink was accepted and wrote nothing, and calibrate
+        # --data pipeline:<id> then said to add the capture sink the spec already had.
+        audio = isinstance(self.source, WavSourceSpec | MicSourceSpec)
+        if audio and any(isinstance(s, CaptureSinkSpec) for s in self.sinks):
+            raise ValueError(
+                "a capture sink keeps video frames and an audio source has none; remove it "
+                "and calibrate an audio model on WAV files (calibrate --data <folder of WAVs>)"
+            )
         return self
 
 

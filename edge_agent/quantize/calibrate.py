@@ -33,7 +33,7 @@ from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import ImageInput
 from edge_agent.errors import EdgeAgentError
 from edge_agent.quantize.recipe import CalibrationReport, Precision, Recipe, Rung, RungResult
-from edge_agent.quantize.tasks import Inputs, Outputs, Task, build_task, non_finite
+from edge_agent.quantize.tasks import Inputs, Outputs, Sample, Task, build_task, non_finite
 from edge_agent.runtime.devices import is_present, parse_request
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ _QUANTIZABLE = {"Convolution", "GroupConvolution", "MatMul", "ConvolutionBackpro
 
 @dataclass(frozen=True, slots=True)
 class CalibrationData:
-    """Raw samples as the device saw them: BGR frames, or mono clips at the model's rate."""
+    """Samples as the model takes them: BGR frames fitted to its input (`load_frames`), or
+    mono clips at its rate."""
 
     frames: list[Any]
     clips: list[Any]
@@ -252,7 +253,7 @@ class Calibrator:
         # NNCF's weight compression rewrites the model it is given in place: without a
         # copy, every later rung (and the FP32 output itself) would be compressed too.
         fp32 = self.fp32.clone()
-        calibration = nncf.Dataset(self.task.calibration)
+        calibration = nncf.Dataset(self.task.calibration, self.task.feed)
         preset = nncf.QuantizationPreset(r.preset)
         common: dict[str, Any] = {
             "preset": preset,
@@ -267,14 +268,15 @@ class Calibrator:
         if rung == "int8-accuracy":
             items = list(enumerate(self.task.holdout))
             reference = self.reference
+            feed = self.task.feed
 
             def validate(
-                compiled: Any, batch: Iterable[tuple[int, Inputs]]
+                compiled: Any, batch: Iterable[tuple[int, Sample]]
             ) -> tuple[float, list[float]]:
                 chosen = list(batch)
                 run = _runner(compiled)
                 # Each item scored alone against FP32's answer; NNCF ranks layers by these.
-                outputs = [run(inputs) for _, inputs in chosen]
+                outputs = [run(feed(sample)) for _, sample in chosen]
                 refs = [reference[i] for i, _ in chosen]
                 return self.task.per_item(refs, outputs)
 
@@ -283,7 +285,7 @@ class Calibrator:
                     "accuracy control scores windows one by one; a stateful model needs a sequence"
                 )
             return nncf.quantize_with_accuracy_control(
-                fp32, calibration, nncf.Dataset(items, lambda item: item[1]), validate,
+                fp32, calibration, nncf.Dataset(items, lambda item: feed(item[1])), validate,
                 max_drop=r.max_drop, drop_type=nncf.DropType.ABSOLUTE,
                 ignored_scope=_ignored(r, []), **common,
                 advanced_accuracy_restorer_parameters=AdvancedAccuracyRestorerParameters(

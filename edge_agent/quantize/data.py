@@ -9,20 +9,25 @@ day rather than its first minute.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 import numpy.typing as npt
+from pydantic import ValidationError
 
 from edge_agent.audio.resample import resample
 from edge_agent.audio.wav import WavError, read_wav, to_mono
-from edge_agent.catalog.manifest import AudioInput, Manifest
+from edge_agent.catalog.manifest import AudioInput, ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
+from edge_agent.pipelines.capture import CaptureSinkSpec
 from edge_agent.pipelines.decode import read_image_file, require_utf8_path
 from edge_agent.quantize.recipe import Recipe, load_recipe
+from edge_agent.runtime.preprocess import fit_frame
 
 if TYPE_CHECKING:
     from edge_agent.quantize.calibrate import CalibrationData
@@ -30,6 +35,11 @@ if TYPE_CHECKING:
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 VIDEO_SUFFIXES = {".avi", ".mp4", ".mkv", ".mov", ".webm", ".m4v"}
 AUDIO_SUFFIXES = {".wav", ".wave"}
+AUDIO_STRETCH_S = 10.0
+"""Seconds of each stretch kept of recordings over a recipe's `max_audio_s`: enough for a
+VAD's state to settle and to hold both speech and pauses."""
+
+log = logging.getLogger(__name__)
 
 
 def resolve_data(text: str, layout: Layout) -> Path:
@@ -47,7 +57,7 @@ def resolve_data(text: str, layout: Layout) -> Path:
                 "write pipeline:<id> with the id from the pipeline's spec",
                 "input.invalid",
             )
-        folder = layout.captures(pipeline)
+        folder = capture_folder(pipeline, layout)
         if not folder.is_dir() or not any(folder.iterdir()):
             raise EdgeAgentError(
                 f"pipeline {pipeline!r} has captured nothing yet ({folder})",
@@ -63,6 +73,34 @@ def resolve_data(text: str, layout: Layout) -> Path:
     return path
 
 
+def capture_folder(pipeline: str, layout: Layout) -> Path:
+    """Where `pipeline`'s capture sink writes: the `folder` its spec names, in the agent's
+    record of it, else the pipeline's captures folder in the state.
+
+    Warns when the pipeline detects on tiles or regions: calibration and its gate see
+    whole frames fitted to the model, not the crops it serves on.
+    """
+    from edge_agent.agent.records import recorded_spec
+    from edge_agent.pipelines.spec import PipelineSpec
+
+    recorded = recorded_spec(layout.agent, pipeline)
+    try:
+        spec = PipelineSpec.model_validate({"sinks": [], **recorded}) if recorded else None
+    except ValidationError:
+        spec = None  # the agent reports a spec it cannot run; its captures may still be here
+    if spec is None:
+        return layout.captures(pipeline)
+    if spec.detect.mode != "frame":
+        log_event(
+            log, logging.WARNING, "calibration_whole_frames", pipeline=pipeline,
+            mode=spec.detect.mode,
+            detail="the pipeline detects on tiles or regions; calibration and its accuracy "
+            "gate judge the model on whole frames fitted to its input, which it does not serve",
+        )  # fmt: skip
+    folders = [s.folder for s in spec.sinks if isinstance(s, CaptureSinkSpec) and s.folder]
+    return folders[0] if folders else layout.captures(pipeline)
+
+
 def _evenly(paths: list[Path], limit: int) -> list[Path]:
     if len(paths) <= limit:
         return paths
@@ -70,18 +108,25 @@ def _evenly(paths: list[Path], limit: int) -> list[Path]:
     return [paths[i] for i in picks]
 
 
-def load_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:
-    """Up to `limit` BGR frames from an image, a folder of images, or a video file."""
+def load_frames(path: Path, limit: int, spec: ImageInput) -> list[npt.NDArray[np.uint8]]:
+    """Up to `limit` frames from an image, a folder of images, or a video file, each
+    fitted to the model's input (`spec`) as it is read: uint8 BGR at the model's size.
+
+    Each decoded frame is dropped once fitted: 300 1080p captures held whole were 1.9 GB
+    beside the live pipelines, where the model sees 300 x 1.2 MB (text-det-ppocr). The
+    gate needs nothing of the whole frame: it decodes both models' answers in the
+    model's input coordinates (`Task.decode`).
+    """
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         videos = sorted(p for p in path.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
-        frames = [f for f in (_read_image(p) for p in _evenly(files, limit)) if f is not None]
+        frames = [f for f in (_read_image(p, spec) for p in _evenly(files, limit)) if f is not None]
         for video in videos:
-            frames += _video_frames(video, max(1, limit // max(1, len(videos))))
+            frames += _video_frames(video, max(1, limit // max(1, len(videos))), spec)
     elif path.suffix.lower() in VIDEO_SUFFIXES:
-        frames = _video_frames(path, limit)
+        frames = _video_frames(path, limit, spec)
     else:
-        image = _read_image(path)
+        image = _read_image(path, spec)
         frames = [image] if image is not None else []
     if not frames:
         raise EdgeAgentError(
@@ -92,38 +137,85 @@ def load_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:
     return frames[:limit]
 
 
-def load_clips(path: Path, rate: int) -> list[npt.NDArray[np.float32]]:
-    """Mono clips at `rate` from a WAV file or a folder of them."""
+def load_clips(path: Path, rate: int, max_seconds: float) -> list[npt.NDArray[np.float32]]:
+    """Mono clips at `rate` from a WAV file or a folder of them, `max_seconds` at most.
+
+    Recordings longer than that in all give stretches of `AUDIO_STRETCH_S` (each a clip of
+    its own, a VAD's state starting afresh), centred at even steps along the recordings
+    end to end: an hour of audio was read whole and every 32 ms window of it calibrated
+    and gated, 112k windows in the agent's memory beside its pipelines.
+    """
     files = (
         sorted(p for p in path.iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
         if path.is_dir()
         else [path]
     )
-    clips = []
-    for file in files:
-        try:
-            samples, source_rate = read_wav(file, rate)
-        except (WavError, OSError) as exc:
-            raise EdgeAgentError(
-                f"cannot read {file}: {exc}",
-                "replace or remove that file",
-                "input.unreadable",
-            ) from None
-        clips.append(resample(to_mono(samples), source_rate, rate))
-    if not clips:
+    if not files:
         raise EdgeAgentError(
             f"no WAV files in {path}", "pass a .wav file or a folder of them", "input.not_found"
         )
-    return clips
+    budget = max(1, round(max_seconds * rate))
+    lengths: list[int] = []
+    clips: list[npt.NDArray[np.float32]] | None = []
+    for file in files:
+        samples, source_rate = _read_clip(file, rate)
+        lengths.append(round(len(samples) * rate / source_rate))
+        if clips is not None and sum(lengths) <= budget:
+            clips.append(resample(samples, source_rate, rate))
+        else:
+            clips = None  # over the budget: each file is read again, for its stretches only
+    if clips is not None:
+        return clips
+    stretch = min(round(AUDIO_STRETCH_S * rate), budget)
+    kept: list[npt.NDArray[np.float32]] = []
+    for file, ranges in zip(files, _stretches(lengths, budget, stretch), strict=True):
+        if ranges:
+            samples, source_rate = _read_clip(file, rate)
+            clip = resample(samples, source_rate, rate)
+            del samples
+            kept += [clip[first:end].copy() for first, end in ranges]  # not views of it all
+    log.info(
+        "event=calibration_audio_sampled files=%d total_s=%.0f kept_s=%.0f stretches=%d",
+        len(files), sum(lengths) / rate, sum(len(c) for c in kept) / rate, len(kept),
+    )  # fmt: skip
+    return kept
 
 
-def _read_image(path: Path) -> npt.NDArray[np.uint8] | None:
+def _read_clip(file: Path, rate: int) -> tuple[npt.NDArray[np.float32], int]:
+    try:
+        samples, source_rate = read_wav(file, rate)
+    except (WavError, OSError) as exc:
+        raise EdgeAgentError(
+            f"cannot read {file}: {exc}",
+            "replace or remove that file",
+            "input.unreadable",
+        ) from None
+    return to_mono(samples), source_rate
+
+
+def _stretches(lengths: list[int], budget: int, stretch: int) -> list[list[tuple[int, int]]]:
+    """The (first, end) sample ranges to keep of each recording: `budget // stretch`
+    stretches, centred at even steps along all of them end to end."""
+    total = sum(lengths)
+    count = max(1, budget // stretch)
+    starts = np.cumsum([0, *lengths[:-1]])
+    picks: list[list[tuple[int, int]]] = [[] for _ in lengths]
+    for k in range(count):
+        centre = (k + 0.5) * total / count
+        i = int(np.searchsorted(starts, centre, side="right")) - 1  # the file holding it
+        first = min(max(0, round(centre - starts[i] - stretch / 2)), max(0, lengths[i] - stretch))
+        picks[i].append((first, min(lengths[i], first + stretch)))
+    return picks
+
+
+def _read_image(path: Path, spec: ImageInput) -> npt.NDArray[np.uint8] | None:
     # Bytes decoded as a folder source decodes them: cv2.imread segfaults on a name that is
     # not UTF-8 and raises on an oversized image, where a bad file should only be passed over.
-    return read_image_file(path)[0]
+    image = read_image_file(path)[0]
+    return None if image is None else fit_frame(image, spec)
 
 
-def _video_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:
+def _video_frames(path: Path, limit: int, spec: ImageInput) -> list[npt.NDArray[np.uint8]]:
     require_utf8_path(path)  # OpenCV segfaults on a name that is not UTF-8
     capture = cv2.VideoCapture(str(path))
     try:
@@ -139,7 +231,7 @@ def _video_frames(path: Path, limit: int) -> list[npt.NDArray[np.uint8]]:
             if index % step == 0:
                 ok, frame = capture.retrieve()
                 if ok:
-                    frames.append(np.asarray(frame, dtype=np.uint8))
+                    frames.append(fit_frame(np.asarray(frame, dtype=np.uint8), spec))
             index += 1
         return frames
     finally:
@@ -155,8 +247,8 @@ def calibration_data(source: Path, manifest: Manifest, recipe: Recipe) -> Calibr
 
     spec = manifest.input
     if isinstance(spec, AudioInput):
-        return CalibrationData([], load_clips(source, spec.sample_rate))
-    return CalibrationData(load_frames(source, recipe.max_samples), [])
+        return CalibrationData([], load_clips(source, spec.sample_rate, recipe.max_audio_s))
+    return CalibrationData(load_frames(source, recipe.max_samples, spec), [])
 
 
 def reference_recipe(model: str) -> Path:

@@ -109,10 +109,17 @@ _LEFTOVER = re.compile(r"^(\d+)-")
 def _sweep(out: Path) -> None:
     # A run killed outright (kill -9, power loss) leaves its staging folder behind; one
     # whose process is gone is garbage. A live process's folder is another run's work.
+    # Its aside folder is garbage too, unless the kill came between `publish`'s two
+    # renames: `out` is then missing and the aside holds the previous output, which goes
+    # back (it was deleted, breaking "a failed run leaves the previous output untouched").
     for prefix in (_staging_prefix(out), _aside_prefix(out)):
         for leftover in out.parent.glob(f"{_glob_escape(prefix)}*"):
             match = _LEFTOVER.match(leftover.name[len(prefix) :])
             if match and not _alive(int(match.group(1))):
+                previous = leftover / out.name
+                if prefix == _aside_prefix(out) and previous.is_dir() and not out.exists():
+                    previous.replace(out)
+                    _sync_dir(out.parent)
                 shutil.rmtree(leftover, ignore_errors=True)
 
 

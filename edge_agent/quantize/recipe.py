@@ -64,7 +64,15 @@ class Recipe(_Strict):
     ladder: bool = Field(
         default=True, description="On a failed gate, walk down to safer rungs, ending on FP32."
     )
-    max_samples: int = Field(default=300, ge=4, description="Samples read from the data.")
+    max_samples: int = Field(
+        default=300, ge=4, description="Frames read from image or video data, evenly spaced."
+    )
+    max_audio_s: float = Field(
+        default=600.0,
+        ge=1.0,
+        description="Seconds of audio read from WAV data: recordings longer in all are "
+        "sampled in 10 s stretches spread evenly across them, not cut after the first.",
+    )
     accuracy_iterations: int = Field(
         default=5,
         ge=1,

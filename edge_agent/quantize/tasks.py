@@ -1,7 +1,9 @@
 """Per-task glue for calibration: samples in, decoded answers out, one metric.
 
-An image model's samples are frames preprocessed exactly as the runtime
-would (runtime.preprocess, the numpy twin of the folded graph). A stateful
+An image model's samples are frames fitted to its input, made its tensor
+exactly as the runtime would (runtime.preprocess, the numpy twin of the folded
+graph) only when fed: a text-det-ppocr float tensor is four times its uint8
+frame, and 300 of them held at once were 1.5 GB. A stateful
 VAD's samples are (window, state) pairs recorded while the FP32 model runs
 over the audio, since a window alone is not what the model sees; the gate then
 replays held-out audio end to end, carrying each model's own state.
@@ -27,12 +29,15 @@ from edge_agent.heads.vad import VadConfig, audio_windows
 from edge_agent.heads.yolo import YoloConfig
 from edge_agent.quantize import metrics
 from edge_agent.quantize.recipe import MetricChoice
-from edge_agent.runtime.preprocess import frame_tensor
+from edge_agent.runtime.preprocess import fit_frame, frame_tensor
 
 Inputs = dict[str, npt.NDArray[np.generic]]
 Outputs = dict[str, npt.NDArray[np.generic]]
 DETECTION_BAND = 0.1
 """Scores this close to a detector's threshold are FP32's own doubt, not a verdict."""
+Sample = Inputs | npt.NDArray[np.uint8]
+"""One calibration or held-out item: an image model's frame at its input size, or a
+VAD's inputs; `Task.feed` makes it the model's inputs."""
 Runner = Callable[[Inputs], Outputs]
 """Runs one inference on a compiled model; outputs keyed by every output name."""
 MIN_HELD_FRAMES = 4
@@ -77,20 +82,29 @@ class Task:
 
     manifest: Manifest
     metric: str
-    calibration: list[Inputs]
-    holdout: list[Inputs]
+    calibration: list[Sample]
+    holdout: list[Sample]
     state_shape: tuple[int, ...] | None = None
     """A stateful model's recurrent state shape (it starts at zeros)."""
 
-    def run(self, runner: Runner, items: Sequence[Inputs]) -> list[Outputs]:
+    def feed(self, sample: Sample) -> Inputs:
+        """The model's inputs for one sample (an image model's tensor, made anew)."""
+        if isinstance(sample, dict):
+            return sample
+        spec = self.manifest.input
+        assert isinstance(spec, ImageInput)
+        return {spec.name: frame_tensor(sample, spec)}
+
+    def run(self, runner: Runner, items: Sequence[Sample]) -> list[Outputs]:
         """Run each held-out item; a VAD carries its own state through the sequence."""
         head = self.manifest.head
         if not isinstance(head, VadConfig):
-            return [runner(item) for item in items]
+            return [runner(self.feed(item)) for item in items]
         assert self.state_shape is not None
         state = np.zeros(self.state_shape, dtype=np.float32)
         found = []
         for item in items:
+            assert isinstance(item, dict)
             outputs = runner({head.audio_input: item[head.audio_input], head.state_in: state})
             state = np.asarray(outputs[head.state_out], dtype=np.float32)
             found.append(outputs)
@@ -224,12 +238,15 @@ def build_task(
     fp32: Runner,
     input_shapes: dict[str, tuple[int, ...]],
 ) -> Task:
-    """Turn raw frames or audio clips into calibration and held-out model inputs."""
+    """Split frames fitted to the model's input, or audio clips, into calibration and
+    held-out samples."""
     chosen = auto_metric(manifest) if metric == "auto" else metric
     _check_metric(manifest, chosen)
     spec = manifest.input
     if isinstance(spec, ImageInput):
-        items: list[Inputs] = [{spec.name: frame_tensor(f, spec)} for f in frames]
+        # A no-op on frames `load_frames` fitted; a caller's whole frames are fitted once
+        # here rather than at every rung.
+        items: list[Sample] = [fit_frame(f, spec) for f in frames]
         # Interleave the split so both halves span the whole capture, not its two ends.
         stride = max(2, round(1 / holdout))
         held = items[::stride]
@@ -240,18 +257,18 @@ def build_task(
     state_shape = input_shapes[head.state_in]
     # At least one clip on each side: 4 WAVs at holdout 0.1 used to hold out none.
     cut = min(len(clips) - 1, max(1, round(len(clips) * (1 - holdout))))
-    calib = _recorded_windows(clips[:cut] if cut else clips, head, fp32, state_shape)
-    held = [
+    windows = _recorded_windows(clips[:cut] if cut else clips, head, fp32, state_shape)
+    held_windows: list[Inputs] = [
         {head.audio_input: w[None]}
         for c in clips[cut:]
         for w in audio_windows(c, head.window, head.context)
     ]
     if not cut:
         # One clip only: hold out its last third as its own sequence.
-        split = int(len(calib) * (1 - holdout))
-        held = [{head.audio_input: x[head.audio_input]} for x in calib[split:]]
-        calib = calib[:split]
-    return _enough(Task(manifest, chosen, calib, held, state_shape))
+        split = int(len(windows) * (1 - holdout))
+        held_windows = [{head.audio_input: x[head.audio_input]} for x in windows[split:]]
+        windows = windows[:split]
+    return _enough(Task(manifest, chosen, list(windows), list(held_windows), state_shape))
 
 
 def _enough(task: Task, stride: int | None = None) -> Task:

@@ -24,11 +24,12 @@ import cv2
 import numpy as np
 import pytest
 
+from edge_agent.catalog.manifest import ImageInput, load_manifest
 from edge_agent.pipelines.decode import IMAGE_FILE_TOO_LARGE
 from edge_agent.pipelines.file_sources import FolderSource
 from edge_agent.quantize.data import load_frames
 from tests.cli_kit import edge_agent_cli, one_line_error
-from tests.conftest import bgr, sample
+from tests.conftest import REPO, bgr, sample
 
 pytestmark = pytest.mark.usefixtures("cache_dir")
 
@@ -169,9 +170,16 @@ def test_calibration_passes_over_oversized_images(tmp_path: Path) -> None:
     (tmp_path / "c.jpg").write_bytes(jpeg_bytes())
     image = non_utf8(tmp_path, b"d\xff.jpg")
     image.write_bytes(jpeg_bytes())
-    frames = load_frames(tmp_path, 10)
+    spec = image_input()
+    frames = load_frames(tmp_path, 10, spec)
     assert len(frames) == 2
-    assert all(f.shape == (512, 512, 3) for f in frames)
+    assert all(f.shape == (spec.height, spec.width, 3) for f in frames)
+
+
+def image_input() -> ImageInput:
+    spec = load_manifest(REPO / "models" / f"{MODEL}.toml").input
+    assert isinstance(spec, ImageInput)
+    return spec
 
 
 def sparse(path: Path, size: int) -> Path:
@@ -236,7 +244,7 @@ def test_calibration_passes_over_a_huge_file_without_reading_it(tmp_path: Path) 
     sparse(tmp_path / "a.jpg", 1 << 30)
     (tmp_path / "b.jpg").write_bytes(jpeg_bytes())
     found: list[int] = []
-    peak = peak_bytes(lambda: found.append(len(load_frames(tmp_path, 10))))
+    peak = peak_bytes(lambda: found.append(len(load_frames(tmp_path, 10, image_input()))))
     assert found == [1]
     assert peak < 64 << 20, f"{peak >> 20} MiB held to read one 512 x 512 JPEG"
 

@@ -91,7 +91,9 @@ def test_person_ssdlite_int8_keeps_the_astronaut(
 ) -> None:
     resolved = catalog.resolve("person-ssdlite")
     recipe = fast(load_recipe(RECIPES / "person-ssdlite.toml"), max_samples=32)
-    data = CalibrationData(load_frames(samples / "images", recipe.max_samples), [])
+    data = CalibrationData(
+        load_frames(samples / "images", recipe.max_samples, _input(resolved)), []
+    )
     assert tempfile.gettempdir() == str(private_tmp)
     path, report = calibrate(resolved, data, recipe, tmp_path / "out")
     # Every temporary folder NNCF, OpenVINO or the benchmarks made is gone (each run used
@@ -137,7 +139,7 @@ def test_vad_full_int8_is_rejected_and_ladder_ends_on_weights(
 ) -> None:
     resolved = catalog.resolve("vad-silero")
     recipe = fast(load_recipe(RECIPES / "vad-silero.toml"))
-    data = CalibrationData([], load_clips(samples / "speech", 16000))
+    data = CalibrationData([], load_clips(samples / "speech", 16000, recipe.max_audio_s))
     path, report = calibrate(resolved, data, recipe, tmp_path / "out")
     rungs = {r.rung: r for r in report.rungs}
     assert not rungs["int8"].passed
@@ -147,6 +149,12 @@ def test_vad_full_int8_is_rejected_and_ladder_ends_on_weights(
     assert report.metric_after >= 0.99
     assert path.is_file()
     assert [r.rung for r in report.rungs][-1] == "weights-int8"
+
+
+def _input(resolved: ResolvedModel) -> ImageInput:
+    spec = resolved.manifest.input
+    assert isinstance(spec, ImageInput)
+    return spec
 
 
 def _at_320(resolved: ResolvedModel) -> ResolvedModel:
@@ -173,7 +181,7 @@ def test_text_det_gate_scores_as_it_serves_and_pins_f32(
     recipe = fast(
         load_recipe(RECIPES / "text-det-ppocr.toml"), max_drop=0.0, skip=["int8-accuracy"]
     )
-    data = CalibrationData(load_frames(samples / "text", 12), [])
+    data = CalibrationData(load_frames(samples / "text", 12, _input(resolved)), [])
     path, report = calibrate(resolved, data, recipe, out)
     rungs: dict[str, RungResult] = {r.rung: r for r in report.rungs}
     assert report.metric == "text-mask-f1"
@@ -254,7 +262,7 @@ def test_a_failed_run_leaves_the_previous_output_untouched(
     # int8-accuracy first: it also drives NNCF's accuracy control through our validate
     # callback, cheaply, since the first quantized model already passes.
     rerun = fast(load_recipe(recipe), mode="int8-accuracy")
-    data = CalibrationData(load_frames(samples / "images", 16), [])
+    data = CalibrationData(load_frames(samples / "images", 16, _input(resolved)), [])
     with pytest.raises(_StopError):
         calibrate(resolved, data, rerun, out, progress=cancel_at_benchmark)
     rung_stages = [s for s in stages if s.startswith("rung ")]

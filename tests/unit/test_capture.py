@@ -156,3 +156,19 @@ def test_a_write_the_disk_refuses_leaves_no_hole_in_the_slots(tmp_path: Path) ->
     again = CaptureSink(spec, tmp_path)
     again.emit(frame(4, 4.0))
     assert kept(tmp_path) == [0, 2, 3, 4]
+
+
+def test_lowering_frames_deletes_the_slots_past_the_new_count(tmp_path: Path) -> None:
+    # Going from 10 frames to 4 left slot-00004..00009 on disk for good: never replaced,
+    # counted against the quota, and read by calibration beside the sample.
+    first = CaptureSink(CaptureSinkSpec(frames=10, min_interval_s=0.0, seed=1), tmp_path)
+    for i in range(10):
+        first.emit(frame(i, i))
+    first.close()
+    second = CaptureSink(CaptureSinkSpec(frames=4, min_interval_s=0.0, seed=1), tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("slot-*.jpg")) == [
+        f"slot-{slot:05d}.jpg" for slot in range(4)
+    ]
+    for i in range(10, 40):
+        second.emit(frame(i, i))
+    assert len(list(tmp_path.glob("slot-*.jpg"))) == 4

@@ -215,6 +215,29 @@ def test_a_killed_runs_staging_is_swept_but_a_live_ones_is_not(tmp_path: Path) -
     assert live.is_dir()
 
 
+def test_a_run_killed_between_the_two_renames_gets_the_previous_output_back(
+    tmp_path: Path,
+) -> None:
+    # publish moves out aside, then staging to out: a kill between the two left the previous
+    # output only in the aside folder, which the next run deleted as garbage.
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    aside = tmp_path / f".out.old-{dead.stdout.strip()}-0000"
+    (aside / "out").mkdir(parents=True)
+    (aside / "out" / "model.report.json").write_text('{"mode": "int8"}')
+    (tmp_path / f".out.partial-{dead.stdout.strip()}-0000").mkdir()  # the new, never moved
+    discard(begin_output(out))
+    assert (out / "model.report.json").read_text() == '{"mode": "int8"}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # With out in place, an aside folder is garbage as before.
+    aside.mkdir()
+    (aside / "out").mkdir()
+    discard(begin_output(out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (out / "model.report.json").is_file()
+
+
 def _no_runner(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     raise AssertionError("an image task never runs the model while splitting its samples")
 
