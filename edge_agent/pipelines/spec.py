@@ -7,15 +7,15 @@ carrying this same model, so it holds no paths to code, only data.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from edge_agent.config_files import load_validated
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec
 from edge_agent.pipelines.capture import CaptureSinkSpec
 from edge_agent.pipelines.events import EventRule
-from edge_agent.pipelines.sinks import JsonLinesSinkSpec, SinkSpec
+from edge_agent.pipelines.sinks import RECORDED, JsonLinesSinkSpec, SinkSpec
 from edge_agent.pipelines.sources import (
     CameraSourceSpec,
     FileSourceSpec,
@@ -125,6 +125,21 @@ class PipelineSpec(BaseModel):
                     f"event rule {rule.name!r} names zone {rule.zone!r}; the zones are: {known}"
                 )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recorded_audio_capture(cls, data: Any, info: ValidationInfo) -> Any:
+        # From the record of a build that accepted it (`_capture_has_frames`): it never
+        # kept a frame, and refused, it kept the whole audio pipeline from coming back
+        # after the upgrade. Dropped there; a new spec with one is still refused.
+        if RECORDED not in (info.context or {}) or not isinstance(data, dict):
+            return data
+        source, sinks = data.get("source"), data.get("sinks")
+        audio = isinstance(source, dict) and source.get("type") in ("wav", "mic")
+        if not audio or not isinstance(sinks, list):
+            return data
+        kept = [s for s in sinks if not (isinstance(s, dict) and s.get("type") == "capture")]
+        return {**data, "sinks": kept}
 
     @model_validator(mode="after")
     def _capture_has_frames(self) -> PipelineSpec:

@@ -12,6 +12,7 @@ import numpy.typing as npt
 import pytest
 
 from edge_agent.agent.records import AgentRecords
+from edge_agent.agent.specs import parse_spec
 from edge_agent.catalog.manifest import ImageInput, load_manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout
@@ -125,3 +126,18 @@ def test_a_capture_sink_on_an_audio_pipeline_is_refused(tmp_path: Path) -> None:
     with pytest.raises(EdgeAgentError, match="capture sink keeps video frames") as caught:
         load_spec(path)
     assert "\n" not in str(caught.value)
+
+
+def test_a_recorded_audio_pipelines_capture_sink_is_dropped_not_the_pipeline() -> None:
+    # An earlier build recorded it: refused at restore, the mic never came back after the
+    # upgrade, for a sink that never wrote anything.
+    spec = {
+        "id": "ears",
+        "model": {"name": "vad-silero"},
+        "source": {"type": "mic"},
+        "sinks": [{"type": "capture"}, {"type": "jsonl", "path": "ears.jsonl"}],
+    }
+    restored = parse_spec(spec, recorded=True)
+    assert [s.type for s in restored.sinks] == ["jsonl"]
+    with pytest.raises(EdgeAgentError, match="capture sink keeps video frames"):
+        parse_spec(spec)
