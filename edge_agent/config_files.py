@@ -21,6 +21,13 @@ from edge_agent.errors import EdgeAgentError
 Model = TypeVar("Model", bound=BaseModel)
 
 
+RECORDED = "recorded"
+"""In a validation context (`PipelineSpec.model_validate(d, context={RECORDED: True})`): the
+spec comes from the agent's record, written by this build or an earlier one, so what an
+earlier build accepted and what served is mended or kept, not refused: refused, it kept
+the whole pipeline from coming back after an upgrade. A new spec is still refused."""
+
+
 def load_validated(path: Path, model: type[Model], what: str, fix: str = "") -> Model:
     """Parse `path` (.json as JSON, anything else as TOML) and validate it as `model`.
 

@@ -13,10 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from edge_agent.config_files import first_error
+from edge_agent.config_files import RECORDED, first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.pipelines.confine import confine_writes, refuse_protected
-from edge_agent.pipelines.sinks import RECORDED
 from edge_agent.pipelines.spec import PipelineSpec
 
 
@@ -52,7 +51,7 @@ def checked_spec(
         state: The state folder: a relative sink path is taken inside it.
         protected: Files and folders no pipeline may name.
         recorded: `data` is from the record: what an earlier build accepted and was
-            harmless is mended, not refused (`sinks.RECORDED`).
+            harmless is mended, not refused (`config_files.RECORDED`).
 
     Returns:
         The spec, with its sinks' paths inside the state folder.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,7 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from edge_agent.agent.records import recorded_spec
     from edge_agent.cli import launch
     from edge_agent.cli.common import catalog, layout
     from edge_agent.errors import EdgeAgentError
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         check_output(args.out)
     places = layout(args)
-    source = resolve_data(args.data, places)
+    source = resolve_data(args.data, places, partial(recorded_spec, places.agent))
     recipe = load_recipe(args.recipe) if args.recipe is not None else None
     resolved = catalog(args).resolve(args.model)
     out: Path = args.out or places.calibrated / resolved.manifest.name

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from edge_agent.config_files import RECORDED
 from edge_agent.heads.base import Classification, Detection, Result, TextBox
 from edge_agent.logs import log_event
 from edge_agent.pipelines.base import Event, FrameResult, Sink
@@ -360,10 +361,6 @@ class JsonLinesSinkSpec(BaseModel):
     )
 
 
-RECORDED = "recorded"
-"""In a validation context (`PipelineSpec.model_validate(d, context={RECORDED: True})`): the
-spec comes from the agent's record, written by this build or an earlier one, so what an
-earlier build accepted and was harmless is mended, not refused."""
 _EVENT_KINDS: tuple[str, ...] = get_args(Event.model_fields["kind"].annotation)
 _FRAMELESS = frozenset({"source_error", "source_reconnecting", "pipeline_error"})
 """Event kinds sent between frames (a result of frame -1, with no image): accepted as a

@@ -11,11 +11,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from edge_agent.config_files import load_validated
+from edge_agent.config_files import RECORDED, load_validated
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec
 from edge_agent.pipelines.capture import CaptureSinkSpec
 from edge_agent.pipelines.events import EventRule
-from edge_agent.pipelines.sinks import RECORDED, JsonLinesSinkSpec, SinkSpec
+from edge_agent.pipelines.sinks import JsonLinesSinkSpec, SinkSpec
 from edge_agent.pipelines.sources import (
     CameraSourceSpec,
     FileSourceSpec,

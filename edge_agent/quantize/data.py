@@ -10,8 +10,9 @@ day rather than its first minute.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from edge_agent.audio.resample import resample
 from edge_agent.audio.wav import WavError, read_wav, to_mono
 from edge_agent.catalog.manifest import AudioInput, ImageInput, Manifest
+from edge_agent.config_files import RECORDED
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
@@ -42,8 +44,18 @@ VAD's state to settle and to hold both speech and pauses."""
 log = logging.getLogger(__name__)
 
 
-def resolve_data(text: str, layout: Layout) -> Path:
-    """The path behind a `--data` argument.
+Recorded = Callable[[str], dict[str, Any] | None]
+"""The spec the agent's record holds for a pipeline id, or None: passed in by the agent
+and the CLI (`agent.records.recorded_spec`), as calibration sits below the agent."""
+
+
+def _none_recorded(pipeline: str) -> dict[str, Any] | None:
+    return None
+
+
+def resolve_data(text: str, layout: Layout, recorded: Recorded = _none_recorded) -> Path:
+    """The path behind a `--data` argument; `recorded` finds a pipeline's own capture
+    folder in the agent's record.
 
     Raises:
         EdgeAgentError: input.invalid for a bad pipeline id, input.not_found when
@@ -57,7 +69,7 @@ def resolve_data(text: str, layout: Layout) -> Path:
                 "write pipeline:<id> with the id from the pipeline's spec",
                 "input.invalid",
             )
-        folder = capture_folder(pipeline, layout)
+        folder = capture_folder(pipeline, layout, recorded)
         if not folder.is_dir() or not any(folder.iterdir()):
             raise EdgeAgentError(
                 f"pipeline {pipeline!r} has captured nothing yet ({folder})",
@@ -73,19 +85,20 @@ def resolve_data(text: str, layout: Layout) -> Path:
     return path
 
 
-def capture_folder(pipeline: str, layout: Layout) -> Path:
+def capture_folder(pipeline: str, layout: Layout, recorded: Recorded = _none_recorded) -> Path:
     """Where `pipeline`'s capture sink writes: the `folder` its spec names, in the agent's
     record of it, else the pipeline's captures folder in the state.
 
     Warns when the pipeline detects on tiles or regions: calibration and its gate see
     whole frames fitted to the model, not the crops it serves on.
     """
-    from edge_agent.agent.records import recorded_spec
     from edge_agent.pipelines.spec import PipelineSpec
 
-    recorded = recorded_spec(layout.agent, pipeline)
+    data = recorded(pipeline)
     try:
-        spec = PipelineSpec.model_validate({"sinks": [], **recorded}) if recorded else None
+        # From the record: read as the agent's restore reads it (`RECORDED`).
+        context = {RECORDED: True}
+        spec = PipelineSpec.model_validate({"sinks": [], **data}, context=context) if data else None
     except ValidationError:
         spec = None  # the agent reports a spec it cannot run; its captures may still be here
     if spec is None:

@@ -15,16 +15,21 @@ Points are in frame pixels, or in fractions of the frame's width and height
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import cv2
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from edge_agent.config_files import RECORDED
 from edge_agent.heads.base import Detection, Result
+from edge_agent.logs import log_event
 from edge_agent.vision.geometry import Rect
+
+log = logging.getLogger(__name__)
 
 Units = Literal["px", "fraction"]
 Coordinate = Annotated[float, Field(allow_inf_nan=False)]
@@ -46,13 +51,25 @@ class _Polygon(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _not_fractions_read_as_pixels(self) -> _Polygon:
+    def _not_fractions_read_as_pixels(self, info: ValidationInfo) -> _Polygon:
         # Pixels are the default unit: a zone drawn in fractions without `units` was a
         # polygon 1 px across in the top-left corner, matching nothing (and in tiles or
         # regions mode shrinking the sweep to one tile), with nothing said anywhere.
         if self.units == "px" and all(0 <= v <= 1 for point in self.points for v in point):
             kind = type(self).__name__.lower()
             name = getattr(self, "name", "")
+            if RECORDED in (info.context or {}):
+                # An earlier build's record: kept as it served (a mask 1 px across still
+                # let the camera detect), said at every start, not refused.
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "zone_in_fractions_as_pixels",
+                    kind=kind,
+                    name=name,
+                    fix='add units = "fraction" and start the pipeline again',
+                )
+                return self
             raise ValueError(
                 f"{kind}{f' {name!r}' if name else ''} has every point within 0-1 but its"
                 " units are pixels (a polygon 1 pixel across); for fractions of the frame"

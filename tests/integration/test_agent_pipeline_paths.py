@@ -414,12 +414,18 @@ def test_a_recorded_snapshot_kind_that_never_took_one_is_dropped_not_the_camera(
     # after the upgrade; a new start_pipeline with them is still refused.
     pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
     sink = {"type": "snapshot", "folder": "snaps", "kinds": ["appeared", "source_error"]}
-    old = {**spec, "id": "dock", "sinks": [sink]}
+    # And a mask drawn in fractions without units: 1 px across, it let the camera detect
+    # as if there were none. Kept as it served, and said.
+    mask = {"points": [[0.0, 0.0], [0.5, 0.0], [0.5, 0.5]]}
+    old = {**spec, "id": "dock", "sinks": [sink], "masks": [mask]}
     pipelines.records.update(pipelines={"dock": old})
     try:
         assert pipelines.restore() == ["dock"]
         with pytest.raises(EdgeAgentError) as refused:
-            pipelines.start({**old, "id": "dock-2"})
+            pipelines.start({**old, "id": "dock-3", "sinks": []})
+        assert 'units = "fraction"' in str(refused.value)
+        with pytest.raises(EdgeAgentError) as refused:
+            pipelines.start({**old, "id": "dock-2", "masks": []})
         assert refused.value.code == "command.invalid"
         assert "carry no image" in str(refused.value)
     finally:

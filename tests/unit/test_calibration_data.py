@@ -4,6 +4,7 @@ sample of long audio."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 import cv2
@@ -11,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from edge_agent.agent.records import AgentRecords
+from edge_agent.agent.records import AgentRecords, recorded_spec
 from edge_agent.agent.specs import parse_spec
 from edge_agent.catalog.manifest import ImageInput, load_manifest
 from edge_agent.errors import EdgeAgentError
@@ -111,7 +112,8 @@ def test_pipeline_data_is_read_where_its_capture_sink_writes(
     )
     AgentRecords(layout.agent).update(pipelines={"dock": spec.model_dump(mode="json")})
     caplog.set_level(logging.WARNING, logger="edge_agent.quantize.data")
-    assert resolve_data("pipeline:dock", layout) == folder
+    # As the agent and the CLI read it: through the agent's record.
+    assert resolve_data("pipeline:dock", layout, partial(recorded_spec, layout.agent)) == folder
     # It says plainly that the gate judges whole frames, not the tiles the pipeline serves.
     assert [r.getMessage() for r in caplog.records] == ["calibration_whole_frames"]
 
