@@ -238,7 +238,8 @@ class AgentService:
         self.integrations.on_result(pipeline, result)
         self._queue(
             self.topics.device(self.device, f"results/{pipeline}"),
-            result.model_dump_json().encode(),
+            # Without None: a result of a pipeline without zones says nothing of them.
+            result.model_dump_json(exclude_none=True).encode(),
             Priority.RESULT,
         )
 

@@ -15,6 +15,9 @@ messages and returns: the outbox write is a local sqlite insert.
   event a minute, not one a second: 50 parked cars sent 4.3 M updates a day per
   camera. Updates are queued at the results' priority (`event_priority`), so a
   long outage drops them before `new`, `end` and command answers.
+- Each result carries the zones of its detections (when the pipeline has zones), and
+  each detection event the zones of its object's latest box; an object whose zones
+  changed sends an update (at most once a stream second, as a move does).
 - Pipeline events (a rule's appeared/gone, a source lost, a model swapped)
   become `events`, stamped with the box's clock; a failure's carries its code.
 - A source lost, and the first frame after it, are marked on the pipeline's
@@ -86,6 +89,10 @@ class _Object:
     """The box of the last `new`/`update` event sent."""
     sent_score: float
     """The score of the last `new`/`update` event sent."""
+    zones: tuple[str, ...]
+    """The zones of the object's latest box."""
+    sent_zones: tuple[str, ...]
+    """The zones of the last `new`/`update` event sent."""
 
 
 def _moved(sent: tuple[float, float, float, float], box: tuple[float, float, float, float]) -> bool:
@@ -191,6 +198,7 @@ class AgentSink:
                 stream_ts=result.ts,
                 model=result.model,
                 results=body,
+                zones=None if result.zones is None else [list(z) for z in result.zones],
             ),
         )
         self.results += 1
@@ -200,10 +208,19 @@ class AgentSink:
         if not detections and not self._objects:
             return  # nothing tracked and nothing to track: a classifier, or an empty scene
         self._last_ts = result.ts
+        # A track's box is the box of the detection it was matched to, and a box's zones
+        # depend on the box alone: so the box finds the zones of a new or updated track.
+        zones_at: dict[tuple[float, float, float, float], tuple[str, ...]] = {}
+        if result.zones is not None:
+            zones_at = {
+                r.box: names
+                for r, names in zip(result.results, result.zones, strict=True)
+                if isinstance(r, Detection)
+            }
         for change in self._tracker.update(result.ts, detections):
-            self._on_track(change, now)
+            self._on_track(change, now, zones_at.get(change.box, ()))
 
-    def _on_track(self, change: TrackEvent, now: float) -> None:
+    def _on_track(self, change: TrackEvent, now: float, zones: tuple[str, ...]) -> None:
         seen = self._objects.get(change.id)
         if change.kind == "new" or seen is None:
             seen = self._objects[change.id] = _Object(
@@ -214,6 +231,8 @@ class AgentSink:
                 updated_ts=change.ts,
                 sent_box=change.box,
                 sent_score=change.score,
+                zones=zones,
+                sent_zones=zones,
             )
             self._detection("new", change, seen)
             return
@@ -223,13 +242,18 @@ class AgentSink:
             return
         seen.last_seen = now
         seen.best_score = max(seen.best_score, change.score)
+        seen.zones = zones
         since = change.ts - seen.updated_ts
         rose = seen.best_score >= seen.sent_score + SCORE_RISE
-        moved = since >= UPDATE_EVERY_S and _moved(seen.sent_box, change.box)
+        # Throttled like a move: feet on a zone's edge flip in and out from frame to frame.
+        moved = since >= UPDATE_EVERY_S and (
+            _moved(seen.sent_box, change.box) or zones != seen.sent_zones
+        )
         if rose or moved or since >= HEARTBEAT_S:
             seen.updated_ts = change.ts
             seen.sent_box = change.box
             seen.sent_score = seen.best_score
+            seen.sent_zones = zones
             self._detection("update", change, seen)
 
     def _detection(
@@ -250,6 +274,7 @@ class AgentSink:
                 box=(x0, y0, x1, y1),
                 start_time=seen.start_time,
                 end_time=end_time,
+                zones=list(seen.zones),
             )
         )
 

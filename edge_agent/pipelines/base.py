@@ -146,15 +146,21 @@ class FrameResult:
     scale: int = 1
     """The frame's `Frame.scale`: `image` pixels times it are the results' (the camera's)
     pixels, so whoever draws on `image` divides by it; not serialised."""
+    zones: list[tuple[str, ...]] | None = None
+    """Per entry of `results`, the names of the zones its box's bottom centre is in (empty
+    for one outside them all, and for results without a box); None when the pipeline has
+    no zones, and then left out of the JSON."""
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON-lines form: `frame`, `ts`, `source` if known, results, events (no image)."""
+        """The JSON-lines form: `frame`, `ts`, `source` if known, results, `zones` if the
+        pipeline has zones, events (no image)."""
         line: dict[str, Any] = {
             "pipeline": self.pipeline,
             "frame": self.frame,
             "ts": round(self.ts, 6),
             "model": self.model,
             "results": [r.model_dump(mode="json") for r in self.results],
+            **({} if self.zones is None else {"zones": [list(z) for z in self.zones]}),
             "events": [e.model_dump(mode="json", exclude_defaults=False) for e in self.events],
         }
         if self.source is not None:

@@ -159,8 +159,8 @@ class Detector:
         frame: Frame,
         image: ImageInput,
         parts: Sequence[tuple[Geometry, Sequence[Result]]],
-    ) -> tuple[list[Result], dict[str, list[Detection]]]:
-        """Results in frame pixels, merged and unmasked, and the detections in each zone.
+    ) -> tuple[list[Result], list[tuple[str, ...]] | None]:
+        """Results in frame pixels, merged and unmasked, and the zones of each.
 
         Args:
             frame: the frame the calls were made on.
@@ -168,8 +168,9 @@ class Detector:
             parts: per call, its geometry and what the head decoded (model-input pixels).
 
         Returns:
-            The frame's results, and per zone name the detections whose bottom centre is
-            in it; both in the camera's pixels whatever scale the frame was decoded at.
+            The frame's results, in the camera's pixels whatever scale the frame was
+            decoded at; and per result the names of the zones its bottom centre is in
+            (`Scene.zones_of_results`), or None when the pipeline has no zones.
         """
         size = (frame.image.shape[1], frame.image.shape[0])
         mapped = [(g, to_frame(found, g)) for g, found in parts]
@@ -191,15 +192,10 @@ class Detector:
                 # mistake: only those teach the grid what size things are here.
                 view.planner.learn([e.box for e in events if e.kind == "update"])
             self._maybe_save(frame.ts)
-        zoned = {z.name: view.scene.in_zone(results, z.name) for z in self.zones}
+        zones = view.scene.zones_of_results(results) if self.zones else None
         if frame.scale == 1:
-            return results, zoned
-        camera = to_camera(results, frame.scale)
-        same = {id(decoded): up for decoded, up in zip(results, camera, strict=True)}
-        return camera, {
-            name: [d for d in (same[id(r)] for r in found) if isinstance(d, Detection)]
-            for name, found in zoned.items()
-        }
+            return results, zones
+        return to_camera(results, frame.scale), zones
 
     def close(self) -> None:
         """Save the learned grid (regions), so the camera's next run starts from it."""

@@ -6,7 +6,7 @@ file gives the same events on every run and tests can script a sequence.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,6 +75,14 @@ def label_scores(results: Sequence[Result]) -> dict[str, float]:
     return scores
 
 
+def _in_zone(
+    results: Sequence[Result], zones: Sequence[Sequence[str]] | None, zone: str
+) -> list[Result]:
+    if zones is None:
+        return []
+    return [r for r, names in zip(results, zones, strict=True) if zone in names]
+
+
 @dataclass(slots=True)
 class _RuleState:
     present: bool = False
@@ -100,15 +108,15 @@ class EventTracker:
         self,
         ts: float,
         results: Sequence[Result],
-        zoned: Mapping[str, Sequence[Result]] | None = None,
+        zones: Sequence[Sequence[str]] | None = None,
     ) -> list[Event]:
         """Feed one frame's results.
 
         Args:
             ts: Stream time of the frame, in seconds.
             results: What the head found in it.
-            zoned: Per zone name, the detections in it; a rule naming a zone sees only
-                those (none when the zone is missing here).
+            zones: Per result, the names of the zones it is in (`Detector.combine`); a
+                rule naming a zone sees only the results in it (none without `zones`).
 
         Returns:
             Events fired by this frame, in rule order.
@@ -123,7 +131,9 @@ class EventTracker:
         scores = label_scores(results)
         events: list[Event] = []
         for rule, state in zip(self.rules, self._states, strict=True):
-            seen = scores if rule.zone is None else label_scores((zoned or {}).get(rule.zone, ()))
+            seen = (
+                scores if rule.zone is None else label_scores(_in_zone(results, zones, rule.zone))
+            )
             if seen.get(rule.label, -1.0) >= rule.min_score:
                 state.streak += 1
                 state.last_seen = ts

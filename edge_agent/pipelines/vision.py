@@ -409,8 +409,8 @@ class VisionPipeline:
             for g, out in zip(item.calls, item.outputs, strict=True)
             if out is not None
         ]
-        results, zoned = self._detector.combine(frame, item.active.image, parts)
-        events = self._events.update(frame.ts, results, zoned)
+        results, zones = self._detector.combine(frame, item.active.image, parts)
+        events = self._events.update(frame.ts, results, zones)
         if self._swapped:
             events = [e.model_copy(update={"ts": frame.ts}) for e in self._swapped] + events
             self._swapped.clear()
@@ -434,6 +434,7 @@ class VisionPipeline:
             source=frame.source,
             calls=len(item.calls),
             scale=frame.scale,
+            zones=zones,
         )
         self._send(result)
         done = time.perf_counter()

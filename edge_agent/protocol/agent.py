@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 """Bumped when a message changes incompatibly; telemetry carries it as `schema`."""
@@ -342,7 +342,11 @@ class DetectionEvent(_Strict):
     box: tuple[float, float, float, float] = Field(description="x0, y0, x1, y1 in frame pixels.")
     start_time: float = Field(description="Unix seconds when first seen.")
     end_time: float | None = Field(default=None, description="Unix seconds when gone (end).")
-    zones: list[str] = Field(default_factory=list, description="Zones the object is in.")
+    zones: list[str] = Field(
+        default_factory=list,
+        description="Zones the object's latest box is in (its bottom centre), in the "
+        "pipeline spec's order; empty when it is in none, or the pipeline has no zones.",
+    )
 
 
 class AgentEvent(_Strict):
@@ -387,6 +391,20 @@ class ResultMessage(_Strict):
     stream_ts: float = Field(description="Seconds into the stream (media time for files).")
     model: str = Field(description="Model that produced the results.")
     results: list[dict[str, Any]] = Field(description="Detections, classes, text boxes, ...")
+    zones: list[list[str]] | None = Field(
+        default=None,
+        description="Per entry of `results`, the zones its box's bottom centre is in (empty "
+        "when in none, and for results without a box); absent when the pipeline has no zones.",
+    )
+
+    @model_validator(mode="after")
+    def _zones_match_results(self) -> ResultMessage:
+        if self.zones is not None and len(self.zones) != len(self.results):
+            raise ValueError(
+                f"zones has {len(self.zones)} entries for {len(self.results)} results;"
+                " it must have one per result"
+            )
+        return self
 
 
 def all_messages() -> dict[str, type[BaseModel]]:

@@ -159,18 +159,17 @@ class Scene:
         drop = {id(d) for d, h in zip(detections, hidden, strict=True) if h}
         return [r for r in results if id(r) not in drop]
 
-    def in_zone(self, results: Sequence[Result], zone: str) -> list[Detection]:
-        """The detections of `results` whose bottom centre is in the zone named `zone`.
-
-        An event rule that names a zone is fed these instead of the frame's results.
-        A zone name the scene does not have matches nothing (the spec is checked earlier).
-        """
-        detections = [r for r in results if isinstance(r, Detection)]
-        index = next((i for i, z in enumerate(self.zones) if z.name == zone), None)
-        if index is None or not detections:
-            return []
-        hit = inside(self._zones[index], bottom_centres([d.box for d in detections]))
-        return [d for d, h in zip(detections, hit, strict=True) if h]
+    def zones_of_results(self, results: Sequence[Result]) -> list[tuple[str, ...]]:
+        """Per result: the zones a detection's bottom centre is in (`zones_of`), () for
+        results without a box (classes, text, speech). Event rules that name a zone and
+        the zones reported with results and detection events all come from here."""
+        indexed = [(i, r.box) for i, r in enumerate(results) if isinstance(r, Detection)]
+        zones: list[tuple[str, ...]] = [() for _ in results]
+        if not indexed or not self.zones:
+            return zones
+        for (i, _), names in zip(indexed, self.zones_of([b for _, b in indexed]), strict=True):
+            zones[i] = names
+        return zones
 
     def outside(self) -> list[tuple[str, str]]:
         """(kind, name) of each zone and mask that lies wholly outside the frame: drawn

@@ -8,9 +8,12 @@ import sys
 import threading
 from pathlib import Path
 
+import cv2
 import numpy as np
+import numpy.typing as npt
 import pytest
 
+from edge_agent.agent.sink import AgentSink
 from edge_agent.catalog.catalog import Catalog
 from edge_agent.clips import WalkVideo, write_walk
 from edge_agent.heads.base import Detection, SpeechSegment
@@ -19,10 +22,12 @@ from edge_agent.pipelines.audio_sources import WavSourceSpec
 from edge_agent.pipelines.base import FrameResult
 from edge_agent.pipelines.events import STREAM_ENDED, EventRule
 from edge_agent.pipelines.runner import PipelineHandle
-from edge_agent.pipelines.sinks import CallbackSink
-from edge_agent.pipelines.sources import FileSourceSpec
+from edge_agent.pipelines.sinks import CallbackSink, JsonLinesSinkSpec
+from edge_agent.pipelines.sources import FileSourceSpec, FolderSourceSpec
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
+from edge_agent.protocol.agent import AgentEvent, DetectionEvent, ResultMessage
 from edge_agent.runtime.pool import ModelPool
+from edge_agent.vision.zones import Zone
 from tests.conftest import espeak, write_wav
 
 
@@ -316,3 +321,66 @@ def test_bad_spec_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1
     assert "invalid at source" in proc.stderr
+
+
+def test_zones_reach_results_json_lines_and_detection_events(
+    astronaut: npt.NDArray[np.uint8], pool: ModelPool, tmp_path: Path
+) -> None:
+    # The astronaut stands to the photo's bottom edge: her box's bottom centre is in
+    # "ground" (the lower half), not in "sky" (the top third), which her helmet reaches.
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    cv2.imwrite(str(photos / "0.jpg"), astronaut)
+    height, width = astronaut.shape[:2]
+    ground = Zone(
+        name="ground",
+        points=((0, height / 2), (width, height / 2), (width, height + 10), (0, height + 10)),
+    )
+    sky = Zone(name="sky", points=((0, 0), (width, 0), (width, height / 3), (0, height / 3)))
+    lines = tmp_path / "results.jsonl"
+    spec = PipelineSpec(
+        id="photo",
+        model=ModelRef(name="person-ssdlite"),
+        source=FolderSourceSpec(path=photos),
+        zones=[sky, ground],
+        sinks=[JsonLinesSinkSpec(path=lines)],
+    )
+    messages: list[ResultMessage] = []
+    events: list[AgentEvent | DetectionEvent] = []
+    agent = AgentSink("photo", "all", lambda _, m: messages.append(m), events.append)
+    seen: list[FrameResult] = []
+    handle = PipelineHandle(spec, pool, extra_sinks=[CallbackSink(seen.append), agent])
+    try:
+        handle.run()
+    finally:
+        handle.close()
+    [frame] = [r for r in seen if r.frame >= 0]
+    people = [
+        i for i, r in enumerate(frame.results) if isinstance(r, Detection) and r.label == "person"
+    ]
+    assert len(people) == 1, frame.results
+    astronaut_box = frame.results[people[0]]
+    assert isinstance(astronaut_box, Detection)
+    assert astronaut_box.box[1] < height / 3, "her box reaches into the sky zone"
+    assert frame.zones is not None
+    assert frame.zones[people[0]] == ("ground",)
+    [line] = [
+        json.loads(ln) for ln in lines.read_text().splitlines() if json.loads(ln)["frame"] >= 0
+    ]
+    assert line["zones"][people[0]] == ["ground"]
+    assert len(line["zones"]) == len(line["results"])
+    [message] = messages
+    assert message.zones is not None
+    assert message.zones[people[0]] == ["ground"]
+    new = [
+        e
+        for e in events
+        if isinstance(e, DetectionEvent) and e.type == "new" and e.label == "person"
+    ]
+    assert [e.zones for e in new] == [["ground"]]
+    end = [
+        e
+        for e in events
+        if isinstance(e, DetectionEvent) and e.type == "end" and e.label == "person"
+    ]
+    assert [e.zones for e in end] == [["ground"]]

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Sequence
 
 import pytest
+from pydantic import ValidationError
 
 from edge_agent.agent.outage import SourceOutage
 from edge_agent.agent.sink import (
@@ -19,6 +20,7 @@ from edge_agent.heads.base import Classification, Detection, Result
 from edge_agent.outbox import Priority
 from edge_agent.pipelines.base import Event, FrameResult
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent, EventMessage, ResultMessage
+from edge_agent.vision.zones import Scene, Zone
 
 FPS = 10.0
 T0 = 1_700_000_000.0
@@ -143,6 +145,39 @@ def test_parked_objects_send_a_heartbeat_a_minute_and_a_moved_one_an_update() ->
     assert event_priority(events[0]) == Priority.CRITICAL  # a `new` is never dropped
     sink.close()
     assert {event_priority(e) for e in out.detections() if e.type == "end"} == {Priority.CRITICAL}
+
+
+def test_an_object_stepping_into_a_zone_says_so_within_a_second() -> None:
+    out = _Out()
+    sink = out.sink("all")
+    dock = Zone(name="dock", points=((54.75, 0), (640, 0), (640, 480), (54.75, 480)))
+    scene = Scene((640, 480), [dock])
+    # Half a pixel a frame: feet (x + 40) cross x=54.75 at frame 10, too slow a move to
+    # report (IoU with the box sent stays above 0.8), and the score is steady.
+    for index in range(20):
+        out.now = T0 + index / FPS
+        results: list[Result] = [person(10 + 0.5 * index)]
+        zones = scene.zones_of_results(results)
+        sink.emit(FrameResult("dock", index, index / FPS, results, [], {}, "m", zones=zones))
+    # The update comes as the feet cross (box at x=15), not when the box has moved (x=19).
+    assert [(e.type, e.box[0], e.zones) for e in out.detections()] == [
+        ("new", 10.0, []),
+        ("update", 15.0, ["dock"]),
+    ]
+    assert [r.zones for r in out.results[9:12]] == [[[]], [["dock"]], [["dock"]]]
+    sink.close()
+    assert [(e.type, e.zones) for e in out.detections()][-1] == ("end", ["dock"])
+
+
+def test_a_pipeline_without_zones_sends_no_zones_with_its_results() -> None:
+    out = _Out()
+    feed(out, out.sink("all"), [[person(10)]])
+    [result] = out.results
+    assert result.zones is None
+    assert "zones" not in result.model_dump_json(exclude_none=True)
+    assert [e.zones for e in out.detections()] == [[]]
+    with pytest.raises(ValidationError, match="one per result"):
+        ResultMessage.model_validate({**result.model_dump(), "zones": [["dock"], []]})
 
 
 def test_close_ends_objects_still_in_view() -> None:

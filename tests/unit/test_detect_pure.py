@@ -71,9 +71,9 @@ def test_a_zone_rule_sees_only_the_detections_with_feet_in_its_zone() -> None:
     tracker = EventTracker([EventRule(name="floor", label="person", zone="floor")])
     # Box spans the zone's top edge, feet (y=190) above it: not in the zone.
     high = PERSON.model_copy(update={"box": (100, 100, 200, 190)})
-    assert tracker.update(0.0, [high], {"floor": scene.in_zone([high], "floor")}) == []
+    assert tracker.update(0.0, [high], scene.zones_of_results([high])) == []
     low = PERSON.model_copy(update={"box": (100, 150, 200, 250)})
-    [event] = tracker.update(0.1, [low], {"floor": scene.in_zone([low], "floor")})
+    [event] = tracker.update(0.1, [low], scene.zones_of_results([low]))
     assert (event.kind, event.rule) == ("appeared", "floor")
 
 
@@ -101,9 +101,9 @@ def test_pixel_zones_are_camera_pixels_on_a_reduced_decode() -> None:
     [geometry] = detector.plan(frame, image)
     # Feet at model row 290 of 300: frame row 348 of the 360-row decode.
     person = PERSON.model_copy(update={"box": (100, 200, 150, 290), "keypoints": ()})
-    results, zoned = detector.combine(frame, image, [(geometry, [person])])
+    results, zones = detector.combine(frame, image, [(geometry, [person])])
     assert len(results) == 1
-    assert zoned["floor"] == results
+    assert zones == [("floor",)]
     # What leaves the Detector is in the camera's pixels: twice the decoded frame's.
     [decoded] = to_frame([person], geometry)
     assert isinstance(decoded, Detection)

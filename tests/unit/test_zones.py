@@ -28,7 +28,9 @@ def person(box: tuple[float, float, float, float]) -> Detection:
 
 def test_event_fires_only_for_a_person_whose_feet_are_in_the_zone() -> None:
     scene = Scene(FRAME, zones=[DOORWAY])
-    tracker = EventTracker([EventRule(name="at-door", label="person", gone_after_s=1.0)])
+    tracker = EventTracker(
+        [EventRule(name="at-door", label="person", zone="doorway", gone_after_s=1.0)]
+    )
     # Frames 0-9: a tall person whose body crosses the zone but whose feet stand left of it.
     # Frames 10-19: the same person with the feet inside. Frames 20-39: nobody.
     outside = person((560.0, 100.0, 700.0, 500.0))
@@ -37,7 +39,7 @@ def test_event_fires_only_for_a_person_whose_feet_are_in_the_zone() -> None:
     for frame in range(40):
         ts = frame / 10
         seen: list[Result] = [outside] if frame < 10 else [within] if frame < 20 else []
-        events += tracker.update(ts, scene.in_zone(seen, "doorway"))
+        events += tracker.update(ts, seen, scene.zones_of_results(seen))
     assert [(e.kind, e.ts) for e in events] == [("appeared", 1.0), ("gone", 2.9)]
 
 
@@ -67,7 +69,11 @@ def test_mask_hides_a_detection_and_its_motion() -> None:
 
 
 def test_unknown_zone_matches_nothing_and_specs_are_strict() -> None:
-    assert Scene(FRAME, zones=[DOORWAY]).in_zone([person((700, 0, 800, 500))], "garden") == []
+    rule = EventRule(name="garden", label="person", zone="garden")
+    seen: list[Result] = [person((700, 0, 800, 500))]
+    assert (
+        EventTracker([rule]).update(0.0, seen, Scene(FRAME, [DOORWAY]).zones_of_results(seen)) == []
+    )
     with pytest.raises(ValidationError):
         Zone(name="x", points=((0, 0), (1, 1)))
     with pytest.raises(ValidationError):
