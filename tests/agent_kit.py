@@ -388,6 +388,19 @@ def fleet(port: int, folder: Path, models: list[tuple[str, str, int]]) -> Iterat
         running.close()
 
 
+def trusting_config(f: Fleet, port: int, folder: Path, device: str, **extra: Any) -> Path:
+    """`write_config` for an agent of `device` under `folder` (agent.toml, state/) that
+    trusts the releases `f` signs; `extra` as write_config takes it."""
+    return write_config(
+        folder / "agent.toml",
+        port=port,
+        device=device,
+        state=folder / "state",
+        trusted_keys=[f.public_key],
+        **extra,
+    )
+
+
 def photo_pipelines(
     folder: Path, cache: Path, photo: npt.NDArray[np.uint8], on_event: EmitEvent
 ) -> tuple[Pipelines, dict[str, Any]]:

@@ -28,6 +28,7 @@ from tests.agent_kit import (
     Watcher,
     fleet,
     retained_state,
+    trusting_config,
     write_config,
 )
 
@@ -46,14 +47,7 @@ def test_kill_9_shows_offline_and_a_restart_restores_everything(
 ) -> None:
     watcher = Watcher(broker.port, DEVICE)
     with fleet(broker.port, tmp_path / "fleet", [("text-orientation", "orient", 1)]) as f:
-        config = write_config(
-            tmp_path / "agent.toml",
-            port=broker.port,
-            device=DEVICE,
-            state=tmp_path / "state",
-            keepalive=KEEPALIVE,
-            trusted_keys=[f.public_key],
-        )
+        config = trusting_config(f, broker.port, tmp_path, DEVICE, keepalive=KEEPALIVE)
         first = AgentProcess(config, tmp_path / "agent.log").start()
         second = AgentProcess(config, tmp_path / "agent.log")
         try:

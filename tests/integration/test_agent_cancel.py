@@ -25,7 +25,14 @@ from edge_agent.protocol.agent import AgentEvent, DetectionEvent
 from edge_agent.store.health import HealthGate, HealthReport
 from edge_agent.store.release import Release
 from edge_agent.store.store import ModelStore
-from tests.agent_kit import InProcessAgent, Watcher, cache_dir, fleet, photo_pipelines, write_config
+from tests.agent_kit import (
+    InProcessAgent,
+    Watcher,
+    cache_dir,
+    fleet,
+    photo_pipelines,
+    trusting_config,
+)
 from tests.integration.store_kit import onnx_folder, release_for
 
 DEVICE = "cancel-dev"
@@ -45,13 +52,7 @@ def test_a_cancel_at_the_activate_stage_is_refused_and_the_deploy_answers_ok(
 
     monkeypatch.setattr(HealthGate, "__call__", gate_after_the_cancel)
     with fleet(broker.port, tmp_path / "fleet", [("person-ssdlite", "person-det", 1)]) as f:
-        config = write_config(
-            tmp_path / "agent.toml",
-            port=broker.port,
-            device=DEVICE,
-            state=tmp_path / "state",
-            trusted_keys=[f.public_key],
-        )
+        config = trusting_config(f, broker.port, tmp_path, DEVICE)
         agent = InProcessAgent(config)
         w = Watcher(broker.port, DEVICE)
         try:

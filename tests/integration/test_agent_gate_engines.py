@@ -20,7 +20,7 @@ from edge_agent.clips import write_walk
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.fleet.publish import publish_release
 from edge_agent.protocol.topics import Topics
-from tests.agent_kit import Fleet, InProcessAgent, Watcher, fleet, write_config
+from tests.agent_kit import Fleet, InProcessAgent, Watcher, fleet, trusting_config
 from tests.integration.store_kit import ir_folder, onnx_folder, release_for
 
 DEVICE = "box-3"
@@ -54,13 +54,7 @@ def test_a_version_one_engine_of_the_running_pipelines_cannot_load_fails_the_gat
     orientation = resolve("text-orientation")
     video = write_walk(tmp_path / "walk.avi", empty=2, crossing=2, frames=8).path
     with fleet(broker.port, tmp_path / "fleet", [("text-orientation", "orient", 1)]) as f:
-        config = write_config(
-            tmp_path / "agent.toml",
-            port=broker.port,
-            device=DEVICE,
-            state=tmp_path / "state",
-            trusted_keys=[f.public_key],
-        )
+        config = trusting_config(f, broker.port, tmp_path, DEVICE)
         agent = InProcessAgent(config)
         try:
             watcher.wait_state(lambda s: s["online"])

@@ -25,7 +25,7 @@ from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.paths import Layout
 from edge_agent.runtime.base import RuntimeOptions
 from edge_agent.store.store import ModelStore
-from tests.agent_kit import InProcessAgent, Watcher, cache_dir, fleet, write_config
+from tests.agent_kit import InProcessAgent, Watcher, cache_dir, fleet, trusting_config
 from tests.integration.store_kit import ir_folder, onnx_folder, release_for
 
 DEVICE = "dock-7"
@@ -51,14 +51,9 @@ def test_full_loop(
     broker: LocalBroker, tmp_path: Path, walk: WalkVideo, watcher: Watcher, mqtt_version: str
 ) -> None:
     with fleet(broker.port, tmp_path / "fleet", [("person-ssdlite", "person-det", 1)]) as f:
-        config = write_config(
-            tmp_path / "agent.toml",
-            port=broker.port,
-            device=DEVICE,
-            state=tmp_path / "state",
-            version=mqtt_version,
-            trusted_keys=[f.public_key],
-            extra='group = "docks"',
+        extra = 'group = "docks"'
+        config = trusting_config(
+            f, broker.port, tmp_path, DEVICE, version=mqtt_version, extra=extra
         )
         agent = InProcessAgent(config)
         try:

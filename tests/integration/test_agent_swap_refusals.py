@@ -22,7 +22,7 @@ import pytest
 
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.infer import read_audio
-from tests.agent_kit import InProcessAgent, Watcher, fleet, write_config
+from tests.agent_kit import InProcessAgent, Watcher, fleet, trusting_config, write_config
 from tests.conftest import espeak, write_wav
 
 DEVICE = "swap-dev"
@@ -203,13 +203,7 @@ def test_a_deploy_of_an_audio_pipelines_model_restarts_it_on_the_new_version(
     # for a change that was made, the pipeline left on the old version.
     with fleet(broker.port, tmp_path / "fleet", [("vad-silero", "vad", 1),
                                                  ("vad-silero", "vad", 2)]) as f:  # fmt: skip
-        config = write_config(
-            tmp_path / "agent.toml",
-            port=broker.port,
-            device=DEVICE,
-            state=tmp_path / "state",
-            trusted_keys=[f.public_key],
-        )
+        config = trusting_config(f, broker.port, tmp_path, DEVICE)
         agent = InProcessAgent(config)
         try:
             watcher.wait_state(lambda s: s["online"])

@@ -39,6 +39,7 @@ from edge_agent.runtime.pool import ModelPool
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 from tests.cli_kit import edge_agent_cli
 from tests.conftest import CompileFn, espeak, write_wav
+from tests.mic_kit import fake_arecord
 
 RATE = 16000
 # vad-silero's head, as its manifest sets it.
@@ -401,15 +402,11 @@ def test_a_mic_that_comes_back_ends_its_outage_in_the_journal(
 ) -> None:
     # Only video sources told the agent's outage record they were live again: a USB mic
     # unplugged and back was retried and ran, but its loss never ended in the journal.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     raw = tmp_path / "speech.raw"
     audio = read_audio(clip.path, RATE)
     raw.write_bytes((audio[: RATE // 2] * 32767).astype("<i2").tobytes())
-    script = bin_dir / "arecord"
-    script.write_text(f"#!/bin/sh\ncat {raw}\n")  # half a second of audio, then it ends
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # Half a second of audio, then it ends.
+    fake_arecord(tmp_path / "bin", raw, monkeypatch=monkeypatch)
     outage = SourceOutage("ears")
     outage.lost("source.failed")  # the last run's mic went away; this run is the retry
     spec = PipelineSpec(
@@ -439,15 +436,11 @@ def test_mic_overruns_are_counted_as_dropped_windows_and_said(
     # The mic keeps 10 s; a sink that holds the first window while 20 s arrive loses about
     # 10 s of it. That loss was in no counter: `dropped` stayed 0 in the summary and the
     # heartbeat.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     raw = tmp_path / "quiet.raw"
     sent = 20 * RATE // HEAD.window  # whole windows
     raw.write_bytes(bytes(2 * sent * HEAD.window))
-    script = bin_dir / "arecord"
-    script.write_text(f"#!/bin/sh\ncat {raw}\ntouch {bin_dir}/sent\nexec sleep 60\n")
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    bin_dir = tmp_path / "bin"
+    fake_arecord(bin_dir, raw, f"touch {bin_dir}/sent\nexec sleep 60", monkeypatch=monkeypatch)
 
     def hold_the_first(result: FrameResult) -> None:
         deadline = time.monotonic() + 10

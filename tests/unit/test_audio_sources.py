@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import struct
 import time
 import tracemalloc
@@ -32,6 +31,7 @@ from edge_agent.pipelines.audio_sources import (
     open_audio_source,
 )
 from edge_agent.pipelines.base import AudioChunk, AudioSource, SourceError
+from tests.mic_kit import fake_arecord
 
 RATE = 16000
 HOP = 512
@@ -189,15 +189,6 @@ def test_a_low_rate_wav_under_the_file_cap_is_refused_before_it_is_decoded(
     assert peak < size + (4 << 20), f"{peak >> 20} MiB held to refuse it"
 
 
-def fake_arecord(bin_dir: Path, raw: Path, tail: str) -> Path:
-    """An `arecord` that logs its arguments, plays `raw`, then runs `tail`."""
-    bin_dir.mkdir()
-    script = bin_dir / "arecord"
-    script.write_text(f'#!/bin/sh\necho "$@" > {bin_dir}/args\ncat {raw}\n{tail}\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return bin_dir
-
-
 @pytest.fixture
 def tone_raw(tmp_path: Path) -> Path:
     raw = tmp_path / "tone.raw"
@@ -322,18 +313,9 @@ def test_a_mic_spec_whose_device_runs_a_shell_command_is_refused_naming_the_fiel
     # What a start_pipeline over MQTT sent: arecord -D "file:'|cmd'" ran cmd on the box, and
     # again at every restore. A fake arecord that runs a pipe device as ALSA would shows
     # nothing is started at all.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "arecord"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'echo "$@" > {bin_dir}/args\n'
-        # As ALSA's file PCM does with a device `file:'|CMD'`: CMD goes to a shell.
-        """case "$3" in "file:'|"*) cmd=${3#"file:'|"}; sh -c "${cmd%"'"}";; esac\n"""
-        f"cat {tone_raw}\n"
-    )
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # As ALSA's file PCM does with a device `file:'|CMD'`: CMD goes to a shell.
+    pipe_device = """case "$3" in "file:'|"*) cmd=${3#"file:'|"}; sh -c "${cmd%"'"}";; esac\n"""
+    bin_dir = fake_arecord(tmp_path / "bin", tone_raw, before=pipe_device, monkeypatch=monkeypatch)
     proof = tmp_path / "X"
     device = f"file:'|touch {proof}'"
     spec = {
@@ -385,19 +367,12 @@ def test_a_mic_that_records_at_another_rate_is_refused_naming_plughw(
     # speech three times slower, every timestamp three times too fast, nothing said.
     raw = tmp_path / "at48k.raw"
     raw.write_bytes(s16(sine(1000, 0.5, 48000)))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "arecord"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'echo "$@" > {bin_dir}/args\n'
-        # Quiet mode says nothing, as arecord's does.
+    # Quiet mode says nothing, as arecord's does.
+    warn = (
         'case " $* " in *" -q "*) ;; *) '
         f"""printf '%s\\n%s\\n' "{BANNER}" "{RATE_WARNING}" >&2;; esac\n"""
-        f"cat {raw}\nexec sleep 60\n"
     )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    bin_dir = fake_arecord(tmp_path / "bin", raw, "exec sleep 60", warn, monkeypatch)
     source = open_audio_source(MicSourceSpec(device="hw:1,0", stall_timeout_s=2), RATE, HOP)
     try:
         with caplog.at_level(logging.DEBUG), pytest.raises(SourceError) as caught:
