@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from edge_agent.agent.outage import SourceOutage
 from edge_agent.agent.roster import Roster, Running, Say, recorded_model
-from edge_agent.config_files import drop_unknown_fields
+from edge_agent.config_files import RECORDED, drop_unknown_fields
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
 from edge_agent.pipelines.spec import PipelineSpec
@@ -194,7 +194,10 @@ def _as_known(pipeline_id: str, data: dict[str, Any]) -> dict[str, Any]:
     every restore failed on them); any other error is left for `start` to report."""
     try:
         spec, dropped = drop_unknown_fields(
-            lambda d: PipelineSpec.model_validate({"sinks": [], **d}), data
+            # As the restore reads it (`RECORDED`): a spec with a newer build's field and
+            # one an earlier build accepted must lose the one and keep the other.
+            lambda d: PipelineSpec.model_validate({"sinks": [], **d}, context={RECORDED: True}),
+            data,
         )
     except ValidationError:
         return data

@@ -418,7 +418,8 @@ def test_a_recorded_snapshot_kind_that_never_took_one_is_dropped_not_the_camera(
     # as if there were none. Kept as it served, and said.
     mask = {"points": [[0.0, 0.0], [0.5, 0.0], [0.5, 0.5]]}
     old = {**spec, "id": "dock", "sinks": [sink], "masks": [mask]}
-    pipelines.records.update(pipelines={"dock": old})
+    # With a field a newer build wrote, as after a downgrade: dropped as well.
+    pipelines.records.update(pipelines={"dock": {**old, "from_a_newer_build": True}})
     try:
         assert pipelines.restore() == ["dock"]
         with pytest.raises(EdgeAgentError) as refused:
