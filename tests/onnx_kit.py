@@ -10,6 +10,7 @@ from edge_agent.catalog.manifest import Manifest
 
 FLOAT = 1
 UINT8 = 2
+FLOAT16 = 10
 
 
 def _varint(n: int) -> bytes:

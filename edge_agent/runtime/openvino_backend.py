@@ -300,7 +300,7 @@ class OpenVinoBackend:
                 manifest.name,
                 spec,
                 {
-                    name: (port.get_element_type().get_type_name(), _rank(port))
+                    name: (_as_declared(port.get_element_type().get_type_name()), _rank(port))
                     for port in model.inputs
                     for name in port.get_names()
                 },
@@ -338,6 +338,16 @@ class OpenVinoBackend:
                     code="model.shape",
                 ) from None
         return model
+
+
+_FLOATS = frozenset({"f16", "bf16", "f64"})
+
+
+def _as_declared(element_type: str) -> str:
+    """An input's element type as a manifest declares it: any float input is `f32`, since
+    the folded preprocessing converts to whatever float the model takes (an f16-input
+    model, a YOLO exported with half=True, ran so before the check, and must still)."""
+    return "f32" if element_type in _FLOATS else element_type
 
 
 def _rank(port: Any) -> int:

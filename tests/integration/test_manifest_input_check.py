@@ -12,7 +12,7 @@ import pytest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import RuntimeOptions
-from tests.onnx_kit import UINT8, image_manifest, onnx_model
+from tests.onnx_kit import FLOAT16, UINT8, image_manifest, onnx_model
 
 BACKENDS = ["openvino", "onnxruntime"]
 
@@ -54,6 +54,21 @@ def test_u8_declared_for_a_float_model_fails_at_compile(backend: str, float_mode
     err = _refused(backend, float_model, element_type="u8")
     assert "element_type u8, but the model's input x takes f32" in err.problem
     assert 'element_type = "f32"' in err.fix
+
+
+def test_an_f16_input_runs_on_openvino_as_f32_declared(tmp_path: Path) -> None:
+    # A model exported at half precision: the manifest can only say f32, and OpenVINO's
+    # folded preprocessing converts to f16. It ran so before the input check, and must
+    # still (ONNX Runtime cannot feed it, and says so at compile).
+    path = tmp_path / "half.onnx"
+    path.write_bytes(onnx_model((1, 3, 32, 48), FLOAT16))
+    model = create_backend("openvino").compile(path, image_manifest(), RuntimeOptions())
+    try:
+        frame = np.full((1, 32, 48, 3), 7, dtype=np.uint8)
+        np.testing.assert_array_equal(model.infer({"x": frame})["y"], np.full((1, 3, 32, 48), 7))
+    finally:
+        model.close()
+    _refused("onnxruntime", path)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
