@@ -99,21 +99,23 @@ class ModelOps:
 
     def _gate_on(self, name: str, backend: str, device: str) -> HealthGate:
         options = RuntimeOptions(device=device, cache_dir=self.layout.cache)
-        if device.upper().startswith(("AUTO", "MULTI", "HETERO")):
-            # These pick the devices themselves: any they pick is planned.
-            return HealthGate(options, backend=backend)
-        # Planned: the devices the version serving now runs on, as asked; with none
-        # serving, any device asked for. A pipeline asking for a GPU the box lacks runs on
-        # its CPU, and a new version doing the same is no worse; one that falls off a GPU
-        # the old version ran on is worse, even where the pipeline asked for GPU,CPU: it
-        # would serve at a fraction of the speed, on the CPU its other work needs.
+        # Planned: the devices the version serving now runs on, as the engine named them.
+        # A pipeline asking for a GPU the box lacks runs on its CPU, and a new version
+        # doing the same is no worse; one that falls off a GPU the old version ran on is
+        # worse, even where the pipeline asked for GPU,CPU: it would serve at a fraction of
+        # the speed, on the CPU its other work needs. With none serving (a pipeline failed,
+        # or waiting to retry) there is nothing to be worse than: any device will do, as
+        # the pipeline's own compile takes it. The request as typed was no plan: "gpu>cpu",
+        # AUTO, or ONNX Runtime (whose wheel has the CPU alone) never matched what ran.
         serving = [
             d
             for r in self.pipelines.pool.compiles().get(name, [])
             if (r.backend, r.requested) == (backend, device)
             for d in r.device.split(",")
         ]
-        planned = ",".join(dict.fromkeys(serving or device.split(",")))
+        if not serving:
+            return HealthGate(options, backend=backend, any_device=True)
+        planned = ",".join(dict.fromkeys(serving))
         return HealthGate(options, backend=backend, planned_device=planned)
 
     # --- commands ------------------------------------------------------------------------------

@@ -54,6 +54,11 @@ class ProbeRequest(_Strict):
         description="Device it must run on, or a priority list (GPU,CPU) of devices it may run "
         "on; None means whatever `options` asks, with no fallback."
     )
+    any_device: bool = Field(
+        default=False,
+        description="Any device it compiles on will do, fallbacks included (the agent's "
+        "gate, when no version serves the pipelines to compare with).",
+    )
     latency_budget_ms: float | None = Field(description="Median smoke latency cap, if any.")
     runs: int = Field(ge=1, description="Timed smoke runs after the first.")
 
@@ -84,6 +89,7 @@ class HealthGate:
     options: RuntimeOptions
     backend: str = "openvino"
     planned_device: str | None = None
+    any_device: bool = False
     timeout_s: float = 300.0
     runs: int = 5
 
@@ -99,6 +105,7 @@ class HealthGate:
             options=self.options,
             backend=self.backend,
             planned_device=self.planned_device,
+            any_device=self.any_device,
             latency_budget_ms=release.latency_budget_ms,
             runs=self.runs,
         )
@@ -184,14 +191,13 @@ def check(request: ProbeRequest) -> HealthReport:
 def _check_compiled(compiled: CompiledModel, request: ProbeRequest) -> HealthReport:
     report = compiled.report
     device = report.device
-    # A priority list is planned as a whole: a pipeline that asks for GPU,CPU runs on the
-    # CPU of a box without a GPU, and the version serving it now does the same.
+    # A plan of several devices (those the serving version runs on) is met by any of them.
     planned = request.planned_device
     if planned is not None and not set(planned.split(",")) & set(device.split(",")):
         return HealthReport(
             ok=False, device=device, reason=f"runs on {device}, planned {request.planned_device}"
         )
-    if request.planned_device is None and report.fallbacks:
+    if request.planned_device is None and not request.any_device and report.fallbacks:
         passed = "; ".join(f"{f.device}: {f.reason}" for f in report.fallbacks)
         return HealthReport(ok=False, device=device, reason=f"fell back to {device} ({passed})")
     inputs = smoke_inputs(request.manifest, report.inputs)

@@ -263,13 +263,14 @@ def test_a_planned_priority_list_passes_on_any_of_its_devices_and_no_other(
     # GPU,CPU runs on this box's CPU (there is no GPU), and so may the new version. Read
     # as one device name, "GPU,CPU" was never among those executing, and every version
     # failed the gate on such a box.
-    def gated(planned: str) -> HealthReport:
+    def gated(planned: str | None, any_device: bool = False) -> HealthReport:
         request = ProbeRequest(
             model=models / "onnx" / "model.onnx",
             manifest=orientation.manifest,
             options=RuntimeOptions(device="GPU,CPU", cache_dir=cache_dir),
             backend="openvino",
             planned_device=planned,
+            any_device=any_device,
             latency_budget_ms=None,
             runs=1,
         )
@@ -279,6 +280,10 @@ def test_a_planned_priority_list_passes_on_any_of_its_devices_and_no_other(
     refused = gated("GPU")
     assert not refused.ok
     assert refused.reason == "runs on CPU, planned GPU"
+    # Nothing planned: the fallback from the missing GPU fails it, unless any device will
+    # do (the agent's gate when no version serves its pipelines to compare with).
+    assert not gated(None).ok
+    assert gated(None, any_device=True).ok
 
 
 def test_latency_budget_is_enforced(

@@ -40,8 +40,8 @@ def _ops(tmp_path: Path, refs: list[ModelRef], serving: list[CompileReport]) -> 
     return ModelOps(none, none, layout, pipelines, lambda *a: None, [], "box-1", device="CPU")
 
 
-def _plan(ops: ModelOps) -> list[tuple[str, str | None]]:
-    return [(g.backend, g.planned_device) for g in ops.gate("orient").gates]
+def _plan(ops: ModelOps, name: str = "orient") -> list[tuple[str, str | None]]:
+    return [(g.backend, "any" if g.any_device else g.planned_device) for g in ops.gate(name).gates]
 
 
 def test_a_version_must_run_where_the_serving_one_runs_even_under_a_priority_list(
@@ -53,8 +53,19 @@ def test_a_version_must_run_where_the_serving_one_runs_even_under_a_priority_lis
     assert _plan(_ops(tmp_path, [ref], [_report("GPU,CPU", "GPU")])) == [("openvino", "GPU")]
     # Served on the CPU of a box without a GPU: a new version doing the same is no worse.
     assert _plan(_ops(tmp_path, [ref], [_report("GPU,CPU", "CPU")])) == [("openvino", "CPU")]
-    # Nothing serving yet: any device asked for.
-    assert _plan(_ops(tmp_path, [ref], [])) == [("openvino", "GPU,CPU")]
+    # Nothing serving (a pipeline failed, or waits to retry): nothing to be worse than.
+    assert _plan(_ops(tmp_path, [ref], [])) == [("openvino", "any")]
+
+
+def test_the_plan_is_the_devices_the_engine_named_not_the_request_as_typed(
+    tmp_path: Path,
+) -> None:
+    # Planned as typed, "gpu>cpu", AUTO, or a GPU asked of ONNX Runtime (whose wheel has
+    # the CPU alone) never matched the device that ran, and every new version failed.
+    for request, backend in (("gpu>cpu", "openvino"), ("AUTO", "openvino"), ("GPU", "onnxruntime")):
+        ref = ModelRef(name="orient", device=request, backend=backend)
+        serving = [_report(request, "CPU", backend)]
+        assert _plan(_ops(tmp_path, [ref], serving)) == [(backend, "CPU")], request
 
 
 def test_one_gate_per_engine_and_device_and_the_default_when_no_pipeline_runs_it(
@@ -67,5 +78,5 @@ def test_one_gate_per_engine_and_device_and_the_default_when_no_pipeline_runs_it
         ModelRef(name="other", device="GPU"),
     ]
     ops = _ops(tmp_path, refs, [])
-    assert _plan(ops) == [("onnxruntime", "CPU"), ("openvino", "CPU")]
-    assert [(g.backend, g.planned_device) for g in ops.gate("idle").gates] == [("openvino", "CPU")]
+    assert _plan(ops) == [("onnxruntime", "any"), ("openvino", "any")]
+    assert _plan(ops, "idle") == [("openvino", "any")]
