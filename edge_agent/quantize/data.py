@@ -29,7 +29,7 @@ from edge_agent.paths import Layout, is_safe_name
 from edge_agent.pipelines.capture import CaptureSinkSpec
 from edge_agent.pipelines.decode import read_image_file, require_utf8_path
 from edge_agent.quantize.recipe import Recipe, load_recipe
-from edge_agent.runtime.preprocess import fit_frame
+from edge_agent.runtime.preprocess import fit_whole_frame
 
 if TYPE_CHECKING:
     from edge_agent.quantize.calibrate import CalibrationData
@@ -225,7 +225,7 @@ def _read_image(path: Path, spec: ImageInput) -> npt.NDArray[np.uint8] | None:
     # Bytes decoded as a folder source decodes them: cv2.imread segfaults on a name that is
     # not UTF-8 and raises on an oversized image, where a bad file should only be passed over.
     image = read_image_file(path)[0]
-    return None if image is None else fit_frame(image, spec)
+    return None if image is None else fit_whole_frame(image, spec)
 
 
 def _video_frames(path: Path, limit: int, spec: ImageInput) -> list[npt.NDArray[np.uint8]]:
@@ -244,7 +244,7 @@ def _video_frames(path: Path, limit: int, spec: ImageInput) -> list[npt.NDArray[
             if index % step == 0:
                 ok, frame = capture.retrieve()
                 if ok:
-                    frames.append(fit_frame(np.asarray(frame, dtype=np.uint8), spec))
+                    frames.append(fit_whole_frame(np.asarray(frame, dtype=np.uint8), spec))
             index += 1
         return frames
     finally:

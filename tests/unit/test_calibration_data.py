@@ -22,7 +22,7 @@ from edge_agent.pipelines.sources import FileSourceSpec
 from edge_agent.pipelines.spec import DetectSpec, ModelRef, PipelineSpec, load_spec
 from edge_agent.quantize.data import AUDIO_STRETCH_S, load_clips, load_frames, resolve_data
 from edge_agent.quantize.tasks import build_task
-from edge_agent.runtime.preprocess import frame_tensor
+from edge_agent.runtime.preprocess import frame_tensor, input_geometry
 from tests.conftest import REPO, bgr, sample, write_wav
 
 FULL_HD = (1920, 1080)
@@ -143,3 +143,16 @@ def test_a_recorded_audio_pipelines_capture_sink_is_dropped_not_the_pipeline() -
     assert [s.type for s in restored.sinks] == ["jsonl"]
     with pytest.raises(EdgeAgentError, match="capture sink keeps video frames"):
         parse_spec(spec)
+
+
+def test_a_photo_at_the_models_size_is_centre_cropped_as_serving_crops_it(tmp_path: Path) -> None:
+    # Calibration read it as an already fitted input and skipped text-orientation's crop:
+    # the model was calibrated and gated on frames it never serves.
+    spec = _spec("text-orientation")
+    assert spec.center_crop < 1
+    photo = np.random.default_rng(0).integers(0, 256, (spec.height, spec.width, 3), np.uint8)
+    cv2.imwrite(str(tmp_path / "page.png"), photo)
+    [frame] = load_frames(tmp_path / "page.png", 1, spec)
+    served = input_geometry(spec, (spec.width, spec.height)).prepare(photo)
+    np.testing.assert_array_equal(frame, served)
+    assert not np.array_equal(frame, photo)
