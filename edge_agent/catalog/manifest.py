@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from edge_agent.audio.wav import MAX_RATE, MIN_RATE
-from edge_agent.config_files import load_validated
+from edge_agent.config_files import RECORDED, load_validated
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.registry import HeadConfig
 from edge_agent.heads.vad import VadConfig
@@ -222,11 +222,14 @@ class Manifest(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _vad_input_is_the_heads(self) -> Self:
+    def _vad_input_is_the_heads(self, info: ValidationInfo) -> Self:
         # `infer` and calibration read audio at the input's rate, the pipeline and the
         # segment times at the head's: a manifest where they differed fed the model audio
-        # at a rate it was not made for in one of them, and validated.
+        # at a rate it was not made for in one of them, and validated. A release an earlier
+        # build stored (`RECORDED`) served the pipeline, which reads the head alone: kept.
         if not isinstance(self.input, AudioInput) or not isinstance(self.head, VadConfig):
+            return self
+        if RECORDED in (info.context or {}):
             return self
         wrong = [
             f"input.{field} ({mine!r}) and head.{theirs_name} ({theirs!r})"

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Literal, Self
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from edge_agent.audio.wav import MAX_RATE, MIN_RATE
+from edge_agent.config_files import RECORDED
 from edge_agent.heads.base import FloatArray, SpeechSegment
 
 
@@ -62,10 +63,11 @@ class VadConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _context_within_window(self) -> Self:
+    def _context_within_window(self, info: ValidationInfo) -> Self:
         # The pipeline carries the context from the last window alone: a longer one made
-        # its inputs shorter than `infer`'s (and than the model's static shape).
-        if self.context > self.window:
+        # its inputs shorter than `infer`'s (and than the model's static shape). A release
+        # an earlier build stored (`RECORDED`) is kept as it served.
+        if self.context > self.window and RECORDED not in (info.context or {}):
             raise ValueError(
                 f"the head's context ({self.context}) is more than its window "
                 f"({self.window}): context is carried from the previous window alone"

@@ -85,7 +85,6 @@ def fit_frame(frame: Frame, spec: ImageInput) -> Frame:
     return input_geometry(spec, (width, height)).prepare(np.ascontiguousarray(frame))
 
 
-
 def fit_whole_frame(frame: Frame, spec: ImageInput) -> Frame:
     """Fit a whole camera frame or photo, of any size (the model's own included), as the
     pipelines and `infer` do: `center_crop`, then the manifest's fit. Calibration's data is
@@ -93,6 +92,7 @@ def fit_whole_frame(frame: Frame, spec: ImageInput) -> Frame:
     skip text-orientation's crop, gating a model on what it never serves."""
     height, width = frame.shape[:2]
     return input_geometry(spec, (width, height)).prepare(np.ascontiguousarray(frame))
+
 
 def _at_model_size(frame: Frame, spec: ImageInput) -> bool:
     """Whether `frame` is the model's input as it is: at its size (whatever `center_crop`)."""

@@ -40,7 +40,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PrivateAttr, V
 from edge_agent import __version__
 from edge_agent.catalog.manifest import Manifest, load_manifest
 from edge_agent.clock import CLOCK_FLOOR_UTC
-from edge_agent.config_files import first_error
+from edge_agent.config_files import RECORDED, first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
 from edge_agent.paths import is_safe_name
@@ -464,8 +464,10 @@ def _check_signature(signed: SignedRelease, trusted: dict[str, Ed25519PublicKey]
 
 
 # --- reading -------------------------------------------------------------------------------
-def parse_signed_release(data: bytes | str) -> SignedRelease:
-    """Parse a signed release from JSON, keeping what was received for its signature.
+def parse_signed_release(data: bytes | str, stored: bool = False) -> SignedRelease:
+    """Parse a signed release from JSON, keeping what was received for its signature;
+    `stored`: one this store installed, read with the `RECORDED` context (what an earlier
+    build accepted and served is not refused now).
 
     The model is validated from the canonical form of the parsed JSON, the bytes the
     signature is checked over: a key given twice cannot mean one thing to the check and
@@ -483,7 +485,9 @@ def parse_signed_release(data: bytes | str) -> SignedRelease:
     except (ValueError, RecursionError, KeyError):
         inner = whole = None  # not JSON, or no release in it: pydantic says which
     try:
-        signed = SignedRelease.model_validate_json(whole if whole is not None else received)
+        signed = SignedRelease.model_validate_json(
+            whole if whole is not None else received, context={RECORDED: True} if stored else None
+        )
     except ValidationError as exc:  # pydantic's parser has its own depth limit
         raise _invalid(exc) from None
     assert inner is not None  # pydantic took it, so json did: a dict with a release

@@ -252,7 +252,7 @@ class ModelStore:
                 "store.not_found",
             ) from None
         try:
-            return parse_signed_release(data)
+            return parse_signed_release(data, stored=True)
         except EdgeAgentError as exc:
             if exc.code == "release.unsupported":  # installed by a newer edge-agent: whole
                 raise EdgeAgentError(f"{path}: {exc.problem}", exc.fix, exc.code) from None

@@ -10,6 +10,7 @@ import pytest
 
 from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.catalog.manifest import AudioInput, ImageInput, Manifest, load_manifest
+from edge_agent.config_files import RECORDED
 from edge_agent.errors import EdgeAgentError
 from edge_agent.infer import read_input
 
@@ -333,3 +334,14 @@ def test_a_vad_context_longer_than_its_window_is_refused(tmp_path: Path) -> None
     path = _vad_without_head_rate(tmp_path, ("context = 64", "context = 600"))
     with pytest.raises(EdgeAgentError, match=r"head.*context \(600\) is more than its window"):
         load_manifest(path)
+
+
+def test_a_stored_release_keeps_a_vad_manifest_an_earlier_build_accepted(tmp_path: Path) -> None:
+    # Stored by an earlier build, such a release served (the pipeline reads the head
+    # alone); refused as it is read back, its version became damaged after the upgrade.
+    for change in (('name = "input"', 'name = "audio"'), ("context = 64", "context = 600")):
+        data = tomllib.loads(_vad_without_head_rate(tmp_path, change).read_text())
+        manifest = Manifest.model_validate(data, context={RECORDED: True})
+        assert manifest.task == "vad"
+        with pytest.raises(ValueError, match=r"disagree|more than its window"):
+            Manifest.model_validate(data)
