@@ -65,7 +65,7 @@ class JobContext:
             # cancel, and the operator took it for someone else's.
             raise EdgeAgentError(
                 f"cancelled: ran past the agent's job deadline of {self._expired:g} s, and "
-                "the next job has started",
+                "the queue moved on without it",
                 "give it less to do (fewer samples, a recipe without accuracy control for a "
                 "calibration), then send it again",
                 code="command.cancelled",

@@ -339,8 +339,8 @@ def test_a_stuck_job_past_its_deadline_does_not_block_the_next() -> None:
     while not said and time.monotonic() < deadline:
         time.sleep(0.02)
     assert said == [
-        "command.cancelled: cancelled: ran past the agent's job deadline of 0.2 s, and the next "
-        "job has started"
+        "command.cancelled: cancelled: ran past the agent's job deadline of 0.2 s, and the "
+        "queue moved on without it"
     ]
 
 
