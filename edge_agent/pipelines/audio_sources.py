@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge_agent.audio.resample import resample
 from edge_agent.audio.wav import WavError, load_wav, to_mono
-from edge_agent.logs import Throttle, log_event
+from edge_agent.logs import Throttle, log_crash, log_event
 from edge_agent.pipelines.base import AudioChunk, AudioSource, SourceError
 
 log = logging.getLogger(__name__)
@@ -363,13 +363,20 @@ class MicSource:
         assert self._proc.stdout is not None
         assert self._proc.stderr is not None
         out, err = self._proc.stdout.fileno(), self._proc.stderr.fileno()
-        with selectors.DefaultSelector() as pipes:
-            pipes.register(out, selectors.EVENT_READ)
-            pipes.register(err, selectors.EVENT_READ)
-            self._pump_pipes(pipes, out, err)
-        with self._cond:
-            self._ended = True
-            self._cond.notify_all()
+        try:
+            with selectors.DefaultSelector() as pipes:
+                pipes.register(out, selectors.EVENT_READ)
+                pipes.register(err, selectors.EVENT_READ)
+                self._pump_pipes(pipes, out, err)
+        except Exception:
+            # Ended either way: a reader that died unmarked left `read` to wait out its
+            # stall timeout and say "no audio", not what went wrong.
+            if not self._closed:
+                log_crash(log, "mic_reader_failed", device=self._device)
+        finally:
+            with self._cond:
+                self._ended = True
+                self._cond.notify_all()
 
     def _pump_pipes(self, pipes: selectors.BaseSelector, out: int, err: int) -> None:
         carry = b""

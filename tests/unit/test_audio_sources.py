@@ -408,3 +408,24 @@ def test_arecord_chatter_on_stderr_never_blocks_the_audio(
     finally:
         source.close()
     assert "plughw" in caught.value.fix
+
+
+def test_a_mic_whose_reader_dies_fails_at_once_not_after_its_stall_timeout(
+    tmp_path: Path, tone_raw: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A bug in the reader thread left the source unmarked: `read` waited out the whole
+    # stall timeout, then said "no audio", and the crash went only to stderr.
+    fake_arecord(tmp_path / "bin", tone_raw, "exec sleep 60", monkeypatch=monkeypatch)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(MicSource, "_pump_pipes", broken)
+    source = MicSource("default", RATE, HOP, 30.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(SourceError):
+            source.read()
+    finally:
+        source.close()
+    assert time.monotonic() - started < 10.0
