@@ -218,11 +218,15 @@ class CallbackSink:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-_SNAPSHOT = re.compile(r"[A-Za-z0-9_.-]+-\d{8}-[A-Za-z0-9_.-]+\.jpg")
+_SNAPSHOT = re.compile(
+    r"[A-Za-z0-9_.-]+-(?:\d{8}-\d{6}\.\d{3}-)?\d{8}-"
+    rf"(?:{'|'.join(get_args(Event.model_fields['kind'].annotation))})(?:-[A-Za-z0-9_.-]+)?\.jpg"
+)
 """A snapshot sink's file name (`SnapshotSink._name`, and the frame-only names written
 before it carried a time): only these count toward its quota and are deleted by it. The
 quota once took every JPEG in the folder: a sink pointed at a folder of someone's photos
-deleted the photos, oldest first."""
+deleted the photos, oldest first; and while any `-8 digits-` name matched, a phone's
+`IMG-20240101-WA0001.jpg` still did. The event kind after the frame number tells ours."""
 
 
 def _safe(name: str) -> str:

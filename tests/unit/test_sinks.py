@@ -266,13 +266,15 @@ def test_snapshot_quota_deletes_the_oldest(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not a snapshot", encoding="utf-8")
     # Someone's photos in the same folder, older than any snapshot: never the sink's to
     # count or delete (the quota once took every JPEG, oldest first).
-    for name in ("holiday.jpg", "IMG_0001.jpg"):
+    # A phone's dated name too, which looked like a snapshot's `-8 digits-` name.
+    for name in ("holiday.jpg", "IMG_0001.jpg", "IMG-20240101-WA0001.jpg"):
         (tmp_path / name).write_bytes(b"\xff\xd8 a photo")
         os.utime(tmp_path / name, (1e9, 1e9))
     sink = SnapshotSink(tmp_path, min_interval_s=0.0, max_files=3)
     for frame in range(6):
         sink.emit(frame_result(frame, frame / 10, [appeared(frame / 10)]))
     assert _names(tmp_path) == [
+        "IMG-20240101-WA0001.jpg",
         "IMG_0001.jpg",
         *(f"door_cam-{frame:08d}-appeared-person.jpg" for frame in (3, 4, 5)),
         "holiday.jpg",
