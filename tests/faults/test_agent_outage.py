@@ -114,7 +114,10 @@ def test_results_and_telemetry_made_while_the_broker_is_down_arrive_in_order(
         assert all(times[i] > max(times[:i], default=0.0) for i in ahead), times
         during = [t for t in times if down < t < up]
         assert len(during) >= OUTAGE_S * 0.8, f"{len(during)} telemetry messages in the outage"
-        gaps = [b - a for a, b in itertools.pairwise(times)]
+        # Every interval is there: judged in the order they were made, since those sent
+        # ahead (allowed above) arrive before the history (gaps of +29 s, -28 s in arrival
+        # order failed this now and then, with nothing missing).
+        gaps = [b - a for a, b in itertools.pairwise(sorted(times))]
         assert max(gaps) < 3.0, "a telemetry interval went missing"
         # The detection events the video made survived too, each object new ... end.
         detections = [e for e in watcher.events() if e["kind"] == "detection"]
