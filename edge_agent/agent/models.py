@@ -95,9 +95,10 @@ class ModelOps:
         runs = {(ref.backend, ref.device) for ref in self.pipelines.refs_of(name)}
         if not runs:
             runs = {(ModelRef.model_fields["backend"].default, self.device)}
-        return HealthGates(tuple(self._gate_on(name, b, d) for b, d in sorted(runs)))
+        compiles = self.pipelines.pool.compiles().get(name, [])
+        return HealthGates(tuple(self._gate_on(compiles, b, d) for b, d in sorted(runs)))
 
-    def _gate_on(self, name: str, backend: str, device: str) -> HealthGate:
+    def _gate_on(self, compiles: list[CompileReport], backend: str, device: str) -> HealthGate:
         options = RuntimeOptions(device=device, cache_dir=self.layout.cache)
         # Planned: the devices the version serving now runs on, as the engine named them.
         # A pipeline asking for a GPU the box lacks runs on its CPU, and a new version
@@ -109,7 +110,7 @@ class ModelOps:
         # AUTO, or ONNX Runtime (whose wheel has the CPU alone) never matched what ran.
         serving = [
             d
-            for r in self.pipelines.pool.compiles().get(name, [])
+            for r in compiles
             if (r.backend, r.requested) == (backend, device)
             for d in r.device.split(",")
         ]
