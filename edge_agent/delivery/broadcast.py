@@ -134,6 +134,11 @@ class Broadcast:
         return bool(self._pullers)
 
     @property
+    def pullers(self) -> frozenset[str]:
+        """The devices in the window now."""
+        return frozenset(self._pullers)
+
+    @property
     def tracked(self) -> int:
         """Pullers in the window or waiting to be named in `done` (at most `max_pullers`)."""
         return len(self._pullers) + len(self._done)

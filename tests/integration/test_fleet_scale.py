@@ -175,7 +175,9 @@ def test_serve_hears_every_join_of_a_fleet_at_once(
 ) -> None:
     # A deploy to a group: every box joins the broadcast within a moment. At QoS 1 the
     # broker dropped what was past its queue for `serve` (about 1,020), and the rest
-    # waited out their idle time to join again.
+    # waited out their idle time to join again. At QoS 0 `serve` reads as fast as the
+    # fleet sends; on a loaded machine a few may still be dropped, and those boxes join
+    # again after their idle time, as the agent does (here at once).
     model = resolve("text-orientation")
     signed = signed_release(model, generate_key())
     repo = Repo(tmp_path / "repo")
@@ -187,22 +189,37 @@ def test_serve_hears_every_join_of_a_fleet_at_once(
         publish_release(session, TOPICS, repo, signed, model.path.parent)
         chunks = ChunkMap(signed.release)
         everything = encode_bits(bitmap(len(chunks), range(len(chunks))))
-        for i in range(FLEET):
-            device = f"box-{i:05d}"
-            join = Join(device_id=device, release_id=chunks.id, chunks=len(chunks),
-                        missing=everything)  # fmt: skip
-            control = TOPICS.own_control(device, "orient", 1)  # each on its own topic
-            boxes[i % len(boxes)].publish(control, join.model_dump_json().encode())
-        assert all(box.flush(60.0) for box in boxes)
-        deadline = time.monotonic() + 30.0
-        joined = 0
-        while time.monotonic() < deadline:
-            broadcast = server.broadcasts.get(("orient", 1))
-            joined = broadcast.stats.joins if broadcast is not None else 0
-            if joined == FLEET:
-                break
-            time.sleep(0.1)
-        assert joined == FLEET
+        devices = [f"box-{i:05d}" for i in range(FLEET)]
+
+        def join(devices: list[str]) -> set[str]:
+            """Send each device's join; the devices `serve` heard once it stops hearing more."""
+            for i, device in enumerate(devices):
+                join = Join(device_id=device, release_id=chunks.id, chunks=len(chunks),
+                            missing=everything)  # fmt: skip
+                control = TOPICS.own_control(device, "orient", 1)  # each on its own topic
+                boxes[i % len(boxes)].publish(control, join.model_dump_json().encode())
+            assert all(box.flush(60.0) for box in boxes)
+            deadline = time.monotonic() + 30.0
+            heard: frozenset[str] = frozenset()
+            quiet_since = time.monotonic()
+            while time.monotonic() < deadline:
+                broadcast = server.broadcasts.get(("orient", 1))
+                now_heard = broadcast.pullers if broadcast is not None else frozenset()
+                if now_heard != heard:
+                    heard, quiet_since = now_heard, time.monotonic()
+                elif len(heard) == FLEET or time.monotonic() - quiet_since > 2.0:
+                    break
+                time.sleep(0.1)
+            return set(heard)
+
+        heard = join(devices)
+        # Far past what QoS 1 let through (1,020): what is lost is the odd message a
+        # loaded machine drops, not the broker's whole queue.
+        assert len(heard) >= 0.9 * FLEET, f"heard {len(heard)} of {FLEET} joins at once"
+        unheard = [device for device in devices if device not in heard]
+        if unheard:
+            heard = join(unheard)
+        assert heard == set(devices)
     finally:
         for box in boxes:
             box.stop()
