@@ -43,7 +43,7 @@ from edge_agent.agent.sink import AgentSink, EmitEvent, EmitResult, ResultsPolic
 from edge_agent.agent.specs import checked_spec
 from edge_agent.agent.specs import parse_spec as parse_spec  # callers import it from here
 from edge_agent.agent.swaps import Swaps
-from edge_agent.agent.ticks import Tick, Ticker
+from edge_agent.agent.ticks import Tick, Ticker, serving_report
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
 from edge_agent.paths import Layout
@@ -231,7 +231,7 @@ class Pipelines:
                 # reads the pool under, so a run `tick` finds not ended holds its model.
                 entry.ended = True
                 model = serving_model(entry)
-                report = self.pool.reports().get(model) or self.pool.last_report(model)
+                report = serving_report(handle, model, self.pool)
             handle.close()
         self._ticker.run_ended(spec.id, handle, model, report)
         error = handle.pipeline.error

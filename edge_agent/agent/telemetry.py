@@ -2,8 +2,9 @@
 
 Pure shaping of what the pipelines measured over one interval: milliseconds
 rounded to microseconds, stages that saw no sample left out, and each model's
-latency read off the busiest pipeline that runs it, with the device and
-precision its compile report says it really runs at.
+latency read off the busiest pipeline that runs it, with the engine, device and
+precision that pipeline's compile of it really runs at (not another pipeline's
+compile of the same model on another device).
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ def pipeline_telemetry(stats: PipelineStats) -> msg.PipelineTelemetry:
 def model_telemetry(
     stats: dict[str, PipelineStats], models: dict[str, str], reports: dict[str, CompileReport]
 ) -> dict[str, msg.ModelTelemetry]:
-    """Per model name; `models` maps pipeline id to the model serving it, `reports` model
-    name to its compile report."""
+    """Per model name; `models` maps pipeline id to the model serving it, `reports`
+    pipeline id to that model's compile report."""
     # A model's latency is read off the pipelines that run it: the busiest speaks for it.
     found: dict[str, msg.ModelTelemetry] = {}
     for pipeline, snapshot in stats.items():
         infer = snapshot.stages.get("infer")
         name = models.get(pipeline)
-        report = reports.get(name) if name is not None else None
+        report = reports.get(pipeline)
         if infer is None or name is None or report is None or not infer.count:
             continue
         if name not in found or found[name].inferences < infer.count:

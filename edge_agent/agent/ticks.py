@@ -36,7 +36,22 @@ class Tick:
     models: dict[str, str]
     """Pipeline id to the model serving it (for an ended run: the one that served last)."""
     reports: dict[str, CompileReport]
-    """Model name to its compile report."""
+    """Pipeline id to the compile report of the model serving it: one model name may run
+    on two devices or engines for two pipelines, each with its own latency."""
+
+
+def serving_report(handle: PipelineHandle, name: str, pool: TrackedPool) -> CompileReport | None:
+    """The compile report of the model `name` as it serves `handle`'s pipeline.
+
+    The pipeline's own compile when it is the one named (by name, a model on the CPU for
+    one pipeline and on the GPU for another gave both the latest compile's device);
+    otherwise, `name` served the latest frame and a swap has moved on since, so the pool's
+    latest report of that name.
+    """
+    label, report = handle.pipeline.serving()
+    if label == name:
+        return report
+    return pool.reports().get(name) or pool.last_report(name)
 
 
 class Ticker:
@@ -85,16 +100,15 @@ class Ticker:
         """
         stats: dict[str, PipelineStats] = {}
         models: dict[str, str] = {}
-        ended_reports: dict[str, CompileReport] = {}
+        reports: dict[str, CompileReport] = {}
         now = time.monotonic()
         with self._roster.lock:  # against `run_ended` taking a last interval at the same moment
-            held = self._pool.reports()  # every run not yet ended holds its model
             for pipeline_id, ended in self._last_intervals.items():
                 stats[pipeline_id] = merge_intervals([e.stats for e in ended])
                 models[pipeline_id] = ended[-1].model
-                for run in ended:
-                    if run.report is not None:
-                        ended_reports[run.model] = run.report
+                report = ended[-1].report
+                if report is not None:
+                    reports[pipeline_id] = report
             self._last_intervals.clear()
             for entry in self._roster.running.values():
                 if entry.handle is None or entry.status != "running" or entry.ended:
@@ -104,16 +118,11 @@ class Ticker:
                 snapshot = entry.handle.telemetry.interval()
                 stats[entry.spec.id] = snapshot
                 models[entry.spec.id] = serving_model(entry)
+                report = serving_report(entry.handle, models[entry.spec.id], self._pool)
+                if report is not None:
+                    reports[entry.spec.id] = report
                 if snapshot.frames > 0:
                     entry.fresh_at = now
-        # What serves now wins over what served a run that has ended.
-        reports = {**ended_reports, **held}
-        for name in set(models.values()) - reports.keys():
-            # The model of a pipeline's latest frame, retired by a swap since (the next
-            # frame, from the new model, is not out yet): what it ran on is still known.
-            retired = self._pool.last_report(name)
-            if retired is not None:
-                reports[name] = retired
         return Tick(stats, models, reports)
 
     def stale(self, max_age_s: float) -> list[str]:

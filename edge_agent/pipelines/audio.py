@@ -48,7 +48,7 @@ from edge_agent.pipelines.stopping import (
     StopFlag,
     stuck_engine,
 )
-from edge_agent.runtime.base import CompiledModel
+from edge_agent.runtime.base import CompiledModel, CompileReport
 from edge_agent.runtime.stateful import StatefulVad
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 
@@ -154,6 +154,10 @@ class AudioPipeline:
         self._last_ts = 0.0  # stream time of the latest window taken
         self._closed = False
         self._close_lock = threading.Lock()
+
+    def serving(self) -> tuple[str, CompileReport]:
+        """The model that runs the stream, by name, and its compile report."""
+        return self._label, self._model.report
 
     def stop(self) -> None:
         """Make `run` return within `stopping.STOP_BUDGET_S`, whatever the source, a sink

@@ -43,7 +43,7 @@ from edge_agent.pipelines.stopping import (
     stuck_engine,
     supervise,
 )
-from edge_agent.runtime.base import CompiledModel, Tensors
+from edge_agent.runtime.base import CompiledModel, CompileReport, Tensors
 from edge_agent.telemetry.stats import PipelineStats, PipelineTelemetry
 
 log = logging.getLogger(__name__)
@@ -377,6 +377,11 @@ class VisionPipeline:
 
     def _label(self) -> str:
         return self._active.label
+
+    def serving(self) -> tuple[str, CompileReport]:
+        """The model that runs the next frame, by name, and its compile report."""
+        active = self._active
+        return active.label, active.model.report
 
     def _emit_safely(self, item: _Done) -> None:
         # A head that fails on one frame must not stop the pipeline (or hang the

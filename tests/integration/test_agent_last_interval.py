@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_agent.agent.pipelines import Pipelines
+from edge_agent.agent.telemetry import model_telemetry
 from edge_agent.clips import write_walk
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent
 from tests.agent_kit import photo_pipelines
@@ -62,7 +63,7 @@ def test_the_last_interval_of_an_ended_run_is_reported_once_and_in_order(
         assert first.stats["cam"].stages["infer"].count == 6
         # The model that served the ended runs, and where it ran, outlive the runs.
         assert first.models == {"cam": "face-blazeface"}
-        assert first.reports["face-blazeface"].device == "CPU"
+        assert first.reports["cam"].device == "CPU"
         second = pipelines.tick()
         assert (second.stats, second.models) == ({}, {})  # and each reported once only
     finally:
@@ -86,7 +87,7 @@ def test_every_tick_names_the_model_of_each_pipeline_it_reports_and_loses_no_fra
         for pipeline_id, stats in tick.stats.items():
             frames[0] += stats.frames
             model = tick.models.get(pipeline_id)
-            if stats.frames and (model is None or model not in tick.reports):
+            if stats.frames and (model is None or pipeline_id not in tick.reports):
                 unnamed.append(f"{pipeline_id}: {stats.frames} frames, model {model}")
 
     def ticker() -> None:
@@ -139,7 +140,7 @@ def test_every_tick_names_the_model_of_a_pipeline_across_model_swaps(
                     continue
                 reported[0] += infer.count
                 model = tick.models.get(pipeline_id)
-                if model is None or model not in tick.reports:
+                if model is None or pipeline_id not in tick.reports:
                     unnamed.append(f"{pipeline_id}: {infer.count} runs, model {model}")
 
     thread = threading.Thread(target=ticker, name="ticker")
@@ -182,5 +183,57 @@ def test_an_ended_run_lets_go_of_its_pipeline(
         [state] = pipelines.states()
         assert (state.id, state.status) == ("cam", "stopped")
         assert pipelines.tick().stats["cam"].frames > 0  # its figures were kept
+    finally:
+        pipelines.close()
+
+
+def test_a_model_on_two_engines_is_reported_with_the_engine_its_latency_came_from(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # One model name, two compiles: text-orientation on OpenVINO for one camera and on ONNX
+    # Runtime for another (on a box with an iGPU: one on the CPU, one on the GPU). Reports
+    # were kept per name, so both pipelines, and the model's telemetry, got the latest
+    # compile's engine and device, beside the latency of whichever pipeline was busiest.
+    pipelines, _ = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    video = write_walk(tmp_path / "walk.avi", frames=30).path
+    engines = {"ov": "openvino", "ort": "onnxruntime"}
+    try:
+        for pipeline_id, backend in engines.items():
+            spec = {
+                "id": pipeline_id,
+                "model": {"name": "text-orientation", "backend": backend},
+                "source": {
+                    "type": "file",
+                    "path": str(video),
+                    "realtime": True,
+                    "loop": True,
+                    # The ONNX Runtime one busier, and compiled last: the latest compile
+                    # of the name is neither's by accident.
+                    "fps_cap": 25 if backend == "onnxruntime" else 5,
+                },
+            }
+            pipelines.start(spec, persist=False)
+        counts: dict[str, int] = dict.fromkeys(engines, 0)
+        deadline = time.monotonic() + 60
+        while min(counts.values()) < 5 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            tick = pipelines.tick()
+            for pipeline_id in engines:
+                infer = tick.stats.get(pipeline_id)
+                if infer is None or not infer.stages.get("infer"):
+                    continue
+                counts[pipeline_id] += infer.stages["infer"].count
+                assert tick.models[pipeline_id] == "text-orientation"
+                assert tick.reports[pipeline_id].backend == engines[pipeline_id]
+            if all(tick.stats.get(p) and tick.stats[p].frames for p in engines):
+                busiest = max(engines, key=lambda p: tick.stats[p].stages["infer"].count)
+                model = model_telemetry(tick.stats, tick.models, tick.reports)
+                assert model["text-orientation"].backend == engines[busiest]
+        assert min(counts.values()) >= 5, counts
+        # A run that has ended is reported once more, with its own compile too.
+        pipelines.stop("ov")
+        tick = pipelines.tick()
+        assert tick.reports["ov"].backend == "openvino"
+        assert tick.reports["ort"].backend == "onnxruntime"
     finally:
         pipelines.close()
