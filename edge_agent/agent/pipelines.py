@@ -40,7 +40,7 @@ from edge_agent.agent.roster import (
     state_of,
 )
 from edge_agent.agent.sink import AgentSink, EmitEvent, EmitResult, ResultsPolicy
-from edge_agent.agent.specs import checked_spec
+from edge_agent.agent.specs import checked_spec, mend_recorded_mode
 from edge_agent.agent.specs import parse_spec as parse_spec  # callers import it from here
 from edge_agent.agent.swaps import Swaps
 from edge_agent.agent.ticks import Tick, Ticker, serving_report
@@ -94,7 +94,10 @@ class Pipelines:
         self._restorer = Restorer(
             self._roster,
             # From the record: what an earlier build accepted, harmless, is mended.
-            lambda data: checked_spec(data, self.layout.state, self.protected, recorded=True),
+            lambda data: mend_recorded_mode(
+                checked_spec(data, self.layout.state, self.protected, recorded=True),
+                self._head_of,
+            ),
             lambda entry: self._start_registered(entry, persist=False),
             self._event,
         )
@@ -390,6 +393,13 @@ class Pipelines:
             with self._roster.lock:
                 self._roster.restarting.discard(pipeline_id)
         return True
+
+    def _head_of(self, model: str) -> str | None:
+        """The head type of `model` as the catalog resolves it now, or None if it cannot."""
+        try:
+            return self.pool.catalog.resolve(model).manifest.head.type
+        except Exception:  # the build says what is wrong with the model
+            return None
 
     def restore(self) -> list[str]:
         """Start every pipeline the record holds, returning those that run as it says;

@@ -7,7 +7,8 @@ no protected file or folder named.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,12 @@ from pydantic import ValidationError
 
 from edge_agent.config_files import RECORDED, first_error
 from edge_agent.errors import EdgeAgentError
+from edge_agent.logs import log_event
 from edge_agent.pipelines.confine import confine_writes, refuse_protected
+from edge_agent.pipelines.detect import BOX_HEADS
 from edge_agent.pipelines.spec import PipelineSpec
+
+log = logging.getLogger(__name__)
 
 
 def parse_spec(data: dict[str, Any], recorded: bool = False) -> PipelineSpec:
@@ -64,3 +69,33 @@ def checked_spec(
     spec = confine_writes(spec, state, code=code, field_prefix=prefix)
     refuse_protected(spec, protected, code=code, field_prefix=prefix)
     return spec
+
+
+def mend_recorded_mode(spec: PipelineSpec, head_of: Callable[[str], str | None]) -> PipelineSpec:
+    """A recorded spec in tiles or regions mode on a model whose head is not a detector's,
+    in frame mode, with a warning; any other spec as it is.
+
+    Earlier builds ran such a spec, tiling a classifier or a text detector into one
+    unmerged result per tile; this one refuses it at the build (`check_mode`), and the
+    pipeline came back from an upgrade failed. Frame mode is what that model can serve.
+
+    Args:
+        spec: A spec from the record.
+        head_of: The head type of a model by name, or None when it cannot be told (the
+            build then reports what is wrong with the model).
+    """
+    if spec.detect.mode == "frame":
+        return spec
+    head = head_of(spec.model.name)
+    if head is None or head in BOX_HEADS:
+        return spec
+    log_event(
+        log,
+        logging.WARNING,
+        "pipeline_restore_mended",
+        pipeline=spec.id,
+        detail=f'detect mode "{spec.detect.mode}" needs a detector, and {spec.model.name} '
+        f'has a {head} head: run in mode "frame"',
+        fix='start the pipeline again with mode = "frame" to keep this from the record',
+    )
+    return spec.model_copy(update={"detect": spec.detect.model_copy(update={"mode": "frame"})})
