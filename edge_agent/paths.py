@@ -140,6 +140,11 @@ class Layout:
         return self.state / "agent"
 
     @property
+    def agent_lock(self) -> Path:
+        """Held by the agent serving this state folder (`agent.instance`)."""
+        return self.agent / "agent.lock"
+
+    @property
     def all_regions(self) -> Path:
         """Every camera's learned grid (`regions`)."""
         return self.state / "regions"

@@ -26,6 +26,7 @@ from typing import Any
 
 from edge_agent import __version__
 from edge_agent.agent.dispatch import Dispatcher
+from edge_agent.agent.instance import hold_state
 from edge_agent.agent.loaded import TrackedPool
 from edge_agent.agent.models import ModelOps
 from edge_agent.agent.pipelines import Pipelines
@@ -112,6 +113,15 @@ class AgentService:
         # Read now, before a package replaced under the running agent could be read instead.
         self.build = build_id()
         self.layout = config.layout(env)
+        # First: nothing of the state folder is read or written while another agent serves it.
+        self._state_lock = hold_state(self.layout)
+        try:
+            self._open(config, env)
+        except BaseException:
+            self._state_lock.release()
+            raise
+
+    def _open(self, config: AgentConfig, env: Mapping[str, str]) -> None:
         self.topics = Topics(config.topic_prefix)
         self.device = config.device_id
         self.records = AgentRecords(self.layout.agent)
@@ -447,7 +457,10 @@ class AgentService:
                     next_watchdog = now + watchdog_every
                     failed.guard("watchdog", self._feed_watchdog)
         finally:
-            self._shutdown(pump)
+            try:
+                self._shutdown(pump)
+            finally:
+                self._state_lock.release()  # last: the next agent may start now
         return 0
 
     def _sweep_transfers(self) -> None:
