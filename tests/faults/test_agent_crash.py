@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from functools import partial
@@ -142,12 +143,23 @@ def test_a_stale_will_never_leaves_a_live_agent_offline(
     )
     watcher = Watcher(broker.port, DEVICE)
     frozen = AgentProcess(config, tmp_path / "agent.log").start()
-    fresh = AgentProcess(config, tmp_path / "agent.log")
+    # The fresh one on a copy of the state, taken once the hung one is frozen: on the same
+    # state folder it would be refused while the hung one lives (`agent.instance`), as a
+    # restart by systemd never comes before the old process is gone.
+    copied = write_config(
+        tmp_path / "agent-b.toml",
+        port=broker.port,
+        device=DEVICE,
+        state=tmp_path / "state-b",
+        keepalive=KEEPALIVE,
+    )
+    fresh = AgentProcess(copied, tmp_path / "agent.log")
     try:
         old = watcher.wait_state(lambda s: s["online"], timeout=60)
         # A hung agent (its TCP connection still open) replaced by a fast restart: the
         # broker hands the session to the new connection and publishes the old will.
         os.kill(frozen.pid, signal.SIGSTOP)
+        shutil.copytree(tmp_path / "state", tmp_path / "state-b")
         fresh.start()
         new = watcher.wait_state(lambda s: s["online"] and s["seq"] > old["seq"], timeout=60)
         frozen.kill()
