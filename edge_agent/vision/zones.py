@@ -38,6 +38,10 @@ casting it) instead of failing where the spec is read."""
 Points = npt.NDArray[np.float64]
 
 
+_SAID_AS_PIXELS: set[tuple[str, str, tuple[tuple[float, float], ...]]] = set()
+"""Recorded zones already warned of as fractions read as pixels, in this process."""
+
+
 class _Polygon(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -60,7 +64,12 @@ class _Polygon(BaseModel):
             name = getattr(self, "name", "")
             if RECORDED in (info.context or {}):
                 # An earlier build's record: kept as it served (a mask 1 px across still
-                # let the camera detect), said at every start, not refused.
+                # let the camera detect), said once a process, not refused (a restore
+                # reads a record more than once, and calibration reads it again).
+                said = (kind, name, self.points)
+                if said in _SAID_AS_PIXELS:
+                    return self
+                _SAID_AS_PIXELS.add(said)
                 log_event(
                     log,
                     logging.WARNING,

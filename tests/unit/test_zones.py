@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from edge_agent.config_files import RECORDED
 from edge_agent.heads.base import Detection, Result
 from edge_agent.pipelines.base import Event
 from edge_agent.pipelines.events import EventRule, EventTracker
@@ -123,3 +126,19 @@ def test_fractions_given_as_pixels_are_refused_naming_the_units() -> None:
     assert Zone.model_validate({**dock, "units": "fraction"}).polygon((100, 100))[1, 0] == 60
     # A pixel zone near the corner is fine once any point is past the first pixel.
     Zone.model_validate({**dock, "points": [[0, 0], [2, 0], [2, 2]]})
+
+
+def test_a_recorded_zone_in_fractions_as_pixels_is_kept_and_warned_of_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An earlier build's record: kept as it served, and said once a process, though a
+    # restore reads the record more than once (and a retried camera, or calibration, again).
+    points = [[0.2, 0.6], [0.7, 0.6], [0.7, 0.9], [0.2, 0.9]]
+    caplog.set_level(logging.WARNING, logger="edge_agent.vision.zones")
+    for _ in range(3):
+        zone = Zone.model_validate({"name": "kept", "points": points}, context={RECORDED: True})
+        assert zone.units == "px"
+    other = {"name": "other", "points": points}
+    Zone.model_validate(other, context={RECORDED: True})
+    said = [vars(r)["fields"]["name"] for r in caplog.records if "fractions" in r.getMessage()]
+    assert said == ["kept", "other"]
