@@ -104,6 +104,8 @@ class Pipelines:
         self._swaps = Swaps(self._roster, pool, self._event, self._restart)
         self._ticker = Ticker(self._roster, pool)
         self._closed = threading.Event()
+        self._held_starts: list[threading.Thread] = []
+        """Threads starting pipelines held over the cap (`start_held`), for `close`."""
 
     @property
     def records(self) -> AgentRecords:
@@ -338,6 +340,14 @@ class Pipelines:
         if forget:
             # Said whether or not the disk let it be forgotten: it has stopped.
             self._event("pipeline_stopped", pipeline_id, detail="stopped by command")
+            if not self._closed.is_set():
+                # Its slot is free: a pipeline held over the cap takes it. On a thread of
+                # its own, as its compile would hold this command's answer.
+                thread = threading.Thread(target=self.start_held, name="start-held", daemon=True)
+                with self._roster.lock:
+                    self._held_starts = [t for t in self._held_starts if t.is_alive()]
+                    self._held_starts.append(thread)
+                thread.start()
             if unwritable is not None:
                 raise _not_forgotten(pipeline_id, unwritable, stopped=True)
         return state_of(entry)
@@ -401,6 +411,15 @@ class Pipelines:
         except Exception:  # the build says what is wrong with the model
             return None
 
+    def start_held(self) -> list[str]:
+        """Start pipelines held over the cap while there is room (`Restorer.start_held`);
+        failures are reported, not raised."""
+        try:
+            return self._restorer.start_held(self._closed.is_set)
+        except Exception:  # on its own thread: said, never raised into nothing
+            log_crash(log, "start_held_failed")
+            return []
+
     def restore(self) -> list[str]:
         """Start every pipeline the record holds, returning those that run as it says;
         failures are reported, not raised, and those over `max_running` held
@@ -444,9 +463,15 @@ class Pipelines:
     def close(self, timeout: float = 5.0) -> None:
         """Stop every pipeline (remembered for the next start) within about `timeout`."""
         self._closed.set()
+        deadline = time.monotonic() + timeout
+        # A held pipeline being started after a stop: in the running once started, and
+        # then stopped below with the rest (none is left running behind a close).
+        with self._roster.lock:
+            starts = list(self._held_starts)
+        for thread in starts:
+            thread.join(max(0.1, deadline - time.monotonic()))
         with self._roster.lock:
             ids = list(self._roster.running)
-        deadline = time.monotonic() + timeout
         for pipeline_id in ids:
             left = max(0.1, deadline - time.monotonic())
             with contextlib.suppress(EdgeAgentError):

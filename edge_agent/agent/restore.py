@@ -104,6 +104,50 @@ class Restorer:
             )
         return started
 
+    def start_held(self, closed: Callable[[], bool] = lambda: False) -> list[str]:
+        """Start the pipelines held over the cap, in the record's order, while there is
+        room and until `closed`; call after a stop_pipeline freed a slot. Returns those
+        started.
+
+        Held until the next restart, as they were, the room an operator made by stopping
+        a pipeline (as the held one's detail tells them to) was taken by nothing, or by the
+        next start_pipeline, and the held pipeline stayed down until a reboot.
+        """
+        roster = self._roster
+        with roster.record_lock, roster.lock:
+            held = [
+                (pipeline_id, data)
+                for pipeline_id, data in roster.records.record.pipelines.items()
+                if (entry := roster.running.get(pipeline_id)) is not None and entry.held
+            ]
+        started = []
+        for pipeline_id, data in held:
+            if closed():
+                break
+            with roster.lock:
+                entry = roster.running.get(pipeline_id)
+                if entry is None or not entry.held:
+                    continue  # stopped meanwhile
+                if roster.slots_taken(pipeline_id, count_held=False) >= roster.max_running:
+                    break  # no room for this one, nor for those after it
+            try:
+                if self.restore_one(pipeline_id, data) == "started":
+                    started.append(pipeline_id)
+            except EdgeAgentError as exc:
+                log_event(
+                    log,
+                    logging.ERROR,
+                    "pipeline_restore_failed",
+                    pipeline=pipeline_id,
+                    code=exc.code,
+                    detail=str(exc),
+                )
+                self._say("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
+            except Exception as exc:
+                log_crash(log, "pipeline_restore_crashed", pipeline=pipeline_id)
+                self._say("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
+        return started
+
     def restore_one(
         self, pipeline_id: str, data: dict[str, Any], own_slot: bool = False
     ) -> Outcome:
@@ -151,29 +195,36 @@ class Restorer:
         spec = self._check(_as_known(pipeline_id, data))
         over_cap = (
             f"over max_pipelines ({roster.max_running}): raise the cap in the config, or stop "
-            "others; it starts at the next restart with room"
+            "others; it starts as soon as a stop_pipeline makes room, or at the next restart "
+            "with room"
         )
         entry: Running | None = None
         # Under the record's lock, as stop decides to forget one that does not run.
+        cap = roster.max_running
         with roster.record_lock, roster.lock:
+            current = roster.running.get(spec.id)
             if pipeline_id not in roster.records.record.pipelines:
                 outcome: Outcome = "forgotten"
-            elif spec.id in roster.running:
+            elif current is not None and not current.held:
                 outcome = "running"
-            elif not own_slot and roster.slots_taken(spec.id) >= roster.max_running:
+            elif not own_slot and roster.slots_taken(spec.id, current is None) >= cap:
                 # Listed as failed, not started: stop_pipeline forgets it as any failed
                 # one, and it holds its slot against a start that would take its place.
                 outcome = "held"
-                roster.running[spec.id] = Running(
-                    spec,
-                    status="failed",
-                    detail=over_cap,
-                    failed_code="command.busy",
-                    outage=SourceOutage(spec.id),
-                )
+                if current is None:  # one held already stays as it is
+                    roster.running[spec.id] = Running(
+                        spec,
+                        status="failed",
+                        detail=over_cap,
+                        failed_code="command.busy",
+                        outage=SourceOutage(spec.id),
+                        held=True,
+                    )
             else:
                 outcome = "started"
-                entry = roster.register(spec, own_slot)
+                if current is not None:  # held: the room was counted above, without
+                    del roster.running[spec.id]  # the held ones after it in the record
+                entry = roster.register(spec, own_slot or current is not None)
         if entry is not None:
             self._start(entry)
         elif outcome == "held":

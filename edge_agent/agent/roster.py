@@ -54,6 +54,9 @@ class Running:
     """A reload_model came while the entry had no handle (a start or a retry building one):
     `Pipelines._launch` swaps once the handle is in, as the build may have resolved the old
     version."""
+    held: bool = False
+    """Listed failed, not started: over `max_pipelines` at a restore (`Restorer`); started
+    when a stop_pipeline makes room (`Restorer.start_held`)."""
     swaps: int = 0
     """Swaps asked for so far: a failed one puts the record back only if it is the latest."""
     swap_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -117,10 +120,17 @@ class Roster:
         entry = self.running[spec.id] = Running(spec, outage=SourceOutage(spec.id))
         return entry
 
-    def slots_taken(self, pipeline_id: str) -> int:
+    def slots_taken(self, pipeline_id: str, count_held: bool = True) -> int:
         """Slots held by others than `pipeline_id` (under `lock`): every listed pipeline,
-        held and failed ones too, and those a restart is starting again."""
-        return len((self.running.keys() | self.restarting) - {pipeline_id})
+        held and failed ones too, and those a restart is starting again. Without
+        `count_held`, not those held over the cap: for a held one taking the room made,
+        which goes to the held ones in the record's order (`Restorer.start_held`)."""
+        listed = (
+            self.running.keys()
+            if count_held
+            else {k for k, entry in self.running.items() if not entry.held}
+        )
+        return len((listed | self.restarting) - {pipeline_id})
 
     def persist(self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False) -> None:
         """Record `spec` as the pipeline to restore (None forgets it); `known`: only if the

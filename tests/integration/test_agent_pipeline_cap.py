@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import pytest
 
 from edge_agent.agent.pipelines import Pipelines
 from edge_agent.agent.records import AgentRecords
+from edge_agent.clips import write_walk
 from edge_agent.comms.local_broker import LocalBroker, free_port
 from edge_agent.errors import EdgeAgentError
 from edge_agent.pipelines.runner import PipelineHandle
@@ -190,6 +192,46 @@ def test_pipelines_over_the_cap_are_kept_and_start_once_it_has_room(
         assert not [s for s in raised.states() if "max_pipelines" in s.detail]
     finally:
         raised.close()
+
+
+def test_a_stop_pipeline_makes_room_for_the_held_ones_in_record_order(
+    tmp_path: Path, cache_dir: Path, astronaut: npt.NDArray[np.uint8]
+) -> None:
+    # The held one's detail tells the operator to stop others; the room they made was left
+    # empty (or taken by the next start), and the held pipeline stayed down until a reboot.
+    pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    video = write_walk(tmp_path / "walk.avi", frames=30).path
+    spec["source"] = {"type": "file", "path": str(video), "realtime": True, "loop": True}
+    recorded = [f"cam{i}" for i in range(CAP + 2)]
+    pipelines.records.update(pipelines={p: {**spec, "id": p} for p in recorded})
+    pipelines.max_running = CAP
+
+    def states() -> dict[str, str]:
+        return {s.id: s.status for s in pipelines.states()}
+
+    def wait_running(pipeline_id: str) -> None:
+        deadline = time.monotonic() + 60
+        while states().get(pipeline_id) != "running" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert states().get(pipeline_id) == "running", states()
+
+    try:
+        assert pipelines.restore() == recorded[:CAP]
+        pipelines.stop("cam1")
+        wait_running("cam3")  # the first held one, in the record's order
+        assert states() == {"cam0": "running", "cam2": "running", "cam3": "running",
+                            "cam4": "failed"}  # fmt: skip
+        # The one still held keeps its slot against a new start.
+        with pytest.raises(EdgeAgentError) as refused:
+            pipelines.start({**spec, "id": "new"})
+        assert refused.value.code == "command.busy"
+        pipelines.stop("cam0")
+        wait_running("cam4")
+        assert set(states().values()) == {"running"}
+        assert list(pipelines.records.record.pipelines) == ["cam2", "cam3", "cam4"]
+    finally:
+        pipelines.close()
+    assert pipelines.handles() == {}  # none left running behind the close
 
 
 @pytest.fixture
