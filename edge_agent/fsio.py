@@ -161,19 +161,26 @@ def file_lock(path: Path, timeout_s: float) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise EdgeAgentError(
-                        f"another model update holds {path} for over {timeout_s:.0f} s",
-                        "wait for it to finish or time out, then retry",
-                        "command.busy",
-                    ) from None
-                time.sleep(0.05)
+        if not flock_within(fd, timeout_s):
+            raise EdgeAgentError(
+                f"another model update holds {path} for over {timeout_s:.0f} s",
+                "wait for it to finish or time out, then retry",
+                "command.busy",
+            )
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def flock_within(fd: int, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Take an exclusive flock on `fd`, waiting at most `timeout_s`; whether it was taken.
+    Polled, not blocking: a blocking flock cannot be given a time limit."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)

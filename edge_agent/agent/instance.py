@@ -13,13 +13,16 @@ killed agent never keeps the next one out, and no stale pid can be mistaken for 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import logging
 import os
-import time
 from pathlib import Path
 
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fsio import flock_within
+from edge_agent.logs import log_event
 from edge_agent.paths import Layout
+
+log = logging.getLogger(__name__)
 
 WAIT_S = 2.0
 """How long a start waits for another agent to let go: the one before it may still be
@@ -29,8 +32,8 @@ closing (a restart by hand, a test's agent after the last)."""
 class StateLock:
     """Held while this process serves the state folder; `release` lets the next one in."""
 
-    def __init__(self, fd: int) -> None:
-        self._fd: int | None = fd
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -52,18 +55,25 @@ def hold_state(layout: Layout, wait_s: float = WAIT_S) -> StateLock:
         EdgeAgentError: `agent.running`, another agent holds it.
     """
     path = layout.agent_lock
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise _held_by(path, layout.state) from None
-                time.sleep(0.1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        # A state disk that refuses writes (remounted read-only after an error, full of
+        # inodes) must not keep the agent from serving: it runs from memory then, as
+        # its records and outbox do, without the lock.
+        log_event(
+            log,
+            logging.WARNING,
+            "agent_lock_unavailable",
+            path=str(path),
+            error=str(exc),
+            detail="a second agent on this state folder is not kept out",
+        )
+        return StateLock(None)
+    try:
+        if not flock_within(fd, wait_s):
+            raise _held_by(path, layout.state)
         # Who holds it, for the next one's error; a failed write only loses that name.
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)

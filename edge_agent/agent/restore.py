@@ -77,21 +77,10 @@ class Restorer:
                     started.append(pipeline_id)
                 elif restored == "held":
                     held.append(pipeline_id)
-            except EdgeAgentError as exc:
-                log_event(
-                    log,
-                    logging.ERROR,
-                    "pipeline_restore_failed",
-                    pipeline=pipeline_id,
-                    code=exc.code,
-                    detail=str(exc),
-                )
-                self._say("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
             except Exception as exc:
                 # A bug, or an engine's own error, in one: the rest are still restored, and
                 # those over the cap still held.
-                log_crash(log, "pipeline_restore_crashed", pipeline=pipeline_id)
-                self._say("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
+                self._failed(pipeline_id, exc)
         if held:
             log_event(
                 log,
@@ -133,20 +122,25 @@ class Restorer:
             try:
                 if self.restore_one(pipeline_id, data) == "started":
                     started.append(pipeline_id)
-            except EdgeAgentError as exc:
-                log_event(
-                    log,
-                    logging.ERROR,
-                    "pipeline_restore_failed",
-                    pipeline=pipeline_id,
-                    code=exc.code,
-                    detail=str(exc),
-                )
-                self._say("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
             except Exception as exc:
-                log_crash(log, "pipeline_restore_crashed", pipeline=pipeline_id)
-                self._say("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
+                self._failed(pipeline_id, exc)
         return started
+
+    def _failed(self, pipeline_id: str, exc: Exception) -> None:
+        """Say that a recorded pipeline did not start: its error, or a crash's traceback."""
+        if isinstance(exc, EdgeAgentError):
+            log_event(
+                log,
+                logging.ERROR,
+                "pipeline_restore_failed",
+                pipeline=pipeline_id,
+                code=exc.code,
+                detail=str(exc),
+            )
+            self._say("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
+        else:
+            log_crash(log, "pipeline_restore_crashed", pipeline=pipeline_id)
+            self._say("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
 
     def restore_one(
         self, pipeline_id: str, data: dict[str, Any], own_slot: bool = False

@@ -7,12 +7,18 @@ and both send the outbox. Real agent processes on the suite's mosquitto.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from edge_agent.agent.instance import hold_state
 from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.errors import EdgeAgentError
+from edge_agent.paths import Layout
 from tests.agent_kit import REPO, AgentProcess, Watcher, cache_dir, write_config
 
 DEVICE = "twice-dev"
@@ -57,3 +63,29 @@ def test_a_second_agent_on_the_same_state_is_refused_and_a_killed_one_keeps_none
         first.close()
         third.close()
         watcher.close()
+
+
+def test_a_state_disk_that_refuses_the_lock_file_does_not_keep_the_agent_from_serving(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A state disk remounted read-only after an error: the agent serves from memory, as its
+    # records and outbox do. Here the lock file cannot be opened for writing (a folder is in
+    # its place), which fails as a read-only disk's open does (as root, permissions do not).
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    layout.agent_lock.mkdir(parents=True)
+    caplog.set_level(logging.WARNING, logger="edge_agent.agent.instance")
+    first = hold_state(layout, wait_s=0.0)
+    second = hold_state(layout, wait_s=0.0)  # not kept out: there is no lock to hold
+    first.release()
+    second.release()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["agent_lock_unavailable", "agent_lock_unavailable"]
+    # Where the file can be made, the second is kept out, naming the first.
+    ok = Layout(cache=tmp_path / "cache", state=tmp_path / "ok")
+    held = hold_state(ok, wait_s=0.0)
+    with pytest.raises(EdgeAgentError) as refused:
+        hold_state(ok, wait_s=0.0)
+    assert refused.value.code == "agent.running"
+    assert f"(pid {os.getpid()})" in str(refused.value)
+    held.release()
+    hold_state(ok, wait_s=0.0).release()  # and let in once the first lets go
