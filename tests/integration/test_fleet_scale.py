@@ -194,10 +194,10 @@ def test_serve_hears_every_join_of_a_fleet_at_once(
         def join(devices: list[str]) -> set[str]:
             """Send each device's join; the devices `serve` heard once it stops hearing more."""
             for i, device in enumerate(devices):
-                join = Join(device_id=device, release_id=chunks.id, chunks=len(chunks),
-                            missing=everything)  # fmt: skip
+                message = Join(device_id=device, release_id=chunks.id, chunks=len(chunks),
+                               missing=everything)  # fmt: skip
                 control = TOPICS.own_control(device, "orient", 1)  # each on its own topic
-                boxes[i % len(boxes)].publish(control, join.model_dump_json().encode())
+                boxes[i % len(boxes)].publish(control, message.model_dump_json().encode())
             assert all(box.flush(60.0) for box in boxes)
             deadline = time.monotonic() + 30.0
             heard: frozenset[str] = frozenset()
