@@ -13,7 +13,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge_agent.agent.jobs import JobContext
 from edge_agent.agent.pipelines import Pipelines
-from edge_agent.agent.records import recorded_spec
 from edge_agent.agent.sink import EmitEvent
 from edge_agent.catalog.catalog import Catalog
 from edge_agent.comms.base import Communicator
@@ -269,8 +267,9 @@ class ModelOps:
         resolved = self.catalog.resolve(model)
         job.progress("data", 0.02)
         recipe = recipe_for(resolved.manifest)
-        recorded = partial(recorded_spec, self.layout.agent)
-        source = resolve_data(data, self.layout, recorded)
+        # The record as this agent holds it, not its file read again: on a state disk
+        # that refused the last write, the file lags what the agent runs.
+        source = resolve_data(data, self.layout, self.pipelines.records.record.pipelines.get)
         samples = calibration_data(source, resolved.manifest, recipe)
         job.check()
         name = install_as or f"{resolved.manifest.name}-int8"

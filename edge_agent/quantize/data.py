@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 
 Recorded = Callable[[str], dict[str, Any] | None]
 """The spec the agent's record holds for a pipeline id, or None: passed in by the agent
-and the CLI (`agent.records.recorded_spec`), as calibration sits below the agent."""
+(its record in memory) and the CLI (`agent.records.recorded_spec`, the file), as
+calibration sits below the agent."""
 
 
 def _none_recorded(pipeline: str) -> dict[str, Any] | None:

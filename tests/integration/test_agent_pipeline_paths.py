@@ -468,6 +468,39 @@ def test_calibration_data_in_the_agents_own_files_is_refused_before_anything_is_
         agent.close()
 
 
+def test_calibrate_on_a_pipeline_reads_the_capture_folder_the_agent_recorded_for_it(
+    broker: LocalBroker, tmp_path: Path, watcher: Watcher, photos: Path
+) -> None:
+    # `pipeline:<id>` is the folder the pipeline's capture sink names in the agent's
+    # record, not the default captures folder of that id.
+    agent = _agent(broker, tmp_path, cache=tmp_path / "cache")
+    state = tmp_path / "state"
+    try:
+        watcher.wait_state(lambda s: s["online"])
+        spec = {
+            "id": "dock",
+            "model": {"name": "text-orientation"},
+            "source": {"type": "folder", "path": str(photos)},
+            "sinks": [{"type": "capture", "folder": "dock-frames", "min_interval_s": 3600}],
+        }
+        watcher.ok("start_pipeline", {"spec": spec}, timeout=60)
+        watcher.wait_event(
+            lambda e: e["kind"] == "pipeline_stopped" and e["pipeline"] == "dock", timeout=60
+        )
+        assert any((state / "dock-frames").iterdir())
+        assert not (state / "captures" / "dock").exists()
+        answer = watcher.final(
+            watcher.send("calibrate", {"model": "text-orientation", "data": "pipeline:dock"}),
+            timeout=60,
+        )
+        # Its frames were read: too few of them for the gate, rather than none found in the
+        # default captures folder.
+        assert answer["status"] == "error", answer
+        assert "held-out frames" in answer["error"]["message"], answer
+    finally:
+        agent.close()
+
+
 def test_the_local_cli_refuses_a_sink_in_its_store_too(tmp_path: Path) -> None:
     state = tmp_path / "state"
     folder = state / "store" / "models" / "orient" / "versions" / "1"
