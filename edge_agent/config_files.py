@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError, ValidationInfo
 
 from edge_agent.errors import EdgeAgentError
 
@@ -26,6 +26,11 @@ RECORDED = "recorded"
 spec comes from the agent's record, written by this build or an earlier one, so what an
 earlier build accepted and what served is mended or kept, not refused: refused, it kept
 the whole pipeline from coming back after an upgrade. A new spec is still refused."""
+
+
+def is_recorded(info: ValidationInfo) -> bool:
+    """Whether a validator runs on what the agent's record holds (`RECORDED`)."""
+    return RECORDED in (info.context or {})
 
 
 def load_validated(path: Path, model: type[Model], what: str, fix: str = "") -> Model:

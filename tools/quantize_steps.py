@@ -143,22 +143,19 @@ def quantize_plain(name: str, data: Path, recipe_path: Path, folder: Path) -> Pl
     """
     # NNCF is slow to import and only this step needs it.
     from edge_agent.catalog.catalog import Catalog, default_models_dir
-    from edge_agent.catalog.manifest import ImageInput
     from edge_agent.paths import Layout
     from edge_agent.quantize.api import to_toml
-    from edge_agent.quantize.calibrate import CalibrationData, Calibrator, save_ir
-    from edge_agent.quantize.data import load_frames
+    from edge_agent.quantize.calibrate import Calibrator, save_ir
+    from edge_agent.quantize.data import calibration_data
     from edge_agent.quantize.recipe import load_recipe
 
     started = time.perf_counter()
     try:
         recipe = load_recipe(recipe_path)
         resolved = Catalog(default_models_dir(), Layout.from_env(os.environ).cache).resolve(name)
-        spec = resolved.manifest.input
-        assert isinstance(spec, ImageInput)
-        frames = load_frames(data, recipe.max_samples, spec)
+        samples = calibration_data(data, resolved.manifest, recipe)
         with quiet_nncf():
-            calibrator = Calibrator(resolved, CalibrationData(frames, []), recipe, "CPU")
+            calibrator = Calibrator(resolved, samples, recipe, "CPU")
             model = calibrator.compress("int8")
             # Scored as it will serve: the device default precision.
             score, _, _ = calibrator.evaluate(model, None)

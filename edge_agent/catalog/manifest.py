@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from edge_agent.audio.wav import MAX_RATE, MIN_RATE
-from edge_agent.config_files import RECORDED, load_validated
+from edge_agent.config_files import is_recorded, load_validated
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.registry import HeadConfig
 from edge_agent.heads.vad import VadConfig
@@ -229,7 +229,7 @@ class Manifest(_Strict):
         # build stored (`RECORDED`) served the pipeline, which reads the head alone: kept.
         if not isinstance(self.input, AudioInput) or not isinstance(self.head, VadConfig):
             return self
-        if RECORDED in (info.context or {}):
+        if is_recorded(info):
             return self
         wrong = [
             f"input.{field} ({mine!r}) and head.{theirs_name} ({theirs!r})"

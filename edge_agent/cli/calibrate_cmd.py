@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     with stdout_to_stderr():
         # NNCF and OpenVINO load here: seconds of imports the rest of the CLI does not pay.
         from edge_agent.quantize.api import calibrate
+        from edge_agent.quantize.calibrate import first_line
 
         data = calibration_data(source, resolved.manifest, recipe)
         try:
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             log.debug("event=calibrate_failed model=%s", resolved.manifest.name, exc_info=True)
             raise EdgeAgentError(
                 f"calibration of {resolved.manifest.name} failed: {type(exc).__name__}: "
-                f"{(str(exc).strip().splitlines() or [''])[0][:200]}",
+                f"{first_line(exc)}",
                 "run again with -vv to log where, and report it as a bug",
                 "calibration.failed",
             ) from exc

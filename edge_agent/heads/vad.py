@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from edge_agent.audio.wav import MAX_RATE, MIN_RATE
-from edge_agent.config_files import RECORDED
+from edge_agent.config_files import is_recorded
 from edge_agent.heads.base import FloatArray, SpeechSegment
 
 
@@ -67,7 +67,7 @@ class VadConfig(BaseModel):
         # The pipeline carries the context from the last window alone: a longer one made
         # its inputs shorter than `infer`'s (and than the model's static shape). A release
         # an earlier build stored (`RECORDED`) is kept as it served.
-        if self.context > self.window and RECORDED not in (info.context or {}):
+        if self.context > self.window and not is_recorded(info):
             raise ValueError(
                 f"the head's context ({self.context}) is more than its window "
                 f"({self.window}): context is carried from the previous window alone"

@@ -30,7 +30,7 @@ from pathlib import Path
 from threading import Lock
 from typing import TypeVar
 
-from edge_agent.catalog.manifest import ImageInput, Manifest
+from edge_agent.catalog.manifest import TASK_HEADS, ImageInput, Manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Detection, Result
 from edge_agent.logs import Throttle, log_event
@@ -59,7 +59,7 @@ whose every image has another size would otherwise say it for each image."""
 
 Size = tuple[int, int]
 
-BOX_HEADS = ("ssd", "blazeface", "yolo")
+BOX_HEADS = tuple(h for h in TASK_HEADS["detection"] if h != "raw")
 """The heads whose results are boxes of objects: the only ones tiles and regions merge.
 A text or classification head's results were appended once per call: two copies of a
 text line in the overlap of two tiles, fifteen classifications of one frame."""

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from edge_agent.config_files import RECORDED
+from edge_agent.config_files import is_recorded
 from edge_agent.heads.base import Classification, Detection, Result, TextBox
 from edge_agent.logs import log_event
 from edge_agent.pipelines.base import Event, FrameResult, Sink
@@ -218,9 +218,10 @@ class CallbackSink:
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_EVENT_KINDS: tuple[str, ...] = get_args(Event.model_fields["kind"].annotation)
 _SNAPSHOT = re.compile(
     r"[A-Za-z0-9_.-]+-(?:\d{8}-\d{6}\.\d{3}-)?\d{8}-"
-    rf"(?:{'|'.join(get_args(Event.model_fields['kind'].annotation))})(?:-[A-Za-z0-9_.-]+)?\.jpg"
+    rf"(?:{'|'.join(_EVENT_KINDS)})(?:-[A-Za-z0-9_.-]+)?\.jpg"
 )
 """A snapshot sink's file name (`SnapshotSink._name`, and the frame-only names written
 before it carried a time): only these count toward its quota and are deleted by it. The
@@ -365,7 +366,6 @@ class JsonLinesSinkSpec(BaseModel):
     )
 
 
-_EVENT_KINDS: tuple[str, ...] = get_args(Event.model_fields["kind"].annotation)
 _FRAMELESS = frozenset({"source_error", "source_reconnecting", "pipeline_error"})
 """Event kinds sent between frames (a result of frame -1, with no image): accepted as a
 snapshot's kinds, they never took one, and nothing said so."""
@@ -398,7 +398,7 @@ class SnapshotSinkSpec(BaseModel):
         if unknown:
             raise ValueError(f"unknown event kinds {unknown}; known: {list(_EVENT_KINDS)}")
         frameless = sorted(set(kinds) & _FRAMELESS)
-        if frameless and RECORDED in (info.context or {}):
+        if frameless and is_recorded(info):
             # Recorded by a build that accepted them: they never took a snapshot, and
             # refused, they kept the whole camera from coming back after the upgrade.
             return tuple(k for k in kinds if k not in _FRAMELESS)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from edge_agent.config_files import RECORDED, load_validated
+from edge_agent.config_files import is_recorded, load_validated
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec
 from edge_agent.pipelines.capture import CaptureSinkSpec
 from edge_agent.pipelines.events import EventRule
@@ -132,7 +132,7 @@ class PipelineSpec(BaseModel):
         # From the record of a build that accepted it (`_capture_has_frames`): it never
         # kept a frame, and refused, it kept the whole audio pipeline from coming back
         # after the upgrade. Dropped there; a new spec with one is still refused.
-        if RECORDED not in (info.context or {}) or not isinstance(data, dict):
+        if not is_recorded(info) or not isinstance(data, dict):
             return data
         source, sinks = data.get("source"), data.get("sinks")
         audio = isinstance(source, dict) and source.get("type") in ("wav", "mic")

@@ -246,7 +246,9 @@ class Calibrator:
         compiled = self.core.compile_model(model, self.device, config)
         outputs = self.task.run(_runner(compiled), self.task.holdout)
         broken = non_finite(self.reference, outputs)
-        return self.task.score(self.reference, outputs), _precision_of(compiled), broken
+        # A NaN or inf scores 0 (`per_item` would find them again to say so).
+        score = 0.0 if broken else self.task.score(self.reference, outputs)
+        return score, _precision_of(compiled), broken
 
     def compress(self, rung: Rung) -> ov.Model:
         r = self.recipe
@@ -321,7 +323,7 @@ class Calibrator:
                     "event=calibrate_rung_failed model=%s rung=%s", self.resolved.manifest.name,
                     rung, exc_info=True,
                 )  # fmt: skip
-                reason = f"failed: {type(exc).__name__}: {_first_line(exc)}"
+                reason = f"failed: {type(exc).__name__}: {first_line(exc)}"
                 results.append(_failed(rung, reason, time.perf_counter() - started))
                 continue
             results.append(result)
@@ -339,7 +341,7 @@ class Calibrator:
             # The floor failing leaves nothing to ship: the run fails, as one line.
             raise EdgeAgentError(
                 f"{self.resolved.manifest.name} at f32 fails on {self.device}: "
-                f"{type(exc).__name__}: {_first_line(exc)}",
+                f"{type(exc).__name__}: {first_line(exc)}",
                 "run `edge-agent doctor` to check the device, or calibrate for another --device",
                 "calibration.failed",
             ) from exc
@@ -386,7 +388,8 @@ class Calibrator:
         )
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's first line, at most 200 characters: NNCF's and OpenVINO's run long."""
     return (str(exc).strip().splitlines() or [""])[0][:200]
 
 

@@ -81,8 +81,7 @@ def fit_frame(frame: Frame, spec: ImageInput) -> Frame:
     """
     if _at_model_size(frame, spec):
         return np.ascontiguousarray(frame)
-    height, width = frame.shape[:2]
-    return input_geometry(spec, (width, height)).prepare(np.ascontiguousarray(frame))
+    return fit_whole_frame(frame, spec)
 
 
 def fit_whole_frame(frame: Frame, spec: ImageInput) -> Frame:

@@ -16,6 +16,7 @@ Points are in frame pixels, or in fractions of the frame's width and height
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -24,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from edge_agent.config_files import RECORDED
+from edge_agent.config_files import is_recorded
 from edge_agent.heads.base import Detection, Result
-from edge_agent.logs import log_event
+from edge_agent.logs import Throttle, log_event
 from edge_agent.vision.geometry import Rect
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,8 @@ casting it) instead of failing where the spec is read."""
 Points = npt.NDArray[np.float64]
 
 
-_SAID_AS_PIXELS: set[tuple[str, str, tuple[tuple[float, float], ...]]] = set()
-"""Recorded zones already warned of as fractions read as pixels, in this process."""
+_SAID_AS_PIXELS = Throttle(math.inf)
+"""Recorded zones warned of as fractions read as pixels: once each, in this process."""
 
 
 class _Polygon(BaseModel):
@@ -62,14 +63,12 @@ class _Polygon(BaseModel):
         if self.units == "px" and all(0 <= v <= 1 for point in self.points for v in point):
             kind = type(self).__name__.lower()
             name = getattr(self, "name", "")
-            if RECORDED in (info.context or {}):
+            if is_recorded(info):
                 # An earlier build's record: kept as it served (a mask 1 px across still
                 # let the camera detect), said once a process, not refused (a restore
                 # reads a record more than once, and calibration reads it again).
-                said = (kind, name, self.points)
-                if said in _SAID_AS_PIXELS:
+                if not _SAID_AS_PIXELS.ready((kind, name, self.points)):
                     return self
-                _SAID_AS_PIXELS.add(said)
                 log_event(
                     log,
                     logging.WARNING,
