@@ -250,7 +250,12 @@ class ModelOps:
         """
         from edge_agent.catalog.manifest import load_manifest
         from edge_agent.quantize.api import calibrate  # NNCF loads only when used
-        from edge_agent.quantize.data import calibration_data, recipe_for, resolve_data
+        from edge_agent.quantize.data import (
+            calibration_data,
+            recipe_for,
+            refuse_calibrated,
+            resolve_data,
+        )
         from edge_agent.store.release import SignedRelease, build_release
 
         if not data.startswith("pipeline:"):  # a pipeline's captures, in the state: no path
@@ -265,6 +270,7 @@ class ModelOps:
                 "pipeline's capture sink kept",
             )
         resolved = self.catalog.resolve(model)
+        refuse_calibrated(resolved)  # before its data is read: minutes, for a refusal
         job.progress("data", 0.02)
         recipe = recipe_for(resolved.manifest)
         # The record as this agent holds it, not its file read again: on a state disk

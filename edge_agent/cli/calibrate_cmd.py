@@ -59,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
     from edge_agent.cli import launch
     from edge_agent.cli.common import catalog, layout
     from edge_agent.errors import EdgeAgentError
-    from edge_agent.quantize.data import calibration_data, recipe_for, resolve_data
+    from edge_agent.quantize.data import (
+        calibration_data,
+        recipe_for,
+        refuse_calibrated,
+        resolve_data,
+    )
     from edge_agent.quantize.output import check_output
     from edge_agent.quantize.recipe import load_recipe
 
@@ -70,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     source = resolve_data(args.data, places, partial(recorded_spec, places.agent))
     recipe = load_recipe(args.recipe) if args.recipe is not None else None
     resolved = catalog(args).resolve(args.model)
+    refuse_calibrated(resolved)
     out: Path = args.out or places.calibrated / resolved.manifest.name
     if args.out is None:
         check_output(out)

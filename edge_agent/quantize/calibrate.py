@@ -32,6 +32,7 @@ from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParame
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import ImageInput
 from edge_agent.errors import EdgeAgentError
+from edge_agent.quantize.data import refuse_calibrated
 from edge_agent.quantize.recipe import CalibrationReport, Precision, Recipe, Rung, RungResult
 from edge_agent.quantize.tasks import Inputs, Outputs, Sample, Task, build_task, non_finite
 from edge_agent.runtime.devices import is_present, parse_request
@@ -64,27 +65,6 @@ def read_fp32(core: ov.Core, resolved: ResolvedModel) -> ov.Model:
     if isinstance(spec, ImageInput):
         model.reshape({spec.name: ov.PartialShape(list(spec.shape))})
     return model
-
-
-def refuse_calibrated(resolved: ResolvedModel) -> None:
-    """Refuse a model that is itself a calibration's output as the FP32 reference.
-
-    Its compressed weights would pass for FP32: every generation could lose another
-    max_drop against the one before while each report said the drop was small, and a
-    fallback to "fp32" would pin f32 on INT8 weights.
-
-    Raises:
-        EdgeAgentError: config.invalid, naming the model to calibrate instead.
-    """
-    done = resolved.manifest.quantization
-    if done is not None:
-        name = resolved.manifest.name
-        raise EdgeAgentError(
-            f"{name} at {resolved.path} is already calibrated ({done.mode}) and cannot be "
-            "the FP32 reference of another calibration",
-            f"calibrate the FP32 model it came from (--model {name}, or the original file)",
-            "config.invalid",
-        )
 
 
 def _runner(compiled: Any) -> Callable[[Inputs], Outputs]:

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from edge_agent.audio.resample import resample
 from edge_agent.audio.wav import WavError, read_wav, to_mono
+from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import AudioInput, ImageInput, Manifest
 from edge_agent.config_files import RECORDED
 from edge_agent.errors import EdgeAgentError
@@ -263,6 +264,27 @@ def calibration_data(source: Path, manifest: Manifest, recipe: Recipe) -> Calibr
     if isinstance(spec, AudioInput):
         return CalibrationData([], load_clips(source, spec.sample_rate, recipe.max_audio_s))
     return CalibrationData(load_frames(source, recipe.max_samples, spec), [])
+
+
+def refuse_calibrated(resolved: ResolvedModel) -> None:
+    """Refuse a model that is itself a calibration's output as the FP32 reference.
+
+    Its compressed weights would pass for FP32: every generation could lose another
+    max_drop against the one before while each report said the drop was small, and a
+    fallback to "fp32" would pin f32 on INT8 weights.
+
+    Raises:
+        EdgeAgentError: config.invalid, naming the model to calibrate instead.
+    """
+    done = resolved.manifest.quantization
+    if done is not None:
+        name = resolved.manifest.name
+        raise EdgeAgentError(
+            f"{name} at {resolved.path} is already calibrated ({done.mode}) and cannot be "
+            "the FP32 reference of another calibration",
+            f"calibrate the FP32 model it came from (--model {name}, or the original file)",
+            "config.invalid",
+        )
 
 
 def reference_recipe(model: str) -> Path:

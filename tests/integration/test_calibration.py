@@ -305,6 +305,33 @@ def test_calibrate_refuses_an_unwritable_out_before_any_work(
         assert elapsed < 10, elapsed
 
 
+def test_calibrate_refuses_a_calibrated_model_before_reading_its_data(tmp_path: Path) -> None:
+    # The refusal came from the calibrator, after every sample was decoded: an hour of
+    # audio or a day's captures read, for an answer the manifest gave at once.
+    reference = json.loads(cli("models", "info", "vad-silero").stdout)
+    model = tmp_path / "model.onnx"
+    model.write_bytes(Path(reference["path"]).read_bytes())
+    manifest = (REPO / "models" / "vad-silero.toml").read_text()
+    (tmp_path / "model.toml").write_text(
+        manifest + '\n[quantization]\nmode = "weights-int8"\nmetric = "vad-f1"\n'
+        "metric_before = 1.0\nmetric_after = 1.0\nmax_drop = 0.01\nsamples = 8\n"
+        'speedup = 1.1\nreport = "model.report.json"\n'
+    )
+    empty = tmp_path / "no-audio"  # read first, it failed "no WAV files", not the refusal
+    empty.mkdir()
+    started = time.perf_counter()
+    proc = cli("calibrate", "--model", str(model), "--data", str(empty),
+               "--out", str(tmp_path / "out"))  # fmt: skip
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "is already calibrated (weights-int8)" in lines[0]
+    assert "calibrate the FP32 model it came from" in lines[0]
+    assert not (tmp_path / "out").exists()
+    assert elapsed < 10, elapsed  # interpreter start-up only: NNCF is not even imported
+
+
 def test_calibrate_from_a_pipelines_capture(catalog: Catalog, tmp_path: Path) -> None:
     video = write_walk(tmp_path / "walk.avi", empty=20, crossing=30)
     spec = PipelineSpec(
