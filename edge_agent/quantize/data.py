@@ -20,7 +20,7 @@ import numpy.typing as npt
 from pydantic import ValidationError
 
 from edge_agent.audio.resample import resample
-from edge_agent.audio.wav import WavError, read_wav, to_mono
+from edge_agent.audio.wav import WavError, read_wav, to_mono, wav_length
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.catalog.manifest import AudioInput, ImageInput, Manifest
 from edge_agent.config_files import RECORDED
@@ -170,17 +170,14 @@ def load_clips(path: Path, rate: int, max_seconds: float) -> list[npt.NDArray[np
             f"no WAV files in {path}", "pass a .wav file or a folder of them", "input.not_found"
         )
     budget = max(1, round(max_seconds * rate))
+    # Lengths from the headers first: each recording is then decoded once, whole when
+    # they all fit the budget, else only for its stretches.
     lengths: list[int] = []
-    clips: list[npt.NDArray[np.float32]] | None = []
     for file in files:
-        samples, source_rate = _read_clip(file, rate)
-        lengths.append(round(len(samples) * rate / source_rate))
-        if clips is not None and sum(lengths) <= budget:
-            clips.append(resample(samples, source_rate, rate))
-        else:
-            clips = None  # over the budget: each file is read again, for its stretches only
-    if clips is not None:
-        return clips
+        frames, source_rate = _clip_length(file, rate)
+        lengths.append(round(frames * rate / source_rate))
+    if sum(lengths) <= budget:
+        return [resample(*_read_clip(file, rate), rate) for file in files]
     stretch = min(round(AUDIO_STRETCH_S * rate), budget)
     kept: list[npt.NDArray[np.float32]] = []
     for file, ranges in zip(files, _stretches(lengths, budget, stretch), strict=True):
@@ -196,15 +193,24 @@ def load_clips(path: Path, rate: int, max_seconds: float) -> list[npt.NDArray[np
     return kept
 
 
+def _unreadable(file: Path, exc: Exception) -> EdgeAgentError:
+    return EdgeAgentError(
+        f"cannot read {file}: {exc}", "replace or remove that file", "input.unreadable"
+    )
+
+
+def _clip_length(file: Path, rate: int) -> tuple[int, int]:
+    try:
+        return wav_length(file, rate)
+    except (WavError, OSError) as exc:
+        raise _unreadable(file, exc) from None
+
+
 def _read_clip(file: Path, rate: int) -> tuple[npt.NDArray[np.float32], int]:
     try:
         samples, source_rate = read_wav(file, rate)
     except (WavError, OSError) as exc:
-        raise EdgeAgentError(
-            f"cannot read {file}: {exc}",
-            "replace or remove that file",
-            "input.unreadable",
-        ) from None
+        raise _unreadable(file, exc) from None
     return to_mono(samples), source_rate
 
 

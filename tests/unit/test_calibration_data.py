@@ -14,12 +14,14 @@ import pytest
 
 from edge_agent.agent.records import AgentRecords, recorded_spec
 from edge_agent.agent.specs import parse_spec
+from edge_agent.audio.wav import read_wav
 from edge_agent.catalog.manifest import ImageInput, load_manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.paths import Layout
 from edge_agent.pipelines.capture import CaptureSinkSpec
 from edge_agent.pipelines.sources import FileSourceSpec
 from edge_agent.pipelines.spec import DetectSpec, ModelRef, PipelineSpec, load_spec
+from edge_agent.quantize import data
 from edge_agent.quantize.data import AUDIO_STRETCH_S, load_clips, load_frames, resolve_data
 from edge_agent.quantize.tasks import build_task
 from edge_agent.runtime.preprocess import frame_tensor, input_geometry
@@ -92,6 +94,41 @@ def test_long_audio_is_sampled_in_stretches_spread_across_every_recording(tmp_pa
     np.testing.assert_allclose(starts, [15, 55, 95, 135], atol=0.05)
     # Within the budget, every recording is kept whole.
     assert [len(c) for c in load_clips(tmp_path, rate, max_seconds=160.0)] == [40 * rate] * 4
+
+
+def test_each_recording_is_decoded_once_and_only_for_what_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Lengths came from decoding every recording whole, and over the budget each one
+    # holding a stretch was decoded again: an hour of audio read twice for 40 s of it.
+    rate, seconds = 16000, 40
+    for i in range(4):
+        write_wav(tmp_path / f"rec-{i}.wav", np.full(seconds * rate, i / 8, np.float32), rate)
+    decoded: list[str] = []
+
+    def counted(path: Path, to_rate: int | None = None) -> tuple[npt.NDArray[np.float32], int]:
+        decoded.append(path.name)
+        return read_wav(path, to_rate)
+
+    monkeypatch.setattr(data, "read_wav", counted)
+    [clip] = load_clips(tmp_path, rate, max_seconds=10.0)
+    # One 10 s stretch, centred at 80 s of the 160: inside the third recording alone.
+    assert decoded == ["rec-2.wav"]
+    assert len(clip) == 10 * rate
+    np.testing.assert_allclose(clip[[0, -1]], 2 / 8, atol=1e-3)
+    decoded.clear()
+    assert len(load_clips(tmp_path, rate, max_seconds=160.0)) == 4
+    assert decoded == [f"rec-{i}.wav" for i in range(4)]
+
+
+def test_a_damaged_recording_is_refused_even_where_no_stretch_falls(tmp_path: Path) -> None:
+    # Read from its header alone, it is still checked as reading it would check it.
+    rate = 16000
+    write_wav(tmp_path / "rec-0.wav", np.zeros(40 * rate, np.float32), rate)
+    (tmp_path / "rec-1.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    with pytest.raises(EdgeAgentError, match=r"rec-1\.wav: WAV has no fmt chunk") as caught:
+        load_clips(tmp_path, rate, max_seconds=10.0)
+    assert caught.value.code == "input.unreadable"
 
 
 def test_pipeline_data_is_read_where_its_capture_sink_writes(
