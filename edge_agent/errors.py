@@ -39,7 +39,10 @@ CODES: dict[str, str] = {
     "release.unsupported": "A release uses fields or a format a newer edge-fleet wrote.",
     "release.signature": "A release is unsigned, wrongly signed or signed by an untrusted key.",
     "release.expired": "A release is past its expires-at.",
-    "release.rollback": "A release is older than the installed version of that model.",
+    "release.rollback": (
+        "A release is not newer than the installed version of that model; or, deployed as "
+        "the newest, it is older than the version serving."
+    ),
     "release.conflict": "The box holds other bytes under a release's name and version.",
     "store.path": "A name or path would escape the model store.",
     "store.not_found": "The store has no such model or version.",

@@ -152,6 +152,19 @@ def pull(
                 f"{name} v{release.version} from this box first",
                 "release.conflict",
             )
+        # The same bytes as a version the store verified say nothing of who sent this
+        # copy: an unsigned or expired one, or an old signed one replayed on `latest`,
+        # turned a deploy of the newest into a rollback to a version the box still held.
+        verify(signed, trusted_keys, datetime.now(UTC), None)
+        current = store.state(name).current
+        if version is None and current is not None and release.version < current:
+            raise EdgeAgentError(
+                f"the newest release of {name} on the broker is v{release.version}, older "
+                f"than v{current}, which serves here; it is not taken for the newest",
+                "to go back, send rollback_model or activate_model (or deploy_model with "
+                "that version); to go forward, publish a higher version",
+                "release.rollback",
+            )
         log_event(log, logging.INFO, "pull_already_installed", model=name, version=release.version)
         activated = _activate(store, release, activate, gate, report, commit)
         return PullResult(release, False, activated, 0, PullStats())

@@ -45,7 +45,10 @@ def publish(signed: SignedRelease, staging: Path, blobs: Path, versions: Path) -
     blobs.mkdir(parents=True, exist_ok=True)
     for staged in (staging / "blobs").iterdir():
         final = blobs / staged.name
-        if not final.exists():
+        # A blob already there is taken only when its bytes still hash to its name: a
+        # version linked to one rotted on an SD card served the rot, and so did every
+        # later version of the same bytes, "publish a higher version" included.
+        if not final.exists() or not _intact(final):
             staged.chmod(0o444)  # a version's file is the blob: nobody edits it in place
             staged.replace(final)
     fsync_dir(blobs)
@@ -62,6 +65,15 @@ def publish(signed: SignedRelease, staging: Path, blobs: Path, versions: Path) -
     folder.rename(versions / str(release.version))
     fault("install.after_rename")
     fsync_dir(versions)
+
+
+def _intact(blob: Path) -> bool:
+    """Whether a blob's bytes hash to its name (which is their sha256)."""
+    try:
+        digest, _ = hash_file(blob)
+    except (OSError, EdgeAgentError):
+        return False  # unreadable, or no longer a regular file: the staged copy replaces it
+    return digest == blob.name
 
 
 def _move(src: Path, dst: Path) -> None:

@@ -59,6 +59,11 @@ _URL = r"^(https?|file)://"
 Precision = Literal["f32", "f16", "bf16", "int8", "int4", "mixed"]
 
 
+RELEASE_FILE = "release.json"
+"""Where the store keeps a version's signed release, beside its files: no file of a
+release may take that path."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -316,7 +321,8 @@ def check_paths(release: Release) -> None:
     Call this before writing any byte a release names (a transfer does; `verify` does).
 
     Raises:
-        EdgeAgentError: store.path for `..`, an absolute path, a backslash or an unsafe name.
+        EdgeAgentError: store.path for `..`, an absolute path, a backslash, an unsafe name,
+            a path not in its plain form (`./m.onnx`, `a//b`) or the reserved `release.json`.
     """
     if not is_safe_name(release.name):
         raise EdgeAgentError(
@@ -336,6 +342,24 @@ def check_paths(release: Release) -> None:
             raise EdgeAgentError(
                 f"release {release.name} names file {entry.path!r}, which would escape the store",
                 "use relative paths of safe names, without '..'",
+                "store.path",
+            )
+        if "/".join(parts) != entry.path:
+            # `./m.onnx` or `sub//m.onnx` installed, then never activated ("not part of
+            # the release"), its version number spent; beside `m.onnx`, a bare OSError.
+            raise EdgeAgentError(
+                f"release {release.name} names file {entry.path!r}, not in its plain form "
+                f"({'/'.join(parts)!r})",
+                "name each file by its plain relative path: no '.', no empty or trailing '/'",
+                "store.path",
+            )
+        if entry.path == RELEASE_FILE:
+            # The store writes its record of the release there, through the hard link
+            # into a blob another version may share.
+            raise EdgeAgentError(
+                f"release {release.name} names a file {RELEASE_FILE!r}, the store's own "
+                "record of the release",
+                f"rename that file: {RELEASE_FILE} at the top of a version is reserved",
                 "store.path",
             )
         if entry.path in seen:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fsio import hash_file
-from edge_agent.store.release import Release
+from edge_agent.store.release import RELEASE_FILE, Release
 
-RELEASE_FILE = "release.json"
+__all__ = ["RELEASE_FILE"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +138,53 @@ def test_a_version_built_on_the_box_does_not_pass_for_the_fleets_release(
     finally:
         device.stop()
     assert (again.installed, again.stats.frames) == (False, 0)
+
+
+def test_an_old_release_on_latest_does_not_roll_a_box_back(fleet: Fleet, tmp_path: Path) -> None:
+    # A version the box held was activated on the same bytes alone: an old signed release
+    # replayed on `latest`, or an unsigned copy with its expiry long past, turned "deploy
+    # the newest" into a rollback. Here `latest` still holds the fleet's v1.
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    store = ModelStore(layout)
+    published = fleet.signed.release
+    newer = build_release(
+        name="orient", version=2, folder=fleet.source, files=[published.model],
+        model=published.model, manifest=published.manifest,
+    )  # fmt: skip
+    store.install(fleet.signed, fleet.source)
+    store.install(sign(newer, fleet.key), fleet.source)
+    store.activate("orient", 2)
+    keys = [fleet.key.public_key()]
+    device = device_session(fleet.broker)
+    try:
+        with pytest.raises(EdgeAgentError) as replayed:
+            pull(device, store, layout, "orient", device_id="d", trusted_keys=keys,
+                 activate=True, options=FAST)  # fmt: skip
+        assert replayed.value.code == "release.rollback"
+        assert "older than v2, which serves here" in replayed.value.problem
+        assert store.state("orient").current == 2
+        # Asked for by its version, it is the operator's choice, and it is taken.
+        chosen = pull(device, store, layout, "orient", device_id="d", version=1,
+                      trusted_keys=keys, activate=True, options=FAST)  # fmt: skip
+        assert chosen.activated
+        assert store.state("orient").current == 1
+        store.activate("orient", 2)
+        forged = SignedRelease(
+            release=published.model_copy(update={"expires_at": datetime(2001, 1, 1, tzinfo=UTC)})
+        )
+        fleet.session.publish(TOPICS.release("orient", 1), forged.to_json(), retain=True)
+        assert fleet.session.flush(5.0)
+        with pytest.raises(EdgeAgentError) as unsigned:
+            pull(device, store, layout, "orient", device_id="d", version=1,
+                 trusted_keys=keys, activate=True, options=FAST)  # fmt: skip
+        assert unsigned.value.code == "release.signature"
+        with pytest.raises(EdgeAgentError) as expired:  # a box that runs unverified
+            pull(device, store, layout, "orient", device_id="d", version=1,
+                 activate=True, options=FAST)  # fmt: skip
+        assert expired.value.code == "release.expired"
+    finally:
+        device.stop()
+    assert store.state("orient").current == 2
 
 
 def test_untrusted_key_is_refused_before_any_transfer(fleet: Fleet, tmp_path: Path) -> None:

@@ -387,6 +387,31 @@ def test_verify_finds_damaged_bytes_and_activation_refuses_them(
     assert serving.state("orient").current == 2
 
 
+def test_a_rotted_blob_is_replaced_for_the_next_version_of_its_bytes(
+    serving: ModelStore, models: Path, orientation: ResolvedModel, key: Ed25519PrivateKey
+) -> None:
+    # The next version of the same bytes was linked to the blob already there, unhashed:
+    # it served the rot too, and the error's own advice, "publish and deploy a higher
+    # version", could never work.
+    weights = serving.version_dir("orient", 2) / "model.onnx"
+    weights.chmod(0o644)
+    with weights.open("r+b") as fh:
+        fh.seek(100)
+        fh.write(b"rot")
+    v3 = release_for("orient", 3, models / "onnx", orientation.manifest, key)
+    serving.install(v3, models / "onnx", trusted_keys=[key.public_key()])
+    fresh = serving.version_dir("orient", 3) / "model.onnx"
+    assert fresh.read_bytes() == (models / "onnx" / "model.onnx").read_bytes()
+    assert fresh.stat().st_ino != weights.stat().st_ino
+    serving.activate("orient", 3, GATE)
+    assert serving.state("orient").current == 3
+    # v2 keeps its own damaged copy, and says so.
+    problems = [str(p) for p in serving.verify()]
+    assert len(problems) == 1
+    assert "v2" in problems[0] or "/2/" in problems[0]
+    assert "sha256" in problems[0]
+
+
 def test_move_takes_a_finished_transfer_without_copying(
     serving: ModelStore, orientation: ResolvedModel, key: Ed25519PrivateKey, tmp_path: Path
 ) -> None:

@@ -202,6 +202,13 @@ def test_no_trusted_keys_runs_unverified_and_says_so(
         ("path", "sub/../../x"),
         ("path", "a\\..\\b"),
         ("path", ""),
+        # Not escapes, but each installed a version that could never serve (`.` and empty
+        # parts fell out of the check, not out of the store's folder), or wrote through a
+        # blob shared with another version (release.json, the store's own record).
+        ("path", "./model.onnx"),
+        ("path", "sub//model.onnx"),
+        ("path", "sub/"),
+        ("path", "release.json"),
     ],
 )
 def test_names_and_paths_that_escape_are_refused(release: Release, field: str, value: str) -> None:
