@@ -69,7 +69,8 @@ _NO_ARGS = {
     "get_status": "versions, models (device, precision, fallback), pipelines, MQTT link, "
     "outbox, running jobs.",
     "doctor": "what `edge-agent doctor --json` says: engines, devices, drivers, cache.",
-    "list_models": "installed versions (current, previous) and the reference models.",
+    "list_models": "installed versions (current, previous), the reference models, and "
+    "`damaged`: the store files that do not read, when any.",
     "list_pipelines": "the pipelines and their status.",
 }
 """What the commands without arguments answer (their args model is the shared NoArgs)."""

@@ -226,6 +226,9 @@ class ModelOps:
         return found
 
     def listing(self) -> dict[str, Any]:
+        # One damaged file answered the whole listing store.corrupt, every other model
+        # hidden from the operator sent to look; it is named beside them instead.
+        entries, damaged = self.store.readable_entries()
         versions = [
             {
                 "name": e.name,
@@ -234,12 +237,12 @@ class ModelOps:
                 "current": e.current,
                 "previous": e.previous,
             }
-            for e in self.store.entries()
+            for e in entries
         ]
-        return {
-            "installed": versions,
-            "reference": self.catalog.names(),
-        }
+        listing: dict[str, Any] = {"installed": versions, "reference": self.catalog.names()}
+        if damaged:
+            listing["damaged"] = [str(p) for p in damaged]
+        return listing
 
     def calibrate(
         self, model: str, data: str, device: str, install_as: str | None, job: JobContext

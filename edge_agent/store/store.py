@@ -530,7 +530,9 @@ class ModelStore:
                 version.
         """
         with self._updating():
-            if self.installed(name, version) is None:
+            # Its folder, not its release: one whose release.json no longer reads is what
+            # an operator most needs to remove (it answered store.corrupt).
+            if not is_safe_name(name) or not self.version_dir(name, version).is_dir():
                 raise EdgeAgentError(
                     f"the store has no {name} v{version}",
                     "see `edge-agent models list`",

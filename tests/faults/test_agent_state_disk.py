@@ -89,10 +89,14 @@ def test_a_damaged_store_file_still_lets_the_box_come_online(
         # The state file was set aside and rebuilt as the store was first read; the
         # release has nothing to rebuild it from, and the store names it when asked.
         assert len(list(damaged.glob("state.json.damaged-*"))) == 1
-        answer = watcher.final(watcher.send("list_models"))
-        assert answer["status"] == "error"
-        assert answer["error"]["code"] == "store.corrupt"
-        assert "release.json" in answer["error"]["message"]
+        # The listing names it beside everything that reads (it answered store.corrupt,
+        # every other model hidden from the operator sent to look).
+        listed = watcher.ok("list_models")
+        assert "dock" not in {m["name"] for m in listed["installed"]}
+        assert "person-ssdlite" in listed["reference"]
+        [said_damaged] = listed["damaged"]
+        assert said_damaged.startswith("dock v1")
+        assert "release.json" in said_damaged
         # And verify names it, rather than stopping at it.
         problems = ModelStore(Layout(cache=tmp_path / "cache", state=state)).verify()
         assert [p.where for p in problems] == ["dock v1"]
@@ -112,6 +116,10 @@ def test_a_damaged_store_file_still_lets_the_box_come_online(
         )
         said = [r for r in caplog.records if "store_damaged" in r.getMessage()]
         assert len(said) == 1, [r.getMessage() for r in said]
+        # What cannot be read can still be removed: it answered store.corrupt.
+        watcher.ok("remove_model", {"name": "dock", "version": 1})
+        assert not (damaged / "versions" / "1").exists()
+        assert "damaged" not in watcher.ok("list_models")
     finally:
         agent.close()
 
