@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import queue
 import random
@@ -256,7 +255,11 @@ class MqttSession:
             return  # raced stop() closing paho's wake-up socket: dropped, as after stop()
         if qos > 0 and info.rc != MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
             with self._acked:
-                if self._early.pop(info.mid, None) is None:
+                # Only a fresh entry is this publish's ack, come before the lock: an old one
+                # is a QoS 0 write (or a late ack) of the id paho numbered this one with once
+                # its ids wrapped, and taken for acked, its outbox row was deleted unsent.
+                at = self._early.pop(info.mid, None)
+                if at is None or time.monotonic() - at >= _EARLY_S:
                     self._pending.add(info.mid)
         if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE:
             log_event(log, logging.WARNING, "mqtt.queue_full", topic=topic)
@@ -609,10 +612,13 @@ class MqttSession:
                     self._acked.notify_all()
                 return
             # Acked before publish() got the lock back (or a QoS 0 write): keep it briefly.
+            # Every old entry goes, oldest first: the last writes of a burst were kept for
+            # good when only the next callbacks swept them.
             now = time.monotonic()
             self._early.pop(mid, None)
             self._early[mid] = now
-            for old, at in list(itertools.islice(self._early.items(), 8)):  # oldest first
+            while self._early:
+                old, at = next(iter(self._early.items()))  # oldest first
                 if now - at < _EARLY_S:
                     break
                 del self._early[old]

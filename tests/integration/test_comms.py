@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from edge_agent.comms import session as session_module
 from edge_agent.comms.base import Message
 from edge_agent.comms.held_filters import HeldFilters
 from edge_agent.comms.local_broker import LocalBroker
@@ -650,3 +651,29 @@ def test_a_record_with_filters_a_broker_refuses_still_connects(
         assert HeldFilters(path).load() == ["keep"]
     finally:
         a.stop()
+
+
+def test_a_qos0_write_does_not_pass_for_the_ack_of_a_later_publish_of_its_id(
+    broker: LocalBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A QoS 0 write (a model pull's per-frame acks) left its id among the acks that came
+    # before their publish returned, for good. Once paho's ids wrapped (65,535 publishes,
+    # about 36 minutes of results), a QoS 1 publish of that id was taken for acknowledged
+    # at once: flush() said so with the broker frozen, and the pump deleted the outbox row.
+    monkeypatch.setattr(session_module, "_EARLY_S", 0.3)  # seconds of a real run, not 5
+    session = connect(_settings(broker))
+    try:
+        start = session._client._last_mid
+        for _ in range(5):
+            session.publish("dev/acks", b"ack", qos=0)
+        assert session.flush(5.0)
+        time.sleep(0.5)
+        session._client._last_mid = start  # the next id is the first write's: the wrap
+        broker.freeze()
+        session.publish("dev/results", b"result", qos=1)
+        assert not session.flush(1.0)  # the broker acknowledged nothing
+        broker.thaw()
+        assert session.flush(10.0)
+    finally:
+        broker.thaw()
+        session.stop()
