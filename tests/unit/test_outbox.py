@@ -256,3 +256,53 @@ def test_the_newest_telemetry_is_one_step_away_however_long_the_backlog(tmp_path
     assert outbox.newest(Priority.TELEMETRY, after=newest) is None
     assert outbox.newest(Priority.CRITICAL) is None
     outbox.close()
+
+
+def test_stats_read_no_more_of_a_backlog_than_its_first_row(tmp_path: Path) -> None:
+    # stats() counted every row, under the lock each put waits on, twice a telemetry
+    # interval and on every state command: 34-38 ms at a full 64 MB quota, seconds from a
+    # cold SD card, through the outage that filled it. The rows are counted as they come
+    # and go, as the bytes are, and the oldest is the first.
+    clock = iter(range(1_000_000, 2_000_000))
+    outbox = Outbox(tmp_path / "o.sqlite", quota_bytes=400_000, clock=lambda: next(clock))
+    for i in range(3000):
+        outbox.put("edge/r", b"r" * 90, Priority.RESULT)
+        outbox.put("edge/t", b"t" * 90, Priority.TELEMETRY)
+        outbox.put("ha/door", b"ON" if i % 2 else b"OFF", Priority.CRITICAL, retain=True)
+    outbox.ack([q.seq for q in outbox.peek(77)])
+
+    def file_count() -> int:
+        (rows,) = outbox._db.execute("SELECT COUNT(*) FROM messages").fetchone()
+        return int(rows)
+
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0  # go on
+
+    outbox._db.set_progress_handler(count, 100)  # called every 100 sqlite VM steps
+    stats = outbox.stats()
+    outbox._db.set_progress_handler(None, 100)
+    assert steps < 5, f"{steps * 100} VM steps"
+    # The count kept agrees with the file through evictions, replaced retained messages
+    # and acks; the oldest is the first waiting.
+    assert stats.dropped_telemetry > 0
+    assert stats.depth == file_count() > 0
+    (first,) = outbox._db.execute("SELECT MIN(created_at) FROM messages").fetchone()
+    assert stats.oldest_age_s == pytest.approx(next(clock) - 1 - first)
+    # ...through a write the disk refuses (rolled back, counted again)...
+    outbox._db.execute("PRAGMA query_only = ON")
+    assert outbox.put("edge/r", b"r", Priority.RESULT) is None
+    outbox.ack([q.seq for q in outbox.peek(5)])
+    outbox._db.execute("PRAGMA query_only = OFF")
+    assert outbox.stats().depth == file_count()
+    # ...and a reopen.
+    depth = outbox.stats().depth
+    outbox.close()
+    reopened = Outbox(tmp_path / "o.sqlite", quota_bytes=400_000)
+    assert reopened.stats().depth == depth
+    reopened.ack([q.seq for q in reopened.peek(1000)])
+    assert reopened.stats().depth == depth - 1000
+    reopened.close()
