@@ -195,6 +195,8 @@ class Calibrator:
         self.resolved = resolved
         self.recipe = recipe
         self.progress = progress or (lambda stage, done: None)
+        self._at = 0.0
+        """How far the walk is: the fraction `compress` reports while NNCF reads samples."""
         self.core = ov.Core()
         self.device = serving_device(self.core, device)
         self.fp32 = read_fp32(self.core, resolved)
@@ -235,7 +237,16 @@ class Calibrator:
         # NNCF's weight compression rewrites the model it is given in place: without a
         # copy, every later rung (and the FP32 output itself) would be compressed too.
         fp32 = self.fp32.clone()
-        calibration = nncf.Dataset(self.task.calibration, self.task.feed)
+        stage = f"rung {rung}"
+        at = self._at
+
+        def feed(sample: Sample) -> Inputs:
+            # Said again for every sample NNCF reads: a cancel, or the agent's job deadline,
+            # is heard between samples instead of after a rung that can take minutes.
+            self.progress(stage, at)
+            return self.task.feed(sample)
+
+        calibration = nncf.Dataset(self.task.calibration, feed)
         preset = nncf.QuantizationPreset(r.preset)
         common: dict[str, Any] = {
             "preset": preset,
@@ -250,7 +261,6 @@ class Calibrator:
         if rung == "int8-accuracy":
             items = list(enumerate(self.task.holdout))
             reference = self.reference
-            feed = self.task.feed
 
             def validate(
                 compiled: Any, batch: Iterable[tuple[int, Sample]]
@@ -285,7 +295,8 @@ class Calibrator:
         rungs = [r for r in rungs if r not in self.recipe.skip]
         results: list[RungResult] = []
         for index, rung in enumerate(rungs[:-1]):
-            self.progress(f"rung {rung}", index / len(rungs))
+            self._at = index / len(rungs)
+            self.progress(f"rung {rung}", self._at)
             started = time.perf_counter()
             try:
                 model, result = self._try(rung, started)
