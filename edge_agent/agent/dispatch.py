@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from edge_agent import __version__
-from edge_agent.agent.expiry import expired_error
+from edge_agent.agent.expiry import expired_error, waited_error
 from edge_agent.agent.jobs import JobContext, Jobs, stopping_error
 from edge_agent.agent.lanes import Lane
 from edge_agent.agent.records import CommandLog
@@ -276,6 +276,21 @@ class Dispatcher:
         if command.type == "cancel":
             self._cancel(command, args)
             return
+        # The expiry holds until the command runs, not only until it arrives: a deploy
+        # queued behind a calibration, or a short command behind a full pool, ran long
+        # after the console had given up on it. Timed from here on the monotonic clock
+        # when the broker said what was left (the box's clock is not asked then).
+        received = time.monotonic()
+
+        def expired() -> EdgeAgentError | None:
+            if command.expires_at is None:
+                return None
+            if broker_expiry_s is not None:
+                late = time.monotonic() - received > broker_expiry_s
+            else:
+                late = self._clock() > command.expires_at
+            return waited_error(command.id, command.expires_at) if late else None
+
         if command.type in LONG_COMMANDS:
             waiting = len(self.jobs.running())
             if waiting > MAX_QUEUED_JOBS:
@@ -292,7 +307,7 @@ class Dispatcher:
             try:
                 self.jobs.start(
                     command.id,
-                    lambda job: self._run(command, args, job),
+                    lambda job: self._run(command, args, job, expired),
                     self._progress(command.id),
                 )
             except EdgeAgentError as exc:  # the agent began to stop since the check above
@@ -300,7 +315,9 @@ class Dispatcher:
         else:
             lane = self._quick if command.type in QUICK_COMMANDS else self._pool
             try:
-                taken = lane.submit(lambda: self._run(command, args, JobContext.detached()))
+                taken = lane.submit(
+                    lambda: self._run(command, args, JobContext.detached(), expired)
+                )
             except RuntimeError:  # the lane was shut down since the check above
                 self._refuse(command.id, stopping_error(command.id))
                 return
@@ -314,7 +331,16 @@ class Dispatcher:
                     ),
                 )
 
-    def _run(self, command: Command, args: BaseModel, job: JobContext) -> None:
+    def _run(
+        self,
+        command: Command,
+        args: BaseModel,
+        job: JobContext,
+        expired: Callable[[], EdgeAgentError | None] = lambda: None,
+    ) -> None:
+        if (late := expired()) is not None:
+            self._finish(command.id, error=late)
+            return
         log_event(log, logging.INFO, "command_started", command_id=command.id, type=command.type)
         try:
             result = self._supervisor.run_command(command.type, args, job)

@@ -36,6 +36,15 @@ def expired_error(command_id: str, sent_at: float, expires_at: float, now: float
     return EdgeAgentError(problem, "send it again with a later expires_at", code="command.expired")
 
 
+def waited_error(command_id: str, expires_at: float) -> EdgeAgentError:
+    """The command.expired error for a command that expired while it waited to run."""
+    return EdgeAgentError(
+        f"command {command_id} expired at {_utc(expires_at)} while it waited its turn to run",
+        "send it again with a later expires_at, or once the box is less busy (get_status jobs)",
+        code="command.expired",
+    )
+
+
 def _utc(ts: float) -> str:
     try:
         return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -120,6 +120,10 @@ class Jobs:
         self._wake = threading.Condition(self._lock)
         self._queue: collections.deque[_Job] = collections.deque()
         self._running: _Job | None = None
+        # Left behind at their deadline, still running until they hear the cancel: listed
+        # with the rest, so get_status shows a job stuck in native code, a cancel finds it
+        # and a resend of its id is told it runs, instead of all three losing sight of it.
+        self._abandoned: list[_Job] = []
         self._worker: threading.Thread | None = None
         self._closed = False
         self._stopping = False
@@ -167,6 +171,8 @@ class Jobs:
             finally:
                 watchdog.cancel()
             with self._lock:
+                if job in self._abandoned:
+                    self._abandoned.remove(job)
                 if self._worker is not me:
                     return  # abandoned after its deadline: a fresh worker owns the queue
                 self._running = None
@@ -179,6 +185,7 @@ class Jobs:
                 log, logging.ERROR, "job_deadline", command_id=job.id, deadline_s=self.deadline_s
             )
             job.context.expire(self.deadline_s)
+            self._abandoned.append(job)
             self._running = None
             self._worker = None
             if self._queue:
@@ -192,7 +199,7 @@ class Jobs:
         """
         with self._lock:
             # A queued job still runs, to answer its command, but sees the flag at once.
-            jobs = [self._running, *self._queue]
+            jobs = [*self._abandoned, self._running, *self._queue]
             job = next((j for j in jobs if j is not None and j.id == job_id), None)
             if job is None:
                 return False
@@ -207,10 +214,11 @@ class Jobs:
             return True
 
     def running(self) -> list[str]:
-        """Ids of the running job and the queued ones, in order."""
+        """Ids of the jobs left running past their deadline, the running job and the queued
+        ones, in order."""
         with self._lock:
             head = [self._running.id] if self._running is not None else []
-            return head + [job.id for job in self._queue]
+            return [job.id for job in self._abandoned] + head + [job.id for job in self._queue]
 
     def cancel_all(self) -> None:
         """Cancel every job, running and queued (bar a committed one), and take no more."""

@@ -198,8 +198,11 @@ class CommandLog:
                     "INSERT INTO answers (id, answer, ts) VALUES (?, NULL, ?)",
                     (command_id, time.time()),
                 )
+                # Answered ones only: a claim trimmed while its command ran lost the answer
+                # it then stored, and a resend ran the command again.
                 self._db.execute(
-                    "DELETE FROM answers WHERE n <= (SELECT MAX(n) FROM answers) - ?",
+                    "DELETE FROM answers WHERE n <= (SELECT MAX(n) FROM answers) - ?"
+                    " AND answer IS NOT NULL",
                     (self._keep,),
                 )
             except (sqlite3.Error, OSError) as exc:

@@ -330,6 +330,10 @@ def test_a_stuck_job_past_its_deadline_does_not_block_the_next() -> None:
     deadline = time.monotonic() + 3
     while not done and time.monotonic() < deadline:
         time.sleep(0.02)
+    # Still listed while it runs on (get_status showed nothing of a job stuck for good),
+    # and a cancel finds it.
+    assert jobs.running() == ["stuck"]
+    assert jobs.cancel("stuck")
     hang.set()
     assert done == ["next"]
     jobs.join(1.0)
@@ -342,6 +346,7 @@ def test_a_stuck_job_past_its_deadline_does_not_block_the_next() -> None:
         "command.cancelled: cancelled: ran past the agent's job deadline of 0.2 s, and the "
         "queue moved on without it"
     ]
+    _until(lambda: jobs.running() == [])
 
 
 def test_a_duplicate_of_a_running_command_is_told_it_runs_and_runs_once(
@@ -561,3 +566,36 @@ def test_a_job_past_its_point_of_no_return_stays_past_it() -> None:
     with pytest.raises(EdgeAgentError) as info:
         fresh.commit()
     assert info.value.code == "command.cancelled"
+
+
+def test_a_command_that_expires_while_it_waits_its_turn_is_not_run(harness: _Harness) -> None:
+    # The expiry was checked as the command arrived only: a deploy queued behind another
+    # ran long after the console had given up on it ("after which the device must not
+    # run it", the schema says).
+    harness.supervisor.hold.clear()
+    harness.send(_cmd("d1", "deploy_model", {"name": "m"}))
+    harness.send(_cmd("a2", "activate_model", {"name": "m", "version": 2}, expires_at=1030.0))
+    harness.dispatcher._clock = lambda: 1100.0  # the deploy ahead took a while
+    harness.supervisor.hold.set()
+    late = harness.final("a2")
+    assert late.error is not None
+    assert late.error.code == "command.expired"
+    assert "while it waited its turn to run" in late.error.message
+    assert harness.supervisor.runs == ["deploy_model"]
+    assert harness.final("d1").status == "ok"
+
+
+def test_the_command_log_keeps_the_claim_of_a_command_still_running(tmp_path: Path) -> None:
+    # Trimmed to its newest ids whether answered or not, the log lost the claim of a long
+    # command that many short ones passed; its answer was then stored nowhere, and a
+    # resend ran it again.
+    log = CommandLog(tmp_path / "c.sqlite", keep=5)
+    assert log.claim("calibrate-1") == (True, None)
+    for i in range(20):
+        assert log.claim(f"ping-{i}") == (True, None)
+        log.finish(f"ping-{i}", b"ok")
+    assert log.claim("calibrate-1") == (False, None)  # still running: not run again
+    log.finish("calibrate-1", b"done")
+    assert log.claim("calibrate-1") == (False, b"done")
+    assert log.claim("ping-0") == (True, None)  # answered ones are trimmed as before
+    log.close()
