@@ -93,6 +93,13 @@ class BroadcastStats:
     passes_done: int = 0
     refused: int = 0
     """Joins of new pullers past `max_pullers`."""
+    unreadable: int = 0
+    """Chunks the repository could not give (`read_chunk` said None), each time."""
+
+
+UNREADABLE_RETRY_S = 1.0
+"""How soon a chunk the repository could not give is tried again: a re-publish replacing
+its files is over by then, and a damaged file is not read in a busy loop."""
 
 
 class Broadcast:
@@ -101,7 +108,7 @@ class Broadcast:
     def __init__(
         self,
         chunks: ChunkMap,
-        read_chunk: Callable[[int], bytes],
+        read_chunk: Callable[[int], bytes | None],
         send_frame: Callable[[bytes], None],
         send_status: Callable[[BroadcastStatus], None],
         instance: str,
@@ -214,8 +221,10 @@ class Broadcast:
         while self._pullers:
             slowest = min(p.acked for p in self._pullers.values())
             if self._seq - slowest <= self.options.window:
-                self._send_next(now)
-                continue
+                if self._send_next(now):
+                    continue
+                wait = UNREADABLE_RETRY_S  # nothing sent: the window holds, nothing stalls
+                break
             # Window full: drop pullers that stalled behind it, else wait for acks.
             # Silent counts from the later of its last ack and the send of the first frame
             # it has not acked: a puller is not late for frames sent a moment ago.
@@ -237,14 +246,21 @@ class Broadcast:
             wait = news if wait is None else min(wait, news)
         return wait
 
-    def _send_next(self, now: float) -> None:
+    def _send_next(self, now: float) -> bool:
+        """Send the next chunk some puller needs; False if the repository could not give it
+        (the next call goes on to the chunk after it, and comes back to it a lap later)."""
         n = len(self.chunks)
         index = self._pos
         for _ in range(n):
             if self._demand[index] > 0:
                 break
             index = (index + 1) % n
-        frame = Frame(self.chunks.id, index, self.read_chunk(index), seq=self._seq)
+        data = self.read_chunk(index)
+        if data is None:
+            self.stats.unreadable += 1
+            self._pos = (index + 1) % n
+            return False
+        frame = Frame(self.chunks.id, index, data, seq=self._seq)
         self.send_frame(frame.encode())
         self._sent_at[self._seq] = now
         # Keep send times only for frames some puller may still owe an ack for.
@@ -264,6 +280,7 @@ class Broadcast:
                     del self._pullers[device]
                     self._name_done(device, now)
                     self.stats.passes_done += 1
+        return True
 
     def _drop(self, device: str) -> None:
         puller = self._pullers.pop(device, None)

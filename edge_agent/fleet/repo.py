@@ -26,12 +26,19 @@ class RepoEntry:
     chunks: ChunkMap
 
 
+_Stamp = tuple[int, int, int]
+"""A release file's inode, mtime and size: what changes when it is published again."""
+
+
 class Repo:
     """Published releases and their files, below `root`."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._cache: dict[tuple[str, int], RepoEntry] = {}
+        # Each entry with the stamp of the file it was read from: `publish-model` runs in
+        # another process than `serve`, and a re-publish (a fresh expiry: a new release id)
+        # was never seen by a running `serve`, which then refused every join of it.
+        self._cache: dict[tuple[str, int], tuple[_Stamp, RepoEntry]] = {}
         self._lock = threading.Lock()
 
     def add(self, signed: SignedRelease, source: Path) -> RepoEntry:
@@ -59,8 +66,14 @@ class Repo:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source / entry.path, target)
         (staging / RELEASE_FILE).write_bytes(signed.to_json())
-        shutil.rmtree(folder, ignore_errors=True)
+        # Set aside, not deleted, before the new folder goes in: a `serve` reading chunks
+        # meanwhile misses them for two renames, not for a whole tree's removal.
+        aside = folder.with_name(f".{release.version}.old")
+        shutil.rmtree(aside, ignore_errors=True)
+        if folder.exists():
+            folder.rename(aside)
         staging.rename(folder)
+        shutil.rmtree(aside, ignore_errors=True)
         with self._lock:
             self._cache.pop((release.name, release.version), None)
         return RepoEntry(signed, folder, ChunkMap(release))
@@ -70,17 +83,24 @@ class Repo:
         if not is_safe_name(name) or version < 1:
             return None
         key = (name, version)
-        with self._lock:
-            if key in self._cache:
-                return self._cache[key]
         folder = self.root / name / str(version)
+        with self._lock:
+            cached = self._cache.get(key)
+        try:
+            info = (folder / RELEASE_FILE).stat()
+        except OSError:
+            # Between the two renames of a re-publish, or gone: what was read last, if any.
+            return cached[1] if cached is not None else None
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
         try:
             signed = load_signed_release(folder / RELEASE_FILE)
         except EdgeAgentError:
             return None
         entry = RepoEntry(signed, folder, ChunkMap(signed.release))
         with self._lock:
-            self._cache[key] = entry
+            self._cache[key] = (stamp, entry)
         return entry
 
     def highest(self, name: str) -> int:

@@ -40,7 +40,7 @@ from edge_agent.delivery.buckets import TokenBuckets
 from edge_agent.delivery.chunks import ChunkRef, read_chunk
 from edge_agent.delivery.joins import JoinGate, JoinLimits
 from edge_agent.fleet.repo import Repo, RepoEntry
-from edge_agent.logs import log_event
+from edge_agent.logs import Throttle, log_event
 from edge_agent.protocol.delivery import (
     CONTROL,
     MAX_REPAIR_BYTES,
@@ -144,6 +144,9 @@ class FleetServer:
         self.servers: set[str] = {instance}
         self.repairs_served = 0
         self.repair_chunks = 0
+        self.unreadable_chunks = 0
+        """Chunks the repository could not give as the release says, each time asked."""
+        self._unreadable_said = Throttle(60.0)
         self.repairs_refused = 0
         """Requests that named a reply topic other than their device's own: dropped."""
         self.repairs_limited = 0
@@ -288,6 +291,12 @@ class FleetServer:
                 self._say_once("fleet_join_refused", control.device_id, device=control.device_id)
                 return
             broadcast = self.broadcasts.get(where)
+            if broadcast is not None and broadcast.chunks.id != entry.chunks.id:
+                # Published again since (a fresh expiry, another chunk size): a new release
+                # id, which the old broadcast refused every join of until `serve` restarted.
+                # Its pullers fetch the release again when their transfer fails.
+                del self.broadcasts[where]
+                broadcast = None
             if broadcast is None:
                 if not isinstance(control, Join):
                     return
@@ -318,7 +327,7 @@ class FleetServer:
 
         return Broadcast(
             entry.chunks,
-            lambda i: read_chunk(entry.folder, entry.chunks[i]),
+            lambda i: self._chunk(entry, entry.chunks[i]),
             send_frame,
             send_status,
             self.instance,
@@ -371,9 +380,45 @@ class FleetServer:
             return
         self.repairs_served += 1
         for ref in answer:
-            frame = Frame(entry.chunks.id, ref.index, read_chunk(entry.folder, ref), repair=True)
+            data = self._chunk(entry, ref)
+            if data is None:
+                continue  # unanswered, the box asks again after its own wait
+            frame = Frame(entry.chunks.id, ref.index, data, repair=True)
             self.comm.publish(reply, frame.encode(), qos=0, correlation_data=correlation)
             self.repair_chunks += 1
+
+    def _chunk(self, entry: RepoEntry, ref: ChunkRef) -> bytes | None:
+        """Chunk `ref` as the release says it is, or None (said, once a minute).
+
+        Checked against its sha256 before it goes out: a file rotted, edited in place or cut
+        short in the repository sent every box bytes it refused, each box asked again at
+        once, and 5,000 of them asked at their whole repair budget. A read that fails (a
+        re-publish replacing the files, an I/O error) ended `serve` and every broadcast."""
+        try:
+            data = read_chunk(entry.folder, ref)
+        except OSError as exc:
+            why = f"cannot be read: {exc.strerror or exc}"
+        else:
+            if entry.chunks.matches(ref.index, data):
+                return data
+            why = f"does not match the release ({len(data)} of {ref.length} bytes read)"
+        release = entry.signed.release
+        self.unreadable_chunks += 1
+        if self._unreadable_said.ready(f"{release.name}/{release.version}"):
+            log_event(
+                log,
+                logging.ERROR,
+                "repo_chunk_unreadable",
+                model=release.name,
+                version=release.version,
+                file=ref.file.path,
+                chunk=ref.index,
+                problem=why,
+                unreadable_total=self.unreadable_chunks,
+                fix="publish the release again with edge-fleet publish-model (the same "
+                "version and files), from the model files themselves",
+            )
+        return None
 
     def _sender_named(self, named: str, sender: str | None) -> bool:
         """Whether a message that names device `named` may speak for it, having come on

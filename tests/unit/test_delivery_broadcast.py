@@ -3,6 +3,7 @@ sender wrote, and every puller of a release may write its `ctl` topic."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.server import FleetServer
 from edge_agent.protocol.delivery import Ack, BroadcastStatus, Join, bitmap, encode_bits
 from edge_agent.protocol.topics import Topics
+from edge_agent.store.release import SignedRelease, generate_key, sign
 from tests.delivery_kit import CHUNK, make_release
 
 TOPICS = Topics()
@@ -114,3 +116,74 @@ def test_a_device_id_joins_as_often_as_a_real_puller_does_and_no_more() -> None:
         taken += gate.join("fast", 0.01 * n)
         gate.ack("fast")
     assert JoinLimits().burst <= taken <= JoinLimits().burst + 1
+
+
+def test_a_chunk_rotted_in_the_repository_is_never_sent_and_the_rest_still_are(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server sent a chunk that no longer matched its hash: the box refused it, took it
+    # for an answer and asked again at once (8,186 repair requests in its first second).
+    # A read that failed (the file gone for a re-publish) ended `serve` outright.
+    signed, folder = make_release(tmp_path, 40 * CHUNK)
+    repo = Repo(tmp_path / "repo")
+    entry = repo.add(signed, folder)
+    damaged = entry.folder / "m.onnx"
+    with damaged.open("r+b") as fh:
+        fh.seek(3 * CHUNK + 7)
+        fh.write(b"\x00\xff")
+    broker, now = FakeBroker(), [0.0]
+    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: now[0])
+    server.start()
+    puller = Puller(
+        broker.connect(), TOPICS, "dock-1", PartialTransfer(tmp_path / "pull", signed),
+        clock=lambda: now[0], options=PullerOptions(idle_s=2.0),
+    )  # fmt: skip
+    puller.start()
+    while now[0] < 20.0:
+        now[0] += 0.05
+        server.step(now[0])
+        puller.tick(now[0])
+    assert puller.partial.received == 39  # every chunk but the rotted one
+    assert puller.state != "complete"
+    assert server.unreadable_chunks > 0
+    assert puller.stats.repair_requests < 20, puller.stats  # asked, waited, asked again
+    said = [r for r in caplog.records if r.getMessage() == "repo_chunk_unreadable"]
+    assert len(said) == 1  # once a minute, not per frame
+    assert "does not match the release" in said[0].fields["problem"]  # type: ignore[attr-defined]
+    # Gone meanwhile (between a re-publish's renames): still no crash, still said.
+    damaged.unlink()
+    server.step(now[0] + 120)
+    assert server.unreadable_chunks > 0
+
+
+def test_a_release_published_again_is_served_by_a_server_that_ran_all_along(
+    tmp_path: Path,
+) -> None:
+    # `publish-model` runs in another process than `serve`: a re-publish with a fresh
+    # expiry (a new release id) was never seen by the running server, which refused every
+    # join of it, and each deploy failed until `serve` was restarted.
+    signed, folder = make_release(tmp_path, 6 * CHUNK)
+    serving = Repo(tmp_path / "repo")
+    serving.add(signed, folder)
+    broker, now = FakeBroker(), [0.0]
+    server = FleetServer(broker.connect(), serving, instance="s1", clock=lambda: now[0])
+    server.start()
+
+    def pull(release: SignedRelease, device: str) -> Puller:
+        puller = Puller(
+            broker.connect(), TOPICS, device, PartialTransfer(tmp_path / device, release),
+            clock=lambda: now[0], options=PullerOptions(idle_s=2.0),
+        )  # fmt: skip
+        puller.start()
+        while not puller.done.is_set() and now[0] < 60.0:
+            now[0] += 0.05
+            server.step(now[0])
+            puller.tick(now[0])
+        return puller
+
+    assert pull(signed, "dock-1").state == "complete"
+    later = signed.release.expires_at + timedelta(days=1)
+    again = sign(signed.release.model_copy(update={"expires_at": later}), generate_key())
+    Repo(tmp_path / "repo").add(again, folder)  # the publishing process's own Repo
+    assert ChunkMap(again.release).id != ChunkMap(signed.release).id
+    assert pull(again, "dock-2").state == "complete"
