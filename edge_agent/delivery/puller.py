@@ -145,6 +145,15 @@ class Puller:
         # all come back together, again and again.
         self._rng = rng or random.Random()
         self._unanswered = 0
+        # How far apart answers arrive: the downlink's pace. A resend waited a flat
+        # repair_timeout_s after the last answer, shorter than one 128 KiB frame takes under
+        # about 350 kbit/s: each slow frame sent the whole request again, the answers piled
+        # up for the box (24 MiB queued for an 8 MiB release at 256 kbit/s after 10 minutes,
+        # half of it done) and the backoff never began, as each late answer reset it.
+        self._last_answer: float | None = None
+        self._gap = 0.0
+        self._asked_at = 0.0
+        """When the request now waited on was first sent (its resends keep the time)."""
         self._asked: deque[bytes] = deque(maxlen=ASKED_KEPT)
         """Correlation data of the latest requests: answers to a request resent meanwhile
         may still come, and are answers all the same."""
@@ -247,7 +256,16 @@ class Puller:
                         return
                     self._wanted.discard(frame.index)
                     self._unanswered = 0
-                    self._deadline = self.clock() + self.options.repair_timeout_s
+                    now = self.clock()
+                    # From the answer before, or from the request for the first answer:
+                    # quick to grow, slow to shrink, so a slow link is waited for at once.
+                    last = self._last_answer
+                    since = now - (
+                        last if last is not None and last > self._asked_at else self._asked_at
+                    )
+                    self._gap = max(since, 0.8 * self._gap)
+                    self._last_answer = now
+                    self._deadline = now + self._answer_wait()
                     if self.state == "repair" and not self._wanted:
                         self._request()
                 return
@@ -350,8 +368,11 @@ class Puller:
             correlation_data=None if v5 else base64.b64encode(correlation).decode(),
         )
         self._wanted = set(wanted)
+        if not self._unanswered:
+            self._asked_at = self.clock()
         backoff = 2 ** min(self._unanswered, 16)
         wait = min(self.options.repair_max_s, self.options.repair_timeout_s * backoff)
+        wait = max(wait, self._answer_wait())
         self._deadline = self.clock() + wait * self._rng.uniform(1.0, 1.5)
         self.stats.repair_requests += 1
         self.comm.publish(
@@ -361,6 +382,13 @@ class Puller:
             response_topic=self._reply_topic,
             correlation_data=correlation,
         )
+
+    def _answer_wait(self) -> float:
+        """How long the next answer may take before the request is sent again: three of the
+        link's gaps between answers, never less than repair_timeout_s, and never more than
+        four repair_max_s (a gap that was an outage must not hold back every resend)."""
+        wait = min(3.0 * self._gap, 4.0 * self.options.repair_max_s)
+        return max(self.options.repair_timeout_s, wait)
 
     def _complete(self) -> None:
         was_broadcast = self.state == "broadcast"

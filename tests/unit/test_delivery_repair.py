@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import random
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ from edge_agent.protocol.delivery import (
     Frame,
     RepairError,
     RepairRequest,
+    bit,
     bitmap,
+    decode_bits,
     decode_frame,
     encode_bits,
 )
@@ -409,3 +412,78 @@ def test_correlation_data_that_is_not_base64_drops_the_request_not_the_handler(
     old.publish(TOPICS.repair, _request(chunks, "dock-2", correlation_data="not base64!"))
     assert _on(broker, TOPICS.delivery_reply("dock-2")) == []
     assert server.repairs_served == 0
+
+
+class _SlowDownlink:
+    """A box's downlink at `bytes_per_s`: the server answers every repair request in full,
+    and its frames reach the puller in order, no faster than the link carries them."""
+
+    mqtt_version: MqttVersion = "5"
+
+    def __init__(self, chunks: ChunkMap, folder: Path, bytes_per_s: float) -> None:
+        self.chunks, self.folder, self.rate = chunks, folder, bytes_per_s
+        self.queued: list[tuple[bytes, bytes | None]] = []
+        self.sent = 0
+        self.most_queued = 0
+        self.puller: Puller | None = None
+        self._budget = 0.0
+
+    def subscribe(self, topic_filter: str, handler: object, qos: int = 1) -> object:
+        return lambda: None
+
+    def publish(self, topic: str, payload: bytes, **kw: object) -> None:
+        if not topic.endswith("/repair"):
+            return  # joins, acks, leaves: no broadcast here
+        request = RepairRequest.model_validate_json(payload)
+        wanted = decode_bits(request.bitmap, request.count)
+        assert wanted is not None
+        for k in range(request.count):
+            if bit(wanted, k):
+                ref = self.chunks[request.offset + k]
+                data = read_chunk(self.folder, ref)
+                frame = Frame(self.chunks.id, ref.index, data, repair=True).encode()
+                self.queued.append((frame, kw.get("correlation_data")))  # type: ignore[arg-type]
+                self.sent += len(frame)
+        self.most_queued = max(self.most_queued, sum(len(f) for f, _ in self.queued))
+
+    def carry(self, seconds: float) -> None:
+        assert self.puller is not None
+        self._budget += self.rate * seconds
+        while self.queued and self._budget >= len(self.queued[0][0]):
+            frame, correlation = self.queued.pop(0)
+            self._budget -= len(frame)
+            reply = TOPICS.delivery_reply(self.puller.device_id)
+            self.puller.on_reply(Message(reply, frame, correlation_data=correlation))
+        if not self.queued:
+            self._budget = min(self._budget, self.rate * seconds)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_slow_downlink_is_waited_for_not_flooded_with_resends(tmp_path: Path, seed: int) -> None:
+    # A resend waited a flat 3 s after the last answer, less than one 64 KiB chunk takes
+    # at 128 kbit/s (a weak cellular link): each slow frame sent the whole request again,
+    # the answers piled up for the box faster than it could take them, and the backoff
+    # never began.
+    signed, folder = make_release(tmp_path, 16 * CHUNK)
+    chunks = ChunkMap(signed.release)
+    link = _SlowDownlink(chunks, folder, bytes_per_s=128_000 / 8)
+    now = [0.0]
+    puller = Puller(
+        link, TOPICS, "dev-1", PartialTransfer(tmp_path / "pull", signed),  # type: ignore[arg-type]
+        clock=lambda: now[0], rng=random.Random(seed),
+    )  # fmt: skip
+    link.puller = puller
+    puller.start()
+    puller._to_repair()  # the broadcast is over for this box: the rest comes by repair
+    size = sum(f.size for f in signed.release.files)
+    while not puller.done.is_set() and now[0] < 600.0:
+        now[0] += 0.05
+        link.carry(0.05)
+        puller.tick(now[0])
+    assert puller.state == "complete"
+    ideal = size / link.rate  # 66 s for 1 MiB at 128 kbit/s
+    assert now[0] < 2 * ideal, now[0]
+    # At most one resend of the first request, sent before its first answer could come
+    # (5.8 times the release went, and the queue for the box grew all along).
+    assert link.sent <= 2 * size + 2 * CHUNK, (link.sent, size)
+    assert link.most_queued < 2.5 * MAX_REPAIR_BYTES, link.most_queued
