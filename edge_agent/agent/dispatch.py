@@ -372,6 +372,8 @@ class Dispatcher:
         except EdgeAgentError as exc:  # too late: it is changing the store
             self._finish(command.id, error=exc, field="args.id")
             return
+        if found == "queued":  # never started: its answer now, not after the jobs ahead
+            self._finish(target, error=EdgeAgentError("cancelled", code="command.cancelled"))
         if found:
             self._finish(command.id, result={"cancelled": target})
         else:

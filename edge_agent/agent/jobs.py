@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
@@ -191,18 +192,26 @@ class Jobs:
             if self._queue:
                 self._ensure_worker()
 
-    def cancel(self, job_id: str) -> bool:
-        """Cancel a queued or running job; False if there is none by that id.
+    def cancel(self, job_id: str) -> Literal["queued", "running"] | None:
+        """Cancel a job: "queued" when it had not started (it is taken off the queue, never
+        to run: the caller answers it), "running" when it was asked to stop, None when
+        there is none by that id.
 
         Raises:
             EdgeAgentError: command.busy when the job has passed its point of no return.
         """
         with self._lock:
-            # A queued job still runs, to answer its command, but sees the flag at once.
-            jobs = [*self._abandoned, self._running, *self._queue]
+            queued = next((j for j in self._queue if j.id == job_id), None)
+            if queued is not None:
+                # Off the queue at once: left there, it held a slot and its answer until
+                # every job ahead of it had run (up to their deadlines, 30 minutes each).
+                self._queue.remove(queued)
+                queued.context.request_cancel()
+                return "queued"
+            jobs = [*self._abandoned, self._running]
             job = next((j for j in jobs if j is not None and j.id == job_id), None)
             if job is None:
-                return False
+                return None
             if not job.context.request_cancel():
                 raise EdgeAgentError(
                     f"command {job_id} is past its point of no return: it is changing the "
@@ -211,7 +220,7 @@ class Jobs:
                     "remove_model)",
                     code="command.busy",
                 )
-            return True
+            return "running"
 
     def running(self) -> list[str]:
         """Ids of the jobs left running past their deadline, the running job and the queued

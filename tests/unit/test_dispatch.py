@@ -599,3 +599,23 @@ def test_the_command_log_keeps_the_claim_of_a_command_still_running(tmp_path: Pa
     assert log.claim("calibrate-1") == (False, b"done")
     assert log.claim("ping-0") == (True, None)  # answered ones are trimmed as before
     log.close()
+
+
+def test_a_queued_job_cancelled_is_answered_at_once_and_gives_up_its_place(
+    harness: _Harness,
+) -> None:
+    # Cancelled while queued, it stayed in the queue, holding a place and its answer until
+    # every job ahead of it had run (each up to its 30-minute deadline).
+    harness.supervisor.hold.clear()
+    harness.send(_cmd("d1", "deploy_model", {"name": "m"}))
+    harness.send(_cmd("a2", "activate_model", {"name": "m", "version": 2}))
+    _until(lambda: harness.dispatcher.jobs.running() == ["d1", "a2"])
+    harness.send(_cmd("x2", "cancel", {"id": "a2"}))
+    cancelled = harness.final("a2")  # with the deploy ahead still running
+    assert cancelled.error is not None
+    assert cancelled.error.code == "command.cancelled"
+    assert harness.final("x2").status == "ok"
+    assert harness.dispatcher.jobs.running() == ["d1"]
+    harness.supervisor.hold.set()
+    assert harness.final("d1").status == "ok"
+    assert harness.supervisor.runs == ["deploy_model"]
