@@ -24,6 +24,14 @@ from tests.delivery_kit import CHUNK, make_release
 TOPICS = Topics()
 
 
+def _serve(repo: Repo) -> tuple[FakeBroker, list[float], FleetServer]:
+    """A fleet server of `repo` on a fake broker, started, on the fake clock it returns."""
+    broker, now = FakeBroker(), [0.0]
+    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: now[0])
+    server.start()
+    return broker, now, server
+
+
 def test_a_flood_of_joins_makes_a_paced_few_statuses_and_tracks_a_bounded_number(
     tmp_path: Path,
 ) -> None:
@@ -64,9 +72,7 @@ def test_a_fake_puller_that_rejoins_and_never_acks_holds_the_window_a_while_only
     signed, folder = make_release(tmp_path, 40 * CHUNK)
     repo = Repo(tmp_path / "repo")
     repo.add(signed, folder)
-    broker, now = FakeBroker(), [0.0]
-    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: now[0])
-    server.start()
+    broker, now, server = _serve(repo)
     puller = Puller(
         broker.connect(),
         TOPICS,
@@ -131,9 +137,7 @@ def test_a_chunk_rotted_in_the_repository_is_never_sent_and_the_rest_still_are(
     with damaged.open("r+b") as fh:
         fh.seek(3 * CHUNK + 7)
         fh.write(b"\x00\xff")
-    broker, now = FakeBroker(), [0.0]
-    server = FleetServer(broker.connect(), repo, instance="s1", clock=lambda: now[0])
-    server.start()
+    broker, now, server = _serve(repo)
     puller = Puller(
         broker.connect(), TOPICS, "dock-1", PartialTransfer(tmp_path / "pull", signed),
         clock=lambda: now[0], options=PullerOptions(idle_s=2.0),
@@ -165,9 +169,7 @@ def test_a_release_published_again_is_served_by_a_server_that_ran_all_along(
     signed, folder = make_release(tmp_path, 6 * CHUNK)
     serving = Repo(tmp_path / "repo")
     serving.add(signed, folder)
-    broker, now = FakeBroker(), [0.0]
-    server = FleetServer(broker.connect(), serving, instance="s1", clock=lambda: now[0])
-    server.start()
+    broker, now, server = _serve(serving)
 
     def pull(release: SignedRelease, device: str) -> Puller:
         puller = Puller(

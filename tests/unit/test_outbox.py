@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from edge_agent.errors import EdgeAgentError
 from edge_agent.outbox import Outbox, Priority
 from tests.disk_kit import files_capped_at
+
+T = TypeVar("T")
 
 
 def test_messages_come_back_in_order_and_ack_removes_them(tmp_path: Path) -> None:
@@ -240,16 +244,7 @@ def test_the_newest_telemetry_is_one_step_away_however_long_the_backlog(tmp_path
     assert newest is not None
     for i in range(20_000):
         outbox.put("edge/r", f"{i}".encode(), Priority.RESULT)
-    steps = 0
-
-    def count() -> int:
-        nonlocal steps
-        steps += 1
-        return 0  # go on
-
-    outbox._db.set_progress_handler(count, 100)  # called every 100 sqlite VM steps
-    found = outbox.newest(Priority.TELEMETRY)
-    outbox._db.set_progress_handler(None, 100)
+    found, steps = _vm_steps(outbox, lambda: outbox.newest(Priority.TELEMETRY))
     assert found is not None
     assert (found.seq, found.payload) == (newest, b"newest")
     assert steps < 5, f"{steps * 100} VM steps"
@@ -275,16 +270,7 @@ def test_stats_read_no_more_of_a_backlog_than_its_first_row(tmp_path: Path) -> N
         (rows,) = outbox._db.execute("SELECT COUNT(*) FROM messages").fetchone()
         return int(rows)
 
-    steps = 0
-
-    def count() -> int:
-        nonlocal steps
-        steps += 1
-        return 0  # go on
-
-    outbox._db.set_progress_handler(count, 100)  # called every 100 sqlite VM steps
-    stats = outbox.stats()
-    outbox._db.set_progress_handler(None, 100)
+    stats, steps = _vm_steps(outbox, outbox.stats)
     assert steps < 5, f"{steps * 100} VM steps"
     # The count kept agrees with the file through evictions, replaced retained messages
     # and acks; the oldest is the first waiting.
@@ -306,3 +292,20 @@ def test_stats_read_no_more_of_a_backlog_than_its_first_row(tmp_path: Path) -> N
     reopened.ack([q.seq for q in reopened.peek(1000)])
     assert reopened.stats().depth == depth - 1000
     reopened.close()
+
+
+def _vm_steps(outbox: Outbox, call: Callable[[], T]) -> tuple[T, int]:
+    """What `call()` returns, and how many hundreds of sqlite VM steps it took."""
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0  # go on
+
+    outbox._db.set_progress_handler(count, 100)  # called every 100 sqlite VM steps
+    try:
+        found = call()
+    finally:
+        outbox._db.set_progress_handler(None, 100)
+    return found, steps
