@@ -78,14 +78,21 @@ class Repo:
             self._cache.pop((release.name, release.version), None)
         return RepoEntry(signed, folder, ChunkMap(release))
 
-    def get(self, name: str, version: int) -> RepoEntry | None:
-        """The published release `name` v`version`, or None if this repository lacks it."""
+    def get(self, name: str, version: int, recheck: bool = True) -> RepoEntry | None:
+        """The published release `name` v`version`, or None if this repository lacks it.
+
+        `recheck=False` takes what was read before without a look at the file: for the
+        acks of a broadcast, a message per frame from every box, where a stat each cost
+        more than the rest of their handling.
+        """
         if not is_safe_name(name) or version < 1:
             return None
         key = (name, version)
         folder = self.root / name / str(version)
         with self._lock:
             cached = self._cache.get(key)
+        if cached is not None and not recheck:
+            return cached[1]
         try:
             info = (folder / RELEASE_FILE).stat()
         except OSError:

@@ -274,7 +274,9 @@ class FleetServer:
             control = CONTROL.validate_json(message.payload)
         except ValidationError:
             return
-        entry = self.repo.get(*where)
+        # A join looks at the release file again (it may have been published anew since);
+        # an ack or a leave, which only a joined puller sends, takes the entry it joined.
+        entry = self.repo.get(*where, recheck=isinstance(control, Join))
         if entry is None:
             return
         now = self.clock()
