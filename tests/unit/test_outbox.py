@@ -255,8 +255,8 @@ def test_the_newest_telemetry_is_one_step_away_however_long_the_backlog(tmp_path
 
 def test_stats_read_no_more_of_a_backlog_than_its_first_row(tmp_path: Path) -> None:
     # stats() counted every row, under the lock each put waits on, twice a telemetry
-    # interval and on every state command: 34-38 ms at a full 64 MB quota, seconds from a
-    # cold SD card, through the outage that filled it. The rows are counted as they come
+    # interval and on every state command: 32 ms at a full 64 MB quota, more from a cold
+    # SD card, through the outage that filled it. The rows are counted as they come
     # and go, as the bytes are, and the oldest is the first.
     clock = iter(range(1_000_000, 2_000_000))
     outbox = Outbox(tmp_path / "o.sqlite", quota_bytes=400_000, clock=lambda: next(clock))
