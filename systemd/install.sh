@@ -37,7 +37,18 @@ restart_running() {
   fi
 }
 
-# Sourced (tests/integration/test_install_script.py drives install_package and
+# make_venv PREFIX: a venv with pip at PREFIX. Debian and Ubuntu ship python3 without
+# ensurepip (it is in python3-venv): `venv` then left bin/python without pip and failed,
+# and every re-run, seeing bin/python, kept that venv and failed at pip, with python3-venv
+# long installed. So the venv is judged by its pip, and one without it is made anew.
+make_venv() {
+  if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    apt-get update && apt-get install -y --no-install-recommends python3 python3-venv
+  fi
+  "$1/bin/python" -m pip --version >/dev/null 2>&1 || python3 -m venv --clear "$1"
+}
+
+# Sourced (tests/integration/test_install_script.py drives install_package, make_venv and
 # restart_running), stop here.
 # Told by whether `return` works, which it does only in a sourced file (or a function):
 # comparing ${BASH_SOURCE[0]} with $0 took `bash -c 'source "$0" ...' install.sh`, the
@@ -58,8 +69,7 @@ if ! id edge-agent >/dev/null 2>&1; then
     --shell /usr/sbin/nologin --groups render,video edge-agent
 fi
 
-command -v python3 >/dev/null || apt-get install -y --no-install-recommends python3 python3-venv
-[ -x "$prefix/bin/python" ] || python3 -m venv "$prefix"
+make_venv "$prefix"
 "$prefix/bin/python" -m pip install --quiet --upgrade pip
 install_package "$prefix/bin/python" "$package"
 echo "install.sh: now installed: $("$prefix/bin/edge-agent" --version)" >&2
@@ -67,7 +77,11 @@ echo "install.sh: now installed: $("$prefix/bin/edge-agent" --version)" >&2
 install -d -m 0750 -o root -g edge-agent /etc/edge-agent
 if [ ! -e /etc/edge-agent/agent.toml ]; then
   install -m 0640 -o root -g edge-agent "$here/agent.example.toml" /etc/edge-agent/agent.toml
-  echo "install.sh: wrote /etc/edge-agent/agent.toml: set device_id and [mqtt].host" >&2
+  # Three things before a start: the agent refuses to run without the key the config
+  # names, and systemd would restart it every 10 s.
+  echo "install.sh: wrote /etc/edge-agent/agent.toml: set device_id and [mqtt].host, and" \
+    "copy the fleet's public key (edge-fleet keygen) to /etc/edge-agent/fleet.pub" \
+    "(or remove trusted_keys to take unsigned releases)" >&2
 fi
 # The unit names a credential file; an empty one means "no password".
 [ -e /etc/edge-agent/mqtt-password ] || install -m 0600 /dev/null /etc/edge-agent/mqtt-password

@@ -26,7 +26,7 @@ import logging
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -41,6 +41,7 @@ from pydantic import (
 from edge_agent import __version__
 from edge_agent.config_files import first_error, read_secret
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fsio import FAULT_ENV
 from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
 from edge_agent.protocol.topics import RESERVED_IDS, check_prefix
@@ -103,6 +104,17 @@ class MqttConfig(BaseModel):
     tls: TlsConfig | None = Field(default=None, description="TLS settings; None is plain TCP.")
     reconnect_min_s: float = Field(default=1.0, gt=0, description="First reconnect delay.")
     reconnect_max_s: float = Field(default=60.0, gt=0, description="Longest reconnect delay.")
+
+    @field_validator("host")
+    @classmethod
+    def _a_host(cls, value: str) -> str:
+        # `mqtt://broker:1883`, edge-fleet's --broker form, was taken as a host name that
+        # never resolves: the agent ran "broker unreachable" forever instead of refusing.
+        if not value or any(c.isspace() or c == "/" for c in value) or value.count(":") == 1:
+            raise ValueError(
+                f"{value!r} is not a host name or address (no URL, no :port: the port is mqtt.port)"
+            )
+        return value
 
 
 class HomeAssistantConfig(BaseModel):
@@ -308,17 +320,42 @@ class AgentConfig(BaseModel):
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-_TOP_LEVEL_ENV = {
-    "device_id",
-    "group",
-    "state_dir",
-    "cache_dir",
-    "topic_prefix",
-    "telemetry_interval_s",
-    "results",
-    "outbox_quota_mb",
-}
-_MQTT_ENV = {"host", "port", "version", "keepalive", "client_id", "username", "password_file"}
+def _scalar_fields(model: type[BaseModel], *, skip: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The fields of `model` one environment string can set: not a table, not a list."""
+    names: set[str] = set()
+    for name, field in model.model_fields.items():
+        # `X | None` is one of its kinds; `list[X]` is a list, not an X.
+        kinds = (field.annotation, *get_args(field.annotation))
+        if name in skip or any(
+            get_origin(k) is list or (isinstance(k, type) and issubclass(k, BaseModel))
+            for k in kinds
+        ):
+            continue
+        names.add(name)
+    return frozenset(names)
+
+
+# Every key a string can give, taken from the models: a hand-kept list read 8 of the 10
+# top-level keys and 7 of the 11 [mqtt] ones, and a drop-in setting another (say
+# EDGE_AGENT_MQTT_PASSWORD_CREDENTIAL) was dropped without a word. The password itself is
+# never inline, from the file or the environment.
+_TOP_LEVEL_ENV = _scalar_fields(AgentConfig)
+_MQTT_ENV = _scalar_fields(MqttConfig, skip=frozenset({"password"}))
+_OTHER_ENV = frozenset({"EDGE_AGENT_CACHE", "EDGE_AGENT_CONFIG", FAULT_ENV})
+"""EDGE_AGENT_* variables that are not config overrides: the CLI's cache and config file,
+and the tests' fault injection."""
+
+
+def _unread_env(env: Mapping[str, str]) -> list[str]:
+    """The EDGE_AGENT_* variables set in `env` that no override reads: a typo, a table's key
+    or a list, which a unit drop-in would otherwise believe applied."""
+    read = {f"EDGE_AGENT_{key.upper()}" for key in _TOP_LEVEL_ENV}
+    read |= {f"EDGE_AGENT_MQTT_{key.upper()}" for key in _MQTT_ENV}
+    return sorted(
+        name
+        for name, value in env.items()
+        if name.startswith("EDGE_AGENT_") and value and name not in read | _OTHER_ENV
+    )
 
 
 _CAPS: dict[str, tuple[int | float, str]] = {
@@ -347,12 +384,15 @@ def _capped(data: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]
 
 def _overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     merged = dict(data)
-    for key in _TOP_LEVEL_ENV:
+    for key in sorted(_TOP_LEVEL_ENV):
         value = env.get(f"EDGE_AGENT_{key.upper()}")
         if value:
             merged[key] = value
-    mqtt = dict(merged.get("mqtt") or {})
-    for key in _MQTT_ENV:
+    table = merged.get("mqtt")
+    if table is not None and not isinstance(table, dict):
+        return merged  # `mqtt = "broker"`: the model says it must be a table
+    mqtt = dict(table or {})
+    for key in sorted(_MQTT_ENV):
         value = env.get(f"EDGE_AGENT_MQTT_{key.upper()}")
         if value:
             mqtt[key] = value
@@ -428,6 +468,15 @@ def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
             f"{source} is invalid at {where}: {message}", fix, code="config.invalid"
         ) from None
     config._file = path
+    for name in _unread_env(env):
+        log_event(
+            log,
+            logging.WARNING,
+            "config_env_unread",
+            variable=name,
+            fix="no config key has this name (lists and tables are set in the file); unset "
+            "it, or fix its spelling",
+        )
     for cap in capped:
         log_event(
             log,

@@ -187,3 +187,49 @@ def test_a_rerun_restarts_a_running_agent_on_the_new_build_and_says_what_it_did(
     # try-restart whatever the state: systemd restarts the unit only if it runs (or is
     # waiting to be restarted after a failure).
     assert "try-restart edge-agent.service" in calls.read_text().splitlines()
+
+
+def test_a_venv_left_without_pip_is_made_anew_after_python3_venv_is_installed(
+    tmp_path: Path,
+) -> None:
+    # Debian and Ubuntu ship python3 without ensurepip (python3-venv): the first run left
+    # /opt/edge-agent/bin/python with no pip and failed, and every run after it, seeing
+    # bin/python, kept that venv and failed at pip. Here: such a leftover, and a python3
+    # without ensurepip until apt-get (played on PATH) has run.
+    prefix = tmp_path / "opt"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True)
+    bin_dir = unprivileged(tmp_path / "bin")
+    real = Path(sys.base_prefix) / "bin" / "python3"
+    installed = tmp_path / "python3-venv-installed"
+    (bin_dir / "python3").write_text(
+        f'#!/bin/sh\n[ "$1" = -c ] && [ ! -e {installed} ] && exit 1\nexec {real} "$@"\n'
+    )
+    (bin_dir / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/apt\ntouch {installed}\n')
+    for tool in ("python3", "apt-get"):
+        (bin_dir / tool).chmod(0o755)
+    done = subprocess.run(
+        ["bash", "-c", 'set -euo pipefail; source "$0" && make_venv "$1"', INSTALL_SH, prefix],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "apt").read_text().splitlines() == [
+        "update",
+        "install -y --no-install-recommends python3 python3-venv",
+    ]
+    pip = subprocess.run([prefix / "bin" / "python", "-m", "pip", "--version"], check=False)
+    assert pip.returncode == 0
+    # A venv with its pip is kept as it is: a re-run does not make it again.
+    marker = prefix / "kept"
+    marker.write_text("")
+    again = subprocess.run(
+        ["bash", "-c", 'set -euo pipefail; source "$0" && make_venv "$1"', INSTALL_SH, prefix],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0, again.stderr
+    assert marker.exists()

@@ -144,3 +144,69 @@ def test_a_value_over_a_bound_added_since_is_capped_and_said_not_refused(
     with pytest.raises(EdgeAgentError) as info:
         load_agent_config(_write(tmp_path, 'max_command_bytes = "16M"\n' + SMALLEST), {})
     assert info.value.code == "config.invalid"
+
+
+def test_every_key_a_string_can_set_has_its_override(tmp_path: Path) -> None:
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "mqtt").write_text("hunter2\n")
+    env = {
+        "EDGE_AGENT_MAX_PIPELINES": "5",
+        "EDGE_AGENT_MAX_COMMAND_BYTES": "4096",
+        "EDGE_AGENT_MQTT_SESSION_EXPIRY_S": "60",
+        "EDGE_AGENT_MQTT_RECONNECT_MIN_S": "0.5",
+        "EDGE_AGENT_MQTT_RECONNECT_MAX_S": "7",
+        "EDGE_AGENT_MQTT_PASSWORD_CREDENTIAL": "mqtt",
+        "CREDENTIALS_DIRECTORY": str(creds),
+    }
+    config = load_agent_config(_write(tmp_path, SMALLEST), env)
+    assert (config.max_pipelines, config.max_command_bytes) == (5, 4096)
+    mqtt = config.mqtt
+    assert (mqtt.session_expiry_s, mqtt.reconnect_min_s, mqtt.reconnect_max_s) == (60, 0.5, 7.0)
+    assert mqtt.password is not None
+    assert mqtt.password.get_secret_value() == "hunter2"
+
+
+def test_a_variable_no_override_reads_is_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="edge_agent.config.agent")
+    env = {
+        "EDGE_AGENT_MQTT_HOSTNAME": "10.0.0.9",  # a typo
+        "EDGE_AGENT_TRUSTED_KEYS": "/etc/edge-agent/fleet.pub",  # a list: the file's
+        "EDGE_AGENT_MQTT_PASSWORD": "hunter2",  # never inline, here neither
+        "EDGE_AGENT_CACHE": "/tmp/cache",  # the CLI's, not the config's
+        "EDGE_AGENT_MQTT_PORT": "8883",
+    }
+    config = load_agent_config(_write(tmp_path, SMALLEST), env)
+    assert config.mqtt.host == "broker.plant.lan"
+    assert config.mqtt.password is None
+    said = [r for r in caplog.records if r.getMessage() == "config_env_unread"]
+    assert [r.fields["variable"] for r in said] == [  # type: ignore[attr-defined]
+        "EDGE_AGENT_MQTT_HOSTNAME",
+        "EDGE_AGENT_MQTT_PASSWORD",
+        "EDGE_AGENT_TRUSTED_KEYS",
+    ]
+    assert "hunter2" not in repr([r.fields for r in said])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("table", ['"broker.plant.lan"', "5", '["hx"]'])
+def test_an_mqtt_that_is_not_a_table_is_refused_by_name(tmp_path: Path, table: str) -> None:
+    text = f'device_id = "dock-7"\nmqtt = {table}\n'
+    with pytest.raises(EdgeAgentError) as info:
+        load_agent_config(_write(tmp_path, text), {"EDGE_AGENT_MQTT_PORT": "1883"})
+    assert info.value.code == "config.invalid"
+    assert "at mqtt:" in str(info.value)
+
+
+@pytest.mark.parametrize("host", ["", "mqtt://broker:1883", "broker:1883", "broker lan", "a/b"])
+def test_a_host_that_cannot_be_one_is_refused(tmp_path: Path, host: str) -> None:
+    with pytest.raises(EdgeAgentError) as info:
+        load_agent_config(_write(tmp_path, SMALLEST.replace("broker.plant.lan", host)), {})
+    assert "at mqtt.host" in str(info.value)
+
+
+@pytest.mark.parametrize("host", ["::1", "fe80::1%eth0", "10.0.0.9", "broker"])
+def test_addresses_and_names_are_hosts(tmp_path: Path, host: str) -> None:
+    config = load_agent_config(_write(tmp_path, SMALLEST.replace("broker.plant.lan", host)), {})
+    assert config.mqtt.host == host
