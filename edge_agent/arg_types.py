@@ -59,3 +59,49 @@ def topic_prefix(text: str) -> str:
         return check_prefix(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def device_id(text: str) -> str:
+    """argparse type: a device id as the agent's config takes it, one topic level.
+
+    `edge-fleet cmd + ping`, a natural guess at "every box", was a paho traceback (no
+    wildcards in a topic to publish on), and `a/b` waited its whole timeout on a topic no
+    box reads.
+    """
+    from edge_agent.paths import is_safe_name
+    from edge_agent.protocol.topics import RESERVED_IDS
+
+    if not is_safe_name(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a device id: letters, digits, '-', '_' and '.', starting with a "
+            "letter or digit (a group's members: deploy --group, or cmd on each)"
+        )
+    if text in RESERVED_IDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names fleet-wide topics ({', '.join(sorted(RESERVED_IDS))}), no device"
+        )
+    return text
+
+
+def group_name(text: str) -> str:
+    """argparse type: a group name, one topic level as the agent's config takes it."""
+    from edge_agent.paths import is_safe_name
+
+    if not is_safe_name(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a group name: letters, digits, '-', '_' and '.', starting with "
+            "a letter or digit"
+        )
+    return text
+
+
+def command_type(text: str) -> str:
+    """argparse type: a command type the envelope can carry, known or not (`--no-check`,
+    where one too long was a pydantic traceback)."""
+    from edge_agent.protocol.agent import COMMAND_TYPE_MAX
+
+    if not 0 < len(text) <= COMMAND_TYPE_MAX:
+        raise argparse.ArgumentTypeError(
+            f"a command type has 1 to {COMMAND_TYPE_MAX} characters, not {len(text)}"
+        )
+    return text

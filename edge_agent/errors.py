@@ -63,6 +63,7 @@ CODES: dict[str, str] = {
     "pipeline.not_found": "No running pipeline has that id.",
     "pipeline.exists": "A pipeline with that id is already running.",
     "broker.unreachable": "The MQTT broker cannot be reached.",
+    "broker.refused": "The broker took a message and refused it (MQTT 5: an ACL, a quota).",
     "agent.running": "Another agent runs on the same state folder.",
     "install.incomplete": "edge-agent's install lacks a file or an optional package it needs.",
     "internal": "A bug: the agent kept serving; the log has the traceback.",

@@ -63,6 +63,7 @@ class ShippedBroker(LocalBroker):
         fleet: The fleet listener's users and passwords.
         acl_extra: Lines added to the boxes' ACL, as systemd/README.md has an operator
             add them (a group's members).
+        fleet_acl_extra: Lines added to the fleet's ACL (a user of narrower rights).
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class ShippedBroker(LocalBroker):
         boxes: Mapping[str, str],
         fleet: Mapping[str, str],
         acl_extra: str = "",
+        fleet_acl_extra: str = "",
     ) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         super().__init__(folder=folder)
@@ -82,7 +84,7 @@ class ShippedBroker(LocalBroker):
             path.write_text("")
             for user, password in users.items():
                 subprocess.run(["mosquitto_passwd", "-b", str(path), user, password], check=True)
-        for acl, extra in (("boxes.acl", acl_extra), ("fleet.acl", "")):
+        for acl, extra in (("boxes.acl", acl_extra), ("fleet.acl", fleet_acl_extra)):
             (folder / acl).write_text((SHIPPED_BROKER / acl).read_text() + extra)
         config = (SHIPPED_BROKER / "edge-agent.conf").read_text()
         for shipped, here in (

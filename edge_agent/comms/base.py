@@ -94,3 +94,18 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
         if part != "+" and part != levels[i]:
             return False
     return len(pattern) == len(levels)
+
+
+def refusals(comm: Communicator) -> int:
+    """Publishes of `comm`'s the broker took and refused so far: an MQTT 5 PUBACK with a
+    failure reason (an ACL, a quota). 0 from one that cannot tell: on MQTT 3.1.1 a broker
+    drops a refused publish in silence, and the fake broker refuses nothing."""
+    return int(getattr(comm, "rejected", 0))
+
+
+def last_refusal(comm: Communicator) -> str:
+    """The broker's words for `comm`'s last refused publish, and the user it refused."""
+    reason = getattr(comm, "last_refusal", None)
+    said = f"{reason.getName()} (reason code {reason.value})" if reason is not None else "refused"
+    user = getattr(getattr(comm, "settings", None), "username", None)
+    return f"{said}, user {user or 'anonymous'}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import SecretStr, ValidationError
 
-from edge_agent.comms.settings import BrokerSettings, TlsSettings
+from edge_agent.comms.settings import BrokerSettings, TlsSettings, split_url
 from edge_agent.config_files import first_error, read_secret
 from edge_agent.errors import EdgeAgentError
 
@@ -76,7 +76,9 @@ def broker_settings(args: argparse.Namespace, **overrides: object) -> BrokerSett
         data["tls"] = TlsSettings(
             ca_file=args.cafile, cert_file=args.cert, key_file=args.tls_key, insecure=args.insecure
         )
-        if args.port is None and not (args.broker and ":" in args.broker.split("://")[-1]):
+        # A colon is no port: `mqtt://fleet:pw@broker` and `mqtt://[fd00::5]` kept 1883
+        # and spoke TLS to the plaintext listener. (`base` parsed the URL: it is valid.)
+        if args.port is None and not (args.broker and split_url(args.broker).port is not None):
             data["port"] = 8883
     data.update(overrides)
     # Validated whole, so a port out of range is refused here and not after a connect timeout.

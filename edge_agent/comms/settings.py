@@ -7,7 +7,7 @@ CLIs accept; `mqtts://` turns TLS on with the system's CAs.
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -81,7 +81,7 @@ class BrokerSettings(BaseModel):
             code="input.invalid",
         )
         try:
-            parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+            parts = split_url(url)
             port = parts.port  # raises for a port that is not a number from 0 to 65535
         except ValueError:
             raise bad from None
@@ -100,3 +100,9 @@ class BrokerSettings(BaseModel):
             data["tls"] = TlsSettings()
         data.update(overrides)
         return cls.model_validate(data)
+
+
+def split_url(url: str) -> SplitResult:
+    """A broker URL's parts, a bare `host[:port]` taken as mqtt://; `.port` raises
+    ValueError for one that is not a number from 0 to 65535."""
+    return urlsplit(url if "://" in url else f"mqtt://{url}")

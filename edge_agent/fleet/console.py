@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from edge_agent.comms.base import Communicator, Message
+from edge_agent.comms.base import Communicator, Message, last_refusal, refusals
 from edge_agent.config_files import drop_unknown_fields
 from edge_agent.errors import CODES, EdgeAgentError
 from edge_agent.logs import log_event
@@ -40,14 +40,53 @@ class Interrupted(Exception):  # noqa: N818 (a signal, not an error)
 
 
 class NoAnswerError(EdgeAgentError):
-    """No final answer came in time; the command expired with the wait, so it will not run."""
+    """No final answer came in time. The command expired with the wait, so a box that had
+    not started it will not; one that had (it answered accepted or progress) may still be
+    running it, and the error says so."""
 
-    def __init__(self, kind: str, device: str, timeout: float, hint: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        device: str,
+        timeout: float,
+        hint: str = "",
+        *,
+        started: msg.Response | None = None,
+        command_id: str = "",
+    ) -> None:
+        if started is None:
+            super().__init__(
+                f"{kind}: no answer from {device} within {timeout:g} s{hint}",
+                "check the agent is running and connected to the same broker and prefix, "
+                "or wait longer with --timeout",
+                code="command.timeout",
+            )
+            return
+        # A deploy that timed out after `accepted` was reported as "no answer, check the
+        # agent is running": the operator sent it again, or met an activation later.
+        last = started.progress
+        at = f", last at {last.stage} {last.fraction:.0%}" if last is not None else ""
         super().__init__(
-            f"{kind}: no answer from {device} within {timeout:g} s{hint}",
-            "check the agent is running and connected to the same broker and prefix, "
-            "or wait longer with --timeout",
+            f"{kind}: {device} started it (id {command_id}{at}) but sent no final answer "
+            f"within {timeout:g} s; it may still be running there",
+            f"follow it with `edge-fleet cmd {device} get_status`, or stop it with "
+            f"`edge-fleet cmd {device} cancel --arg id={command_id}`",
             code="command.timeout",
+        )
+
+
+class RefusedError(EdgeAgentError):
+    """The broker took a command and refused it (an MQTT 5 PUBACK with a failure reason):
+    it reaches no device, so no answer will come. Waited for, it took the whole timeout
+    (600 s for a deploy) and was blamed on the boxes."""
+
+    def __init__(self, kind: str, topic: str, said: str) -> None:
+        super().__init__(
+            f"the broker refused {kind} on {topic}: {said}; no device got it",
+            "send it as a user the broker lets write <prefix>/<device>/cmd and "
+            "<prefix>/group/<group>/cmd (the fleet's console user, `fleet` in "
+            "systemd/mosquitto/fleet.acl)",
+            code="broker.refused",
         )
 
 
@@ -272,12 +311,16 @@ class DeviceConsole:
         Raises:
             Interrupted: `stop` was set before the answer came (the command may still run).
             NoAnswerError: no final answer within `timeout` (the command expires then too).
+            RefusedError: the broker refused the command (MQTT 5): no device got it.
         """
         command = new_command(kind, args, timeout)
         answers = self._replies.expect(command.id)
+        topic = self.topics.device(self.device, "cmd")
+        started: msg.Response | None = None
         try:
+            refused = refusals(self.comm)
             self.comm.publish(
-                self.topics.device(self.device, "cmd"),
+                topic,
                 command.model_dump_json().encode(),
                 qos=1,
                 expiry_s=expiry_seconds(timeout),
@@ -286,13 +329,25 @@ class DeviceConsole:
             while True:
                 if stop is not None and stop.is_set():
                     raise Interrupted(kind)
+                if refusals(self.comm) > refused:
+                    raise RefusedError(kind, topic, last_refusal(self.comm))
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise NoAnswerError(kind, self.device, timeout, self._offline_hint())
+                    raise NoAnswerError(
+                        kind,
+                        self.device,
+                        timeout,
+                        self._offline_hint(),
+                        started=started,
+                        command_id=command.id,
+                    )
                 try:
-                    answer = answers.get(timeout=min(left, 0.5))
+                    # Short waits: a refusal comes back in a round trip, not in an answer.
+                    answer = answers.get(timeout=min(left, 0.2))
                 except queue.Empty:
                     continue
+                if answer.status in ("accepted", "progress"):
+                    started = answer if answer.progress or started is None else started
                 if answer.status == "progress" and answer.progress and on_progress:
                     on_progress(answer.progress)
                 elif answer.status in ("ok", "error"):

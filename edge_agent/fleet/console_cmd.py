@@ -30,7 +30,13 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
-from edge_agent.arg_types import positive_float, topic_prefix
+from edge_agent.arg_types import (
+    command_type,
+    device_id,
+    group_name,
+    positive_float,
+    topic_prefix,
+)
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.config_files import first_error
@@ -46,10 +52,22 @@ EXIT_TIMEOUT = 124
 SHORT_TIMEOUT_S = 30.0
 LONG_TIMEOUT_S = 600.0
 """deploy_model, calibrate and activate_model pull, compile and gate: minutes, not seconds."""
+SETTLE_S = 5.0
+"""How long a verb that reads the retained states waits for them by default (`--wait`)."""
 
 
 def add_console_verbs(verbs: Any) -> None:
     """Add cmd, deploy, status, watch and forget to `edge-fleet`'s sub-command parsers."""
+
+    def wait_flag(sub: argparse.ArgumentParser) -> None:
+        # Every verb that reads the fleet's retained states: on a slow console link 5,000
+        # of them take longer than 5 s, and only `status` could be told to wait.
+        sub.add_argument(
+            "--wait",
+            type=positive_float,
+            default=SETTLE_S,
+            help=f"longest wait for the broker's retained states (default {SETTLE_S:g} s)",
+        )
 
     def verb(name: str, help_text: str) -> argparse.ArgumentParser:
         # -h is the broker host, as in mosquitto_sub: help is --help only.
@@ -60,8 +78,10 @@ def add_console_verbs(verbs: Any) -> None:
         return sub
 
     cmd = verb("cmd", "send one command to a device and print its answer")
-    cmd.add_argument("device", help="device id")
-    cmd.add_argument("type", help="command type: ping, get_status, start_pipeline, ...")
+    cmd.add_argument("device", type=device_id, help="device id")
+    cmd.add_argument(
+        "type", type=command_type, help="command type: ping, get_status, start_pipeline, ..."
+    )
     cmd.add_argument(
         "--arg",
         action="append",
@@ -85,20 +105,21 @@ def add_console_verbs(verbs: Any) -> None:
     deploy.add_argument("name", help="model name as published")
     deploy.add_argument("version", help="release version, or `latest`")
     where = deploy.add_mutually_exclusive_group(required=True)
-    where.add_argument("--to", metavar="DEVICE", help="one device")
-    where.add_argument("--group", metavar="G", help="every online device of group G")
+    where.add_argument("--to", metavar="DEVICE", type=device_id, help="one device")
+    where.add_argument(
+        "--group", metavar="G", type=group_name, help="every online device of group G"
+    )
     deploy.add_argument("--no-activate", action="store_true", help="install only")
     deploy.add_argument(
         "--timeout", type=positive_float, default=LONG_TIMEOUT_S, help="seconds to wait"
     )
     deploy.add_argument("--json", action="store_true", help="results as JSON")
+    wait_flag(deploy)
     deploy.set_defaults(run=run_deploy)
 
     status = verb("status", "every device's retained state")
     status.add_argument("--json", action="store_true", help="as JSON")
-    status.add_argument(
-        "--wait", type=positive_float, default=5.0, help="longest wait for the broker"
-    )
+    wait_flag(status)
     status.set_defaults(run=run_status)
 
     watch = verb("watch", "a live table of every device's state, FPS, p95 and outbox")
@@ -106,6 +127,7 @@ def add_console_verbs(verbs: Any) -> None:
         "--once", type=positive_float, metavar="S", help="one snapshot after S seconds"
     )
     watch.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
+    wait_flag(watch)
     watch.set_defaults(run=run_watch)
 
     forget = verb("forget", "clear the retained state of retired devices")
@@ -115,6 +137,7 @@ def add_console_verbs(verbs: Any) -> None:
         action="store_true",
         help="clear it even if the device says it is online (it returns at its next state)",
     )
+    wait_flag(forget)
     forget.set_defaults(run=run_forget)
 
 
@@ -276,8 +299,21 @@ def _session(args: argparse.Namespace) -> tuple[MqttSession, Topics]:
     return connect(broker_settings(args)), Topics(args.prefix)
 
 
+def _finite(data: Any) -> Any:
+    """`data` with every float that is not finite as None: a box's state with `"ts":
+    Infinity` (Python reads it) came out as `Infinity`, which is not JSON, and a strict
+    reader (JSON.parse, Go) refused the whole fleet's document for it."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(value) for value in data]
+    return data
+
+
 def _print_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, sort_keys=False), flush=True)
+    print(json.dumps(_finite(data), indent=2, sort_keys=False, allow_nan=False), flush=True)
 
 
 def _error_line(text: str, code: str) -> None:
@@ -377,11 +413,12 @@ def run_deploy(args: argparse.Namespace) -> int:
         else:
             roster = Roster(topics)
             roster.follow(session)
-            if not settle(session, topics):
+            if not settle(session, topics, args.wait):
                 bars.close()
                 _error_line(
-                    "the broker did not send every device's state within 5 s, so the group's "
-                    "members are not known; run `edge-fleet status` to check the broker",
+                    f"the broker did not send every device's state within {args.wait:g} s, so "
+                    "the group's members are not known; wait longer with --wait, or run "
+                    "`edge-fleet status` to check the broker",
                     "broker.unreachable",
                 )
                 return EXIT_TIMEOUT
@@ -473,35 +510,72 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_watch(args: argparse.Namespace) -> int:
+    if args.json and args.once is None:
+        # Taken in silence, it sent rich tables every 2 s, forever, into a JSON reader.
+        raise EdgeAgentError(
+            "watch --json prints one snapshot, so it needs --once S",
+            "e.g. edge-fleet watch --once 5 --json",
+            code="input.invalid",
+        )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     session, topics = _session(args)
     out = _table_console()
+    link = _Link(session)
     try:
-        roster, _ = _roster(session, topics, 5.0, telemetry=True)  # it keeps listening
+        roster, settled = _roster(session, topics, args.wait, telemetry=True)  # it keeps listening
         if args.once is not None:
             stop.wait(args.once)
             records = roster.snapshot()
             if args.json:
                 _print_json(tables.watch_json(records))
             else:
-                out.print(tables.watch_table(records))
-        elif out.is_terminal:
+                out.print(tables.watch_table(records, offline_since=link.lost_at()))
+            if link.lost_at() is not None:
+                print(
+                    "edge-fleet: this console lost the broker during the watch: the snapshot "
+                    "is as of then",
+                    file=sys.stderr,
+                )
+            # As `status`: a script must not take a part of the fleet, or an old one, for
+            # all of it as it is now.
+            return 0 if settled and link.lost_at() is None else EXIT_TIMEOUT
+        if out.is_terminal:
 
             def screen() -> Table:
                 # A screenful of devices: the table's title, header, rules and caption
                 # take 8 lines; a device with several pipelines takes a line each.
-                return tables.watch_table(roster.snapshot(), limit=max(5, out.height - 8))
+                return tables.watch_table(
+                    roster.snapshot(), limit=max(5, out.height - 8), offline_since=link.lost_at()
+                )
 
             with Live(screen(), console=out, auto_refresh=False) as live:
                 while not stop.wait(0.5):
                     live.update(screen(), refresh=True)
         else:
-            _snapshots(out, roster, stop)
+            _snapshots(out, roster, stop, link)
     finally:
         session.stop()
     return 0
+
+
+class _Link:
+    """When this console's own link to the broker went down, while it is down: the
+    roster then stops changing, and a watch showed the fleet as it was, all green."""
+
+    def __init__(self, session: MqttSession) -> None:
+        self._session = session
+        self._lost: float | None = None
+        self._was_up = False
+
+    def lost_at(self) -> float | None:
+        """When it went down (console clock), or None while it is up (or not up yet)."""
+        if self._session.connected.is_set():
+            self._was_up, self._lost = True, None
+        elif self._was_up and self._lost is None:
+            self._lost = time.time()
+        return self._lost
 
 
 def run_forget(args: argparse.Namespace) -> int:
@@ -516,7 +590,7 @@ def run_forget(args: argparse.Namespace) -> int:
     failed = False
     cleared: list[str] = []
     try:
-        roster, settled = _roster(session, topics, 5.0, telemetry=False)
+        roster, settled = _roster(session, topics, args.wait, telemetry=False)
         known = {record.device: record for record in roster.snapshot()}
         refused_before = session.rejected  # the roster's own echo may be refused, too
         for device in dict.fromkeys(args.devices):
@@ -559,10 +633,17 @@ def run_forget(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else 0
 
 
-def _snapshots(out: Console, roster: Roster, stop: threading.Event, every_s: float = 2.0) -> None:
-    """Not a terminal (a pipe, a log): a snapshot when something changed, at most every 2 s."""
+def _snapshots(
+    out: Console, roster: Roster, stop: threading.Event, link: _Link, every_s: float = 2.0
+) -> None:
+    """Not a terminal (a pipe, a log): a snapshot when something changed, at most every 2 s,
+    and one when this console's link goes down (nothing changes after it)."""
+    lost: float | None = None
     while not stop.is_set():
-        if roster.changed.wait(0.5):
+        changed = roster.changed.wait(0.5)
+        now_lost = link.lost_at()
+        if changed or now_lost != lost:
             roster.changed.clear()
-            out.print(tables.watch_table(roster.snapshot()))
+            lost = now_lost
+            out.print(tables.watch_table(roster.snapshot(), offline_since=lost))
             stop.wait(every_s)

@@ -24,9 +24,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from edge_agent.comms.base import Communicator, Message, Unsubscribe
+from edge_agent.comms.base import Communicator, Message, Unsubscribe, last_refusal, refusals
+from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import clock
-from edge_agent.fleet.console import Interrupted, Replies, expiry_seconds, new_command, parse
+from edge_agent.fleet.console import (
+    Interrupted,
+    RefusedError,
+    Replies,
+    expiry_seconds,
+    new_command,
+    parse,
+)
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import FANIN_QOS, Topics
 
@@ -208,14 +216,33 @@ def settle(comm: Communicator, topics: Topics, timeout: float = 5.0) -> bool:
     A broker sends a subscription's retained messages before anything published after
     it, so a message this console publishes to itself comes back behind them.
     Returns False when it did not come back within `timeout`.
+
+    Raises:
+        EdgeAgentError: broker.refused, the broker refused the echo (MQTT 5): a user that
+            may read the fleet but not write `<prefix>/fleet/console/#` waited it out and
+            was told the broker did not answer.
     """
     echo = topics.device("fleet", f"console/{uuid.uuid4().hex}")
     back = threading.Event()
     # At the QoS of the retained states it follows: a QoS 1 echo could pass them.
     undo = comm.subscribe(echo, lambda _message: back.set(), qos=FANIN_QOS)
     try:
+        refused = refusals(comm)
         comm.publish(echo, b"", qos=1)
-        return back.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while not back.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+            if refusals(comm) > refused:
+                raise EdgeAgentError(
+                    f"the broker refused this console's echo on {echo}: "
+                    f"{last_refusal(comm)}; without it the console cannot tell when every "
+                    "retained state has come",
+                    f"let the console's user write {topics.prefix}/fleet/console/# (the "
+                    "fleet's console user, `fleet` in systemd/mosquitto/fleet.acl, may)",
+                    code="broker.refused",
+                )
+            if time.monotonic() >= deadline:
+                return False
+        return True
     finally:
         undo()
 
@@ -261,15 +288,18 @@ def send_group(
 
     Raises:
         Interrupted: `stop` was set before every answer came.
+        RefusedError: the broker refused the group command (MQTT 5): no member got it.
     """
     results = {device: DeviceResult(device, "timeout") for device in members}
     replies = Replies(topics)
     undo = comm.subscribe(topics.device("+", "resp"), replies.on_response, qos=FANIN_QOS)
     command = new_command(kind, args, timeout)
     answers = replies.expect(command.id)
+    topic = topics.group(group, "cmd")
     try:
+        refused = refusals(comm)
         comm.publish(
-            topics.group(group, "cmd"),
+            topic,
             command.model_dump_json().encode(),
             qos=1,
             expiry_s=expiry_seconds(timeout),
@@ -278,11 +308,13 @@ def send_group(
         while any(r.answer is None for r in results.values()):
             if stop is not None and stop.is_set():
                 raise Interrupted(kind)
+            if refusals(comm) > refused:
+                raise RefusedError(kind, topic, last_refusal(comm))
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             try:
-                answer = answers.get(timeout=min(left, 0.5))
+                answer = answers.get(timeout=min(left, 0.2))
             except queue.Empty:
                 continue
             entry = results.setdefault(answer.device_id, DeviceResult(answer.device_id, "timeout"))

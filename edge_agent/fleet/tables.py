@@ -164,9 +164,10 @@ def pipeline_figures(record: DeviceRecord) -> dict[str, dict[str, Any]]:
     return figures
 
 
-def watch_json(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
+def watch_json(records: Iterable[DeviceRecord], now: float | None = None) -> list[dict[str, Any]]:
     """`last_seen` is the console's clock when `last_seen_from` is `arrival`; `device_clock`
     is the box's own (for an offline box heard of only retained: when it connected)."""
+    now = time.time() if now is None else now
     return [
         {
             "device": r.device,
@@ -178,8 +179,8 @@ def watch_json(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
             ),
             "clock_skew_s": round(r.skew_s, 1) if r.skew_s is not None else None,
             "outbox_depth": r.telemetry.agent.outbox_depth if r.telemetry else None,
-            "in_trouble": in_trouble(r),
-            "flags": all_flags(r),
+            "in_trouble": in_trouble(r, now),
+            "flags": all_flags(r, now),
             "pipelines": pipeline_figures(r),
         }
         for r in records
@@ -187,31 +188,41 @@ def watch_json(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
 
 
 def watch_table(
-    records: Iterable[DeviceRecord], now: float | None = None, limit: int | None = None
+    records: Iterable[DeviceRecord],
+    now: float | None = None,
+    limit: int | None = None,
+    offline_since: float | None = None,
 ) -> Table:
     """The fleet as a table; past `limit` devices, those in trouble first, the rest counted.
 
     A terminal shows a screenful: at 5,000 boxes sorted by name, an offline one was
     thousands of rows below it (and building every row took 3 s, twice a second).
+    `offline_since`: when the console's own link to the broker went down, if it is down;
+    the caption says so, since nothing below can change until it is back.
     """
+    now = time.time() if now is None else now
     records = list(records)
     hidden: list[DeviceRecord] = []
     if limit is not None and len(records) > limit:
-        ordered = sorted(records, key=lambda r: (not in_trouble(r), r.device))
+        ordered = sorted(records, key=lambda r: (not in_trouble(r, now), r.device))
         records, hidden = ordered[:limit], ordered[limit:]
-    caption = None
+    notes = []
+    if offline_since is not None:
+        lost = time.strftime("%H:%M:%S", time.localtime(offline_since))
+        notes.append(f"[red]this console lost the broker at {lost}: the table is as of then[/]")
     if hidden:
-        trouble = sum(in_trouble(r) for r in hidden)
-        caption = (
+        trouble = sum(in_trouble(r, now) for r in hidden)
+        notes.append(
             f"{len(hidden)} more not shown ({trouble} of them offline, failing or flagged); "
             "--once S --json lists every device"
         )
+    caption = "\n".join(notes) or None
     rows: list[list[str | Text]] = []
     for record in records:
         state = "[green]online[/]" if record.online else "[red]offline[/]"
         outbox = str(record.telemetry.agent.outbox_depth) if record.telemetry else "-"
         last = seen(record, now)
-        own = device_flags(record)
+        own = device_flags(record, now)
         pipelines = list(pipeline_figures(record).items()) or [("-", {})]
         for i, (pipeline, figures) in enumerate(pipelines):
             fps = figures.get("fps")

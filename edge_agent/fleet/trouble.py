@@ -11,12 +11,19 @@ device's flags. Pure: records in, strings out.
 from __future__ import annotations
 
 import math
+import time
 
 from edge_agent.fleet import clock
 from edge_agent.fleet.roster import DeviceRecord
 
 CPU_FULL = 0.9
 """The share of its CPUs past which the agent is flagged `cpu N%`: the box takes no more."""
+SILENT_MIN_S = 60.0
+SILENT_INTERVALS = 3
+"""An online box heard live, then not for this many telemetry intervals (at least
+SILENT_MIN_S), is flagged `silent`: its will comes when the broker notices a lost link, but
+not when the broker itself restarted without its sessions, or the console's own link is
+down, and a watch showed such boxes green with their last FPS for hours."""
 REPLAY_MIN_S = 60.0
 """Telemetry this far behind the box's state (and two intervals) is a replayed backlog,
 not the last interval running late."""
@@ -39,10 +46,14 @@ def pipeline_flags(record: DeviceRecord) -> dict[str, list[str]]:
     return found
 
 
-def device_flags(record: DeviceRecord) -> list[str]:
-    """The device's own flags: `clock ±N`, `replaying Nm behind`, `outbox-drops`,
-    `unverified`, `fallback`, and `cpu N%` (a note, see `in_trouble`)."""
+def device_flags(record: DeviceRecord, now: float | None = None) -> list[str]:
+    """The device's own flags: `silent Nm`, `clock ±N`, `replaying Nm behind`,
+    `outbox-drops`, `unverified`, `fallback`, and `cpu N%` (a note, see `in_trouble`).
+    `now` is the console's clock (default: now)."""
     flags: list[str] = []
+    quiet = silent_for(record, time.time() if now is None else now)
+    if quiet is not None:
+        flags.append(f"silent {clock.span(quiet)[1:]}")
     if clock.off(record.skew_s) and record.skew_s is not None:
         flags.append(f"clock {clock.span(record.skew_s)}")
     behind = replay_lag(record)
@@ -67,6 +78,18 @@ def device_flags(record: DeviceRecord) -> list[str]:
     return flags
 
 
+def silent_for(record: DeviceRecord, now: float) -> float | None:
+    """How long an online box heard live has said nothing, once past its telemetry's
+    due (SILENT_INTERVALS intervals, at least SILENT_MIN_S); None if it is not silent.
+    Retained-only boxes (`status`) are not judged: nothing of theirs arrived live."""
+    heard, telemetry = record.last_heard, record.telemetry
+    if not record.online or heard is None or telemetry is None or record.telemetry_arrived is None:
+        return None
+    quiet = now - heard
+    due = max(SILENT_MIN_S, SILENT_INTERVALS * telemetry.interval_s)
+    return quiet if quiet > due else None
+
+
 def replay_lag(record: DeviceRecord) -> float | None:
     """How far the newest telemetry is behind the box's state, when it is a backlog.
 
@@ -87,15 +110,15 @@ def replay_lag(record: DeviceRecord) -> float | None:
     return None
 
 
-def all_flags(record: DeviceRecord) -> list[str]:
+def all_flags(record: DeviceRecord, now: float | None = None) -> list[str]:
     """Every flag of the device, its pipelines' named `<pipeline>: <flag>`."""
-    flags = device_flags(record)
+    flags = device_flags(record, now)
     for name, found in pipeline_flags(record).items():
         flags += [f"{name}: {flag}" for flag in found]
     return flags
 
 
-def in_trouble(record: DeviceRecord) -> bool:
+def in_trouble(record: DeviceRecord, now: float | None = None) -> bool:
     """Offline, a pipeline that is not running, or any flag but `drops` and `cpu`: what an
     operator looks for first.
 
@@ -109,7 +132,7 @@ def in_trouble(record: DeviceRecord) -> bool:
     state = record.state
     if state is not None and any(p.status != "running" for p in state.pipelines):
         return True
-    return any(not _note(flag) for flag in all_flags(record))
+    return any(not _note(flag) for flag in all_flags(record, now))
 
 
 def _note(flag: str) -> bool:

@@ -26,6 +26,10 @@ class _Strict(BaseModel):
 
 
 # --- fleet -> device ------------------------------------------------------------------------
+COMMAND_TYPE_MAX = 64
+"""The longest command type an envelope carries."""
+
+
 class Command(_Strict):
     """A command envelope, on `<prefix>/<device>/cmd` or `<prefix>/group/<group>/cmd` (QoS 1)."""
 
@@ -35,7 +39,9 @@ class Command(_Strict):
         "and its stored answer is sent again.",
     )
     type: str = Field(
-        min_length=1, max_length=64, description="Command type, e.g. ping, deploy_model."
+        min_length=1,
+        max_length=COMMAND_TYPE_MAX,
+        description="Command type, e.g. ping, deploy_model.",
     )
     args: dict[str, Any] = Field(
         default_factory=dict, description="Arguments; each type's schema is below."

@@ -180,6 +180,16 @@ FLEET_FLAGS: list[tuple[list[str], str]] = [
     (["deploy", "m", "1", "--to", "d", "--timeout", "0"], "--timeout"),
     (["serve", "--window", "0"], "--window"),
     (["status", "--prefix", "edge/+"], "wildcards"),
+    # `+` for "every box" was a paho traceback; `a/b` waited its whole timeout on a topic
+    # no box reads; a type past 64 characters, with --no-check, a pydantic traceback.
+    (["cmd", "+", "ping"], "is not a device id"),
+    (["cmd", "a/b", "ping"], "is not a device id"),
+    (["cmd", "fleet", "ping"], "names fleet-wide topics"),
+    (["cmd", "dev-1", "x" * 65, "--no-check"], "1 to 64 characters"),
+    (["deploy", "m", "1", "--to", "#"], "is not a device id"),
+    (["deploy", "m", "1", "--group", "docks/+"], "is not a group name"),
+    # Taken in silence: tables every 2 s, forever, into a JSON reader.
+    (["watch", "--json"], "needs --once"),
     (["publish-model", "m.onnx", "--version", "0", "--key", "k.pem"], "--version"),
     # timedelta overflowed; and -1 was called "seconds" on a flag in days.
     (

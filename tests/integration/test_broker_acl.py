@@ -43,7 +43,13 @@ from tests.broker import ShippedBroker
 from tests.cli_kit import run_bounded
 
 BOXES = {"dock-1": "dock-1-secret", "dock-2": "dock-2-secret"}
-FLEET_USERS = {"fleet": "console-secret", "fleet-serve": "serve-secret"}
+FLEET_USERS = {
+    "fleet": "console-secret",
+    "fleet-serve": "serve-secret",
+    "fleet-viewer": "viewer-secret",
+}
+VIEWER = "\nuser fleet-viewer\ntopic read edge/v1/#\ntopic write edge/v1/fleet/console/+\n"
+"""A user who may watch the fleet (its console echo included) but command no box."""
 PASSWORDS = {**BOXES, **FLEET_USERS}
 NAMESAKES = {"fleet": "box-named-fleet", "fleet-serve": "box-named-serve"}
 """Box users in boxes.passwd named as the fleet's users are (a mistake the ACL must absorb)."""
@@ -181,7 +187,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     password.chmod(0o600)
     with contextlib.ExitStack() as stack:
         boxes = {**BOXES, **NAMESAKES}
-        broker = ShippedBroker(folder / "broker", boxes, FLEET_USERS, acl_extra=MEMBERS)
+        broker = ShippedBroker(
+            folder / "broker", boxes, FLEET_USERS, acl_extra=MEMBERS, fleet_acl_extra=VIEWER
+        )
         stack.enter_context(broker)
         published = fleet_cli(
             broker, "publish-model", str(model), "--name", "orient", "--version", "1",
@@ -349,6 +357,37 @@ def test_publish_model_says_so_when_its_user_may_not_publish(site: Site) -> None
     assert f"the fleet's repository {site.folder / 'serve-repo'} holds orient v2" in done.stderr
     assert "`fleet` in systemd/mosquitto/fleet.acl" in done.stderr
     assert "published" not in done.stdout
+
+
+def test_a_command_the_broker_refuses_is_said_at_once_not_waited_for(site: Site) -> None:
+    # MQTT 5 brokers answer a refused publish in a round trip; the console waited out the
+    # whole timeout (600 s for a deploy) and then blamed the boxes: "no answer ... check
+    # the agent is running", every member of a group `timeout`.
+    started = time.monotonic()
+    ping = fleet_cli(site.broker, "cmd", "dock-1", "ping", "--timeout", "120", user="fleet-serve")
+    assert ping.returncode == 2, ping.stderr
+    assert (
+        "the broker refused ping on edge/v1/dock-1/cmd: Not authorized (reason code 135), "
+        "user fleet-serve; no device got it"
+    ) in ping.stderr
+    assert ping.stderr.rstrip().endswith("[broker.refused]"), ping.stderr
+    # A user who may watch but not command: the fleet reads, the group command is refused.
+    status = fleet_cli(site.broker, "status", "--json", user="fleet-viewer")
+    assert status.returncode == 0, status.stderr
+    assert "dock-1" in {entry["device"] for entry in json.loads(status.stdout)}
+    deploy = fleet_cli(
+        site.broker, "deploy", "orient", "1", "--group", GROUP, "--timeout", "120",
+        user="fleet-viewer",
+    )  # fmt: skip
+    assert deploy.returncode == 2, deploy.stderr
+    assert "the broker refused deploy_model on edge/v1/group/docks/cmd" in deploy.stderr
+    # One who may not even write its console's echo is told so, not "the broker did not
+    # answer" after the whole --wait.
+    unsettled = fleet_cli(site.broker, "status", "--wait", "120", user="fleet-serve")
+    assert unsettled.returncode == 2, unsettled.stderr
+    assert "the broker refused this console's echo on edge/v1/fleet/console/" in unsettled.stderr
+    assert "let the console's user write edge/v1/fleet/console/#" in unsettled.stderr
+    assert time.monotonic() - started < 60
 
 
 def test_a_box_using_another_boxs_client_id_does_not_knock_it_off(site: Site) -> None:

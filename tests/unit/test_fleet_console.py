@@ -18,9 +18,10 @@ from edge_agent.comms.base import Handler, Message
 from edge_agent.comms.fake import FakeBroker
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet.clock import skew_of_answer
-from edge_agent.fleet.console import Interrupted
+from edge_agent.fleet.console import DeviceConsole, Interrupted, NoAnswerError
 from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg
 from edge_agent.fleet.roster import DeviceResult, Roster, send_group
+from edge_agent.fleet.trouble import device_flags, in_trouble
 from edge_agent.fleet.tables import (
     age,
     printable,
@@ -378,7 +379,7 @@ def test_a_screenful_puts_flagged_devices_first_and_says_why() -> None:
         "--once S --json lists every device"
     )
     # The same, for scripts: every device, flagged or not.
-    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot())}
+    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot(), now=console.now)}
     assert listed["z-camdead"]["flags"] == ["cam: fps0"]
     assert listed["z-camdead"]["pipelines"]["cam"]["flags"] == ["fps0"]
     assert listed["z-camdead"]["in_trouble"] is True
@@ -407,7 +408,7 @@ def test_why_a_pipeline_is_not_running_is_shown_in_status_and_watch() -> None:
     assert door.endswith("│ no frame for 20 s [errno 111]: connection refus… │"), door
     # One line per pipeline, at fleet scale too: it is cut, in full in --json.
     assert len(text.splitlines()) == 8
-    [listed, _] = watch_json(roster.snapshot())
+    [listed, _] = watch_json(roster.snapshot(), now=NOW)
     assert listed["pipelines"]["door"]["detail"] == why
 
     out = Console(file=io.StringIO(), width=300)
@@ -432,7 +433,7 @@ def test_an_offline_box_is_dated_by_what_the_console_knows() -> None:
     assert rows["went-now"]["last seen"] == "offline 2m"
     status = rows_by_device(status_table(roster.snapshot(), now=console.now))
     assert status["old-will"]["since"].startswith("connected 30d ago")
-    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot())}
+    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot(), now=console.now)}
     assert (listed["went-now"]["last_seen"], listed["went-now"]["last_seen_from"]) == (
         NOW + 5,
         "arrival",
@@ -516,7 +517,7 @@ def test_replayed_telemetry_does_not_pass_for_current() -> None:
     assert row["flags"] == "replaying 15m behind"
     roster.on_telemetry(telemetry("dock-1", NOW + 10, fps=3.0))  # a fresh interval ...
     roster.on_telemetry(telemetry("dock-1", NOW - 880, fps=7.0))  # ... passed by the backlog
-    [listed] = watch_json(roster.snapshot())
+    [listed] = watch_json(roster.snapshot(), now=console.now)
     assert listed["pipelines"]["cam"]["fps"] == 3.0
     assert listed["flags"] == []
     assert roster.ignored_older_telemetry == 1
@@ -544,12 +545,12 @@ def test_a_box_restarted_while_watched_is_not_taken_for_replaying() -> None:
     roster.on_telemetry(telemetry("dock-1", NOW - 100))
     console.now = NOW  # 90 s dark, then the restart's birth, before its first interval
     roster.on_state(birth("dock-1", NOW, live=True, seq=2, pipelines=[running()]))
-    [listed] = watch_json(roster.snapshot())
+    [listed] = watch_json(roster.snapshot(), now=console.now)
     assert (listed["flags"], listed["in_trouble"]) == ([], False)
     # Telemetry made before that birth and arriving after it is the outbox's backlog.
     console.now = NOW + 1
     roster.on_telemetry(telemetry("dock-1", NOW - 95))
-    [listed] = watch_json(roster.snapshot())
+    [listed] = watch_json(roster.snapshot(), now=console.now)
     assert listed["flags"] == ["replaying 2m behind"]
 
 
@@ -559,7 +560,7 @@ def test_a_state_stamped_infinity_does_not_end_watch_or_status() -> None:
     topic = TOPICS.device("odd", "state")
     roster.on_state(Message(topic, b'{"online": true, "seq": 1, "ts": Infinity}'))
     roster.on_state(birth("dock-1", NOW, live=True, pipelines=[running()]))
-    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot())}
+    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot(), now=NOW)}
     assert set(listed) == {"odd", "dock-1"}
     out = Console(file=io.StringIO(), width=200)
     out.print(watch_table(roster.snapshot(), now=NOW))
@@ -639,7 +640,7 @@ def test_an_agent_that_takes_its_cpus_is_flagged_beside_its_drops() -> None:
     for device, tele in cases.items():
         roster.on_state(birth(device, NOW - 60, live=False, pipelines=[running()]))
         roster.on_telemetry(tele)
-    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot())}
+    listed = {entry["device"]: entry for entry in watch_json(roster.snapshot(), now=NOW)}
     assert listed["full"]["flags"] == ["cpu 96%", "cam: drops 47%"]
     # A note, as drops are: a box running flat out on uncapped pipelines is by design.
     assert listed["full"]["in_trouble"] is False
@@ -647,3 +648,77 @@ def test_an_agent_that_takes_its_cpus_is_flagged_beside_its_drops() -> None:
     assert listed["older"]["flags"] == []
     rows = rows_by_device(watch_table(roster.snapshot(), now=NOW + 1))
     assert rows["full"]["flags"] == "cpu 96%, drops 47%"
+
+
+def test_an_online_box_heard_live_then_not_for_three_intervals_is_flagged_silent() -> None:
+    # Its will comes when the broker notices the lost link, not when the broker restarted
+    # without its sessions: a watch showed such boxes green, with their last FPS, for hours.
+    console = Clock()
+    roster = Roster(TOPICS, now=console)
+    roster.on_state(birth("dock-1", NOW - 60, live=False, pipelines=[running()]))
+    roster.on_telemetry(telemetry("dock-1", NOW, interval_s=10.0))  # arrives at NOW
+    roster.on_state(birth("dock-slow", NOW - 60, live=False, pipelines=[running()]))
+    roster.on_telemetry(telemetry("dock-slow", NOW, interval_s=60.0))
+    roster.on_state(birth("dock-gone", NOW - 60, live=False, online=False))
+    roster.on_state(birth("dock-retained", NOW - 3 * DAY, live=False))
+    snapshot = {r.device: r for r in roster.snapshot()}
+
+    def flags(device: str, now: float) -> list[str]:
+        return device_flags(snapshot[device], now)
+
+    # Three intervals, at least a minute: a late interval or two is no silence.
+    assert flags("dock-1", NOW + 59) == []
+    assert flags("dock-1", NOW + 61) == ["silent 1m"]
+    assert in_trouble(snapshot["dock-1"], NOW + 61)
+    assert not in_trouble(snapshot["dock-1"], NOW + 59)
+    assert flags("dock-slow", NOW + 170) == []
+    assert flags("dock-slow", NOW + 190) == ["silent 3m"]
+    # Offline says it already, and a box known only retained (`status`) was never heard.
+    assert flags("dock-gone", NOW + DAY) == []
+    assert flags("dock-retained", NOW + DAY) == []
+    listed = {e["device"]: e for e in watch_json(roster.snapshot(), now=NOW + 3600)}
+    assert listed["dock-1"]["flags"] == ["silent 1h"]
+    assert listed["dock-1"]["in_trouble"] is True
+
+
+def test_the_watch_says_when_the_consoles_own_link_is_down() -> None:
+    roster = Roster(TOPICS, now=Clock())
+    roster.on_state(birth("dock-1", NOW, live=False, pipelines=[running()]))
+    assert watch_table(roster.snapshot(), now=NOW).caption is None
+    lost = time.mktime((2023, 11, 14, 22, 13, 20, 0, 0, -1))
+    down = watch_table(roster.snapshot(), now=NOW, offline_since=lost)
+    assert (
+        down.caption == "[red]this console lost the broker at 22:13:20: the table is as of then[/]"
+    )
+
+
+def test_a_command_started_without_a_final_answer_is_said_to_be_maybe_running() -> None:
+    # A deploy that answered accepted and progress, then nothing within the wait, was
+    # reported as "no answer, check the agent is running": the operator sent it again,
+    # or met its activation later.
+    broker = FakeBroker()
+    console, device = broker.connect(), broker.connect()
+
+    def started(message: Message) -> None:
+        command = msg.Command.model_validate_json(message.payload)
+        for status, progress in (
+            ("accepted", None),
+            ("progress", msg.Progress(stage="pull", fraction=0.8)),
+        ):
+            reply = msg.Response(
+                id=command.id, status=status, device_id="a", ts=1.0, progress=progress
+            )
+            device.publish(TOPICS.device("a", "resp"), reply.model_dump_json().encode())
+
+    device.subscribe(TOPICS.device("a", "cmd"), started)
+    with pytest.raises(NoAnswerError) as info:
+        DeviceConsole(console, TOPICS, "a", follow=False).request("deploy_model", {}, timeout=0.3)
+    said = str(info.value)
+    [command] = [m for m in broker.published if m.topic.endswith("/cmd")]
+    sent_id = msg.Command.model_validate_json(command.payload).id
+    assert f"a started it (id {sent_id}, last at pull 80%)" in said
+    assert "it may still be running there" in said
+    assert f"edge-fleet cmd a cancel --arg id={sent_id}" in said
+    # One that never started is what it was: no answer, so check the agent.
+    with pytest.raises(NoAnswerError, match="no answer from b within 0.3 s"):
+        DeviceConsole(console, TOPICS, "b", follow=False).request("ping", {}, timeout=0.3)
