@@ -56,7 +56,12 @@ class AudioChunk:
 
 
 class FrameSource(Protocol):
-    """A camera, stream, file or folder. Not thread-safe: one reader."""
+    """A camera, stream, file or folder. Not thread-safe: one reader.
+
+    A source whose `close()` may be called from another thread while `read()` blocks, and
+    makes that read return None, says so with a class attribute `interruptible = True`
+    (live sources: their reads wait on a thread of their own, not in a native call).
+    """
 
     def read(self) -> Frame | None:
         """The next frame, blocking; None at the end of a finite source.

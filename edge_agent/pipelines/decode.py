@@ -34,6 +34,7 @@ import cv2
 import numpy as np
 import numpy.typing as npt
 
+from edge_agent import MAX_IMAGE_PIXELS
 from edge_agent.input_files import FileTooLargeError, InputFileError, read_bounded
 from edge_agent.pipelines.base import SourceError
 from edge_agent.quiet import native_stderr_held
@@ -166,8 +167,17 @@ class JpegDecoder:
     def decode(self, data: npt.NDArray[np.uint8]) -> Image | None:
         """The decoded BGR frame (None if the bytes do not decode); sets `scale`."""
         size = jpeg_size(data)
+        if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+            # A corrupt header in a stream: whole, OpenCV refused it; reduced, the bogus size
+            # divided by 8 fit, and a 7500 x 7500 frame (168 MB) went down the pipeline.
+            return None
         k = self.reduction(size) if size is not None else 1
-        image = cv2.imdecode(data.reshape(-1), _FLAGS[k])
+        try:
+            image = cv2.imdecode(data.reshape(-1), _FLAGS[k])
+        except cv2.error:
+            # It raises, not returns None, for some corrupt headers: out of `read()`, that
+            # ended the pipeline as a crash for one bad packet of a live camera.
+            return None
         if image is None:
             return None
         self.scale = k

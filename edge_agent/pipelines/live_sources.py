@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from edge_agent.logs import log_event
+from edge_agent.logs import Throttle, log_event
 from edge_agent.pipelines.base import Frame, SourceError
 from edge_agent.pipelines.decode import (
     REDUCED_DECODE_DOC,
@@ -93,6 +93,9 @@ class LiveSource:
     `source="stream http://..."` did not say which pipeline had lost its camera.
     """
 
+    interruptible = True
+    """close() from another thread ends a blocked read() (FrameSource)."""
+
     def __init__(
         self,
         name: str,
@@ -119,8 +122,10 @@ class LiveSource:
         self._closed = False
         self._status = "connecting"
         self._detail = "not connected yet"
-        self._dropped = self._capped = self._reconnects = self._received = 0
+        self._dropped = self._capped = self._reconnects = self._received = self._corrupt = 0
+        self._corrupt_said = Throttle(60.0)
         self._opened = time.monotonic()
+        self._last_decoded = 0.0  # the consumer's: when a packet last decoded
         self._last_frame = self._opened
         self._live_since = self._opened  # when the current connection's first frame came
         self._stop = threading.Event()
@@ -162,7 +167,8 @@ class LiveSource:
         """The latest frame, waiting for one if need be; None once closed.
 
         Raises:
-            SourceError: no frame for give_up_after_s; the source has stopped trying.
+            SourceError: no frame for give_up_after_s; the source has stopped trying. A
+                feed whose packets all fail to decode for that long counts as none.
         """
         while True:
             frame = self._take()
@@ -172,13 +178,30 @@ class LiveSource:
                 return frame
             start = time.perf_counter()
             image = self._decoder.decode(frame.image)
+            now = time.monotonic()
             if image is not None:
+                self._last_decoded = now
                 read_s = frame.read_s + time.perf_counter() - start
                 return dataclasses.replace(
                     frame, image=image, read_s=read_s, scale=self._decoder.scale
                 )
             with self._cond:
                 self._dropped += 1  # a corrupt packet: lost, as a late frame is
+                self._corrupt += 1
+            if self._corrupt_said.ready(self._name):
+                log_event(
+                    log,
+                    logging.WARNING,
+                    "source_corrupt_frame",
+                    **self._ids,
+                    source=self._name,
+                    corrupt_total=self._corrupt,
+                )
+            # Packets kept coming, so the reader's give-up (keyed to them) never came: a
+            # camera cutting every JPEG short froze its pipeline, "live", for ever.
+            if now - max(self._last_decoded, self._opened) > self._spec.give_up_after_s:
+                self._fail("every frame it sent was a corrupt JPEG")
+                break
         if self._closed:
             return None
         if self._error is None:
@@ -188,8 +211,11 @@ class LiveSource:
 
     def _take(self) -> Frame | None:
         """The frame (or packet) in the slot, waiting for one; None when closed or failed."""
-        # Backstop for a reader wedged in a native call that ignores its timeout.
-        grace = self._spec.stall_timeout_s + 2.0
+        # Backstop for a reader wedged in a native call that ignores its timeout: past the
+        # longest connect (two opens with hardware decode asked, each up to the stall
+        # timeout, and the reachability check), so a dead camera fails in its own words.
+        opens = 2 if self._hw_decode else 1
+        grace = opens * self._spec.stall_timeout_s + _PROBE_S + 2.0
         with self._cond:
             while self._latest is None and self._error is None and not self._closed:
                 left = self._last_frame + self._spec.give_up_after_s + grace - time.monotonic()
@@ -286,6 +312,12 @@ class LiveSource:
             self._set_state("reconnecting", self._detail)
             if self._stop.wait(min(delay, left)):
                 return
+            if delay >= left:
+                # The give-up came during the wait: one more connect started at the deadline
+                # ran past the read's backstop (a dead host: two opens and a probe), and the
+                # error blamed a wedged backend, 7 s late.
+                self._fail(self._detail)
+                return
             delay = min(delay * 2, spec.reconnect_max_s)
 
     def _pump(self, cap: cv2.VideoCapture) -> bool:
@@ -352,6 +384,8 @@ class LiveSource:
 
 
 _DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "http": 80, "https": 443}
+_PROBE_S = 2.0
+"""The longest `why_unreachable` waits for its TCP connect."""
 
 
 def why_unreachable(url: str, timeout_s: float) -> str:
@@ -363,14 +397,20 @@ def why_unreachable(url: str, timeout_s: float) -> str:
     except ValueError:
         return "the URL's port is not a number"
     try:
-        with socket.create_connection((host, port), timeout=min(timeout_s, 2.0)):
+        with socket.create_connection((host, port), timeout=min(timeout_s, _PROBE_S)):
             pass
     except socket.gaierror:
         return f"host {host!r} does not resolve"
+    except UnicodeError:
+        return f"host {host!r} is not a valid name"
     except TimeoutError:
         return f"no answer from {host}:{port} (host down or firewalled)"
     except OSError as exc:
         if exc.errno == errno.ECONNREFUSED:
             return f"connection refused by {host}:{port} (nothing listening there)"
         return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
-    return f"{host}:{port} answers, but sends no stream FFmpeg reads (check the path and format)"
+    # A 401 from a camera whose password changed looks the same from here as a 404.
+    return (
+        f"{host}:{port} answers, but sends no stream FFmpeg reads (check the path, the format "
+        "and the credentials in the URL)"
+    )

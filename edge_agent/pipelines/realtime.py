@@ -71,6 +71,9 @@ class RealtimeFileSource:
         ValueError: `phase` is negative or not finite.
     """
 
+    interruptible = True
+    """close() from another thread ends a blocked read() (FrameSource)."""
+
     def __init__(
         self,
         path: Path,

@@ -167,6 +167,15 @@ class StreamSourceSpec(LiveSpec):
             ) from None
         if not parts.hostname:
             raise ValueError("stream url has no host, as in rtsp://camera.local:554/stream")
+        try:
+            # As the source's reachability check reads it: `cam..local`, or a label over 63
+            # characters, passed here and crashed the reader thread (a UnicodeError).
+            parts.hostname.encode("idna")
+        except UnicodeError:
+            raise ValueError(
+                "stream url's host is not a valid name (an empty label, as in cam..local, "
+                "or one over 63 characters)"
+            ) from None
         return value
 
 

@@ -169,6 +169,15 @@ class VisionPipeline:
         else:
             self.telemetry.count("dropped_on_stop", unsettled)
         stuck = [t.name for t in (reader, emitter) if t.is_alive()]
+        if reader.is_alive() and getattr(self.source, "interruptible", False):
+            # The reader waits in the source's read() (a camera that is down): closed, that
+            # read ends at once and the reader with it. Left open, the source went on
+            # reconnecting to the camera for up to its give-up time after the pipeline
+            # stopped, beside the one a restart opened. On a thread of its own: close()
+            # joins the source's thread, and run() must return within its budget.
+            threading.Thread(
+                target=self.source.close, name=f"close-{self.name}", daemon=True
+            ).start()
         log_event(
             log,
             logging.WARNING,

@@ -283,6 +283,8 @@ def test_usage_errors_are_one_line_too() -> None:
         ("rtsp://admin:secret@cam.local:55x4/stream", "'55x4'"),
         ("rtsp://admin:secret@[fe80::1/stream", "Invalid IPv6 URL"),
         ("rtsp://:554/stream", "no host"),
+        # Passed, and crashed the reader thread (a UnicodeError) at its first connect.
+        ("rtsp://admin:secret@cam..local/stream", "not a valid name"),
     ],
 )
 def test_a_malformed_stream_url_is_one_line_without_the_password(

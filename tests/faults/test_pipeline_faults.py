@@ -19,14 +19,16 @@ import pytest
 
 from edge_agent.catalog.catalog import Catalog
 from edge_agent.clips import WalkVideo, write_walk
+from edge_agent.comms.local_broker import free_port
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import Outputs, Result
 from edge_agent.pipelines import vision
 from edge_agent.pipelines.active import ActiveModel
 from edge_agent.pipelines.base import Event, Frame, FrameResult
+from edge_agent.pipelines.live_sources import LiveSource
 from edge_agent.pipelines.runner import PipelineHandle, runtime_options
 from edge_agent.pipelines.sinks import CallbackSink, JsonLinesSinkSpec
-from edge_agent.pipelines.sources import FileSourceSpec, open_source
+from edge_agent.pipelines.sources import FileSourceSpec, StreamSourceSpec, open_source
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.pipelines.stopping import STOP_BUDGET_S
 from edge_agent.pipelines.vision import VisionPipeline
@@ -205,6 +207,45 @@ def test_stop_returns_in_time_while_the_source_is_stuck_in_read(
     finally:
         source.release.set()
         handle.close()
+
+
+def test_a_pipeline_stopped_while_its_camera_is_down_stops_reconnecting(
+    walk: WalkVideo, pool: ModelPool
+) -> None:
+    # run() returns within its budget and leaves the reader in the source's read(); the
+    # source was left open and went on reconnecting to the camera for up to its give-up
+    # time (here 10 minutes), beside the one a restart of the pipeline opens.
+    port = free_port()  # nothing listens: every connect is refused
+    source = StreamSourceSpec(
+        url=f"http://127.0.0.1:{port}/video.mjpg",
+        hw_decode=False,
+        reconnect_min_s=0.1,
+        reconnect_max_s=0.2,
+        give_up_after_s=600,
+    )
+    handle = PipelineHandle(spec_for(walk, source=source), pool)
+    source_threads = f"source:stream http://127.0.0.1:{port}/"
+
+    def threads() -> list[str]:
+        names = [t.name for t in threading.enumerate()]
+        return [n for n in names if n.startswith(source_threads) or n == "read-dock"]
+
+    runner = Runner(handle)
+    try:
+        deadline = time.monotonic() + HANG_S
+        live = handle.pipeline.source
+        assert isinstance(live, LiveSource)
+        while live.status != "reconnecting" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threads(), "the source never ran"
+        assert runner.stop_and_time() < STOP_BUDGET_S
+        runner.join()
+    finally:
+        handle.close()
+    deadline = time.monotonic() + 5.0
+    while threads() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert threads() == []
 
 
 def test_stop_returns_in_time_while_a_sink_sleeps(walk: WalkVideo, pool: ModelPool) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -313,6 +314,59 @@ def test_stream_gone_for_good_gives_up(server: MjpegServer) -> None:
             source.read()
     finally:
         source.close()
+
+
+def test_a_stream_whose_every_jpeg_is_corrupt_gives_up(server: MjpegServer) -> None:
+    # Each JPEG cut short by two bytes (its end marker), as firmware with a bad
+    # Content-Length sends them: OpenCV decodes none. Packets kept arriving, so the give-up,
+    # keyed to them, never came: the pipeline sat "live" with no frame and no error.
+    server.jpeg = server.jpeg[:-2]
+    states = States()
+    source = stream(server.url, states, give_up_after_s=2)
+    try:
+        start = time.monotonic()
+        with pytest.raises(SourceError, match="every frame it sent was a corrupt JPEG"):
+            bounded(source.read, 10)
+        assert time.monotonic() - start < 2 + 1.5
+        assert source.status == "failed"
+        assert source.dropped > 10  # each corrupt packet counted as lost
+    finally:
+        source.close()
+
+
+def test_a_camera_that_never_answers_gives_up_on_time_in_its_own_words() -> None:
+    # It takes the connection and never says a word: each connect takes two opens (hardware
+    # decode asked, then plain) of a stall timeout each. A connect started at the give-up,
+    # when the backoff outlasted what was left, ran past the read's backstop: the camera
+    # failed late, blamed on "reader blocked in the backend".
+    mute = socket.create_server(("127.0.0.1", 0))
+    taken: list[socket.socket] = []
+    accepting = threading.Thread(
+        target=lambda: taken.extend(mute.accept()[0] for _ in iter(int, 1)), daemon=True
+    )
+    accepting.start()
+    port = mute.getsockname()[1]
+    spec = StreamSourceSpec(
+        url=f"http://127.0.0.1:{port}/video.mjpg",
+        hw_decode=True,
+        stall_timeout_s=1.0,
+        reconnect_min_s=5.0,
+        reconnect_max_s=5.0,
+        give_up_after_s=2.5,
+    )
+    source = open_source(spec)
+    try:
+        start = time.monotonic()
+        with pytest.raises(SourceError) as caught:
+            bounded(source.read, 20)
+        assert time.monotonic() - start < 2.5 + 1.0
+        assert "reader blocked" not in str(caught.value)
+        assert "answers, but sends no stream" in str(caught.value)
+    finally:
+        source.close()
+        mute.close()
+        for connection in taken:
+            connection.close()
 
 
 def test_stalled_stream_counts_as_loss(server: MjpegServer) -> None:

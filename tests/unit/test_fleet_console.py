@@ -21,7 +21,6 @@ from edge_agent.fleet.clock import skew_of_answer
 from edge_agent.fleet.console import DeviceConsole, Interrupted, NoAnswerError
 from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg
 from edge_agent.fleet.roster import DeviceResult, Roster, send_group
-from edge_agent.fleet.trouble import device_flags, in_trouble
 from edge_agent.fleet.tables import (
     age,
     printable,
@@ -31,6 +30,7 @@ from edge_agent.fleet.tables import (
     watch_json,
     watch_table,
 )
+from edge_agent.fleet.trouble import device_flags, in_trouble
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 
@@ -720,5 +720,5 @@ def test_a_command_started_without_a_final_answer_is_said_to_be_maybe_running() 
     assert "it may still be running there" in said
     assert f"edge-fleet cmd a cancel --arg id={sent_id}" in said
     # One that never started is what it was: no answer, so check the agent.
-    with pytest.raises(NoAnswerError, match="no answer from b within 0.3 s"):
+    with pytest.raises(NoAnswerError, match=r"no answer from b within 0\.3 s"):
         DeviceConsole(console, TOPICS, "b", follow=False).request("ping", {}, timeout=0.3)

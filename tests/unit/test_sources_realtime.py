@@ -103,6 +103,21 @@ def test_decoder_reduces_as_far_as_the_need_allows(need: tuple[int, int], scale:
     assert image.shape == (math.ceil(1280 / scale), math.ceil(1920 / scale), 3)
 
 
+@pytest.mark.parametrize("need", [None, (300, 300)])
+def test_a_header_claiming_too_many_pixels_is_a_corrupt_packet_not_a_crash(
+    need: tuple[int, int] | None,
+) -> None:
+    # One bad packet of a live camera: whole, OpenCV raised out of read() and the pipeline
+    # ended as a crash; reduced, 60000 x 60000 / 8 fit, and a 168 MB frame went on.
+    data = jpeg(pattern(640, 480)).copy()
+    sof = next(i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] == 0xC0)
+    data[sof + 5 : sof + 9] = [0xEA, 0x60, 0xEA, 0x60]  # height, width: 60000 each
+    assert jpeg_size(data) == (60000, 60000)
+    decoder = JpegDecoder(None if need is None else (lambda full: need))
+    assert decoder.decode(data) is None
+    assert decoder.decode(jpeg(pattern(640, 480))) is not None  # and the next one decodes
+
+
 def test_decoder_without_a_need_decodes_whole() -> None:
     decoder = JpegDecoder(None)
     image = decoder.decode(jpeg(pattern(1920, 1280)))
