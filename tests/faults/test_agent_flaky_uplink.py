@@ -22,7 +22,7 @@ SOAK = Path(__file__).resolve().parents[2] / "tools" / "soak_agent.py"
 
 def test_the_agent_rides_out_a_stopped_a_killed_and_a_frozen_broker() -> None:
     proc = subprocess.run(
-        [sys.executable, str(SOAK), "--cycles", "3", "--up-s", "6", "--down-s", "3",
+        [sys.executable, str(SOAK), "--cycles", "3", "--up-s", "4", "--down-s", "3",
          "--freeze-s", "13", "--json"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
