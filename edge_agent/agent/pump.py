@@ -94,11 +94,15 @@ class OutboxPump:
         """Bytes that may be in flight: measured at each acknowledged batch that filled it."""
         self._took: deque[float] = deque(maxlen=_RTT_KEPT)
         """How long recent batches took to be acknowledged: the least is the round trip."""
+        self.beat = time.monotonic()
+        """When a step of the pump last began: every step ends within seconds (its longest
+        wait is _PUMP_IDLE_S), so an old one is a pump stuck, though its thread lives."""
 
     def run(self) -> None:
         """The pump thread's body: returns once stopped with nothing left in flight (or
         nothing acknowledged within `_STOP_FLUSH_S`)."""
         while not self._stop.is_set() or self._sent.in_flight:
+            self.beat = time.monotonic()
             try:
                 if not self._once():
                     return

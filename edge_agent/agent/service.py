@@ -65,6 +65,10 @@ _TICK_S = 0.25
 """The main loop's period while an integration asks for ticks (occupancy hold times)."""
 _SWEEP_EVERY_S = 24 * 3600.0
 """Partial transfers idle for `delivery.partial.ABANDONED_S` go at this period too."""
+THREAD_STALE_S = 60.0
+"""A service thread (MQTT network or receive, outbox pump) that showed no sign of life for
+this long is stuck, and the watchdog ping is withheld: each passes its loop every few
+seconds, and a command handler on the receive thread takes a few at most."""
 
 
 def broker_settings(config: AgentConfig) -> BrokerSettings:
@@ -189,6 +193,7 @@ class AgentService:
         """The will of the current connection (set before each connect): said again, to
         the byte, at a clean stop."""
         self._pump_thread: threading.Thread | None = None
+        self._outbox_pump: OutboxPump | None = None
         self.session = MqttSession(
             broker_settings(config),
             will=self._will,
@@ -478,14 +483,15 @@ class AgentService:
 
     def _pump(self) -> None:
         """The outbox pump thread's body (pump.py)."""
-        OutboxPump(
+        self._outbox_pump = OutboxPump(
             self.outbox,
             self.session,
             wake=self._wake,
             urgent=self._urgent,
             stop=self._stop,
             failed=_Failures("outbox_pump_failed").record,
-        ).run()
+        )
+        self._outbox_pump.run()
 
     def _feed_watchdog(self) -> None:
         if self._healthy():
@@ -502,6 +508,21 @@ class AgentService:
             return False
         if self._pump_thread is not None and not self._pump_thread.is_alive():
             log_event(log, logging.ERROR, "watchdog_withheld", reason="outbox pump stopped")
+            return False
+        # Alive is not well: a receive thread blocked in a handler (on a hung state disk)
+        # kept every ping going, and systemd never restarted an agent that answered nothing.
+        stuck = self.session.stale(THREAD_STALE_S)
+        pump = self._outbox_pump
+        if pump is not None and time.monotonic() - pump.beat > THREAD_STALE_S:
+            stuck.append("outbox-pump")
+        if stuck:
+            log_event(
+                log,
+                logging.ERROR,
+                "watchdog_withheld",
+                reason="stuck threads",
+                threads=",".join(stuck),
+            )
             return False
         stale = self.pipelines.stale(max(60.0, 3 * self.interval_s))
         if stale:

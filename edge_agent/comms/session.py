@@ -112,6 +112,9 @@ class MqttSession:
         self._will = will
         self._on_connected = on_connected
         self.connected = threading.Event()
+        self._beats = {"mqtt-net": time.monotonic(), "mqtt-rx": time.monotonic()}
+        """When each thread last showed it was not stuck: a pass of its loop, or (waiting out
+        a reconnect backoff) when it will next be due. Read by `stale`."""
         self.reconnects = 0
         """Links to the broker lost after they were up (a failed connect is not one)."""
         self._up_at = 0.0  # monotonic time of the last CONNACK; only the network thread
@@ -217,6 +220,7 @@ class MqttSession:
         return client
 
     def start(self) -> MqttSession:
+        self._beats = dict.fromkeys(self._beats, time.monotonic())
         self._dispatch.start()
         self._net.start()
         return self
@@ -306,6 +310,12 @@ class MqttSession:
 
         return unsubscribe
 
+    def stale(self, limit_s: float) -> list[str]:
+        """The session's threads that have shown no sign of life for `limit_s`: one stuck in
+        a handler (a command blocked on a hung disk) or in the network, though alive."""
+        now = time.monotonic()
+        return [name for name, beat in self._beats.items() if now - beat > limit_s]
+
     def flush(self, timeout: float) -> bool:
         """Wait until every QoS>0 message published so far is acknowledged by the broker."""
         deadline = time.monotonic() + timeout
@@ -369,12 +379,14 @@ class MqttSession:
                     error=self.last_error,
                     retry_s=round(delay, 2),
                 )
+                self._beats["mqtt-net"] = time.monotonic() + delay  # asleep on purpose
                 self._stopping.wait(delay)
                 continue
             self._no_delay()
             disconnecting = False
             try:
                 while self._client.loop(timeout=_LOOP_S) == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                    self._beats["mqtt-net"] = time.monotonic()
                     if self._stopping.is_set():
                         if not self.connected.is_set():
                             break
@@ -649,7 +661,12 @@ class MqttSession:
     # --- dispatch thread -----------------------------------------------------------------
     def _dispatcher(self) -> None:
         while True:
-            item = self._queue.get()
+            self._beats["mqtt-rx"] = time.monotonic()
+            try:
+                # Not for ever: an idle thread must still show it is not stuck.
+                item = self._queue.get(timeout=_LOOP_S)
+            except queue.Empty:
+                continue
             if item is _STOP:
                 return
             if item is _CONNECTED:

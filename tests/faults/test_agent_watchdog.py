@@ -118,6 +118,75 @@ def test_the_watchdog_is_fed_thrice_an_interval_and_a_clean_stop_withholds_nothi
     assert withheld == []
 
 
+def test_a_receive_thread_stuck_in_a_handler_withholds_the_watchdog(
+    broker: LocalBroker,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Alive is not well: a handler blocked (a command on a hung state disk) left the thread
+    # alive, every ping went on, and systemd never restarted an agent that answered nothing.
+    from edge_agent.agent import service as service_module
+    from edge_agent.comms.session import connect
+    from edge_agent.comms.settings import BrokerSettings
+    from edge_agent.config.agent import load_agent_config
+    from tests.agent_kit import cache_dir
+
+    # Over the 1 s an idle thread may take between two signs of life, by a margin.
+    monkeypatch.setattr(service_module, "THREAD_STALE_S", 2.5)
+    notify = tmp_path / "notify"
+    systemd = _systemd(notify)
+    env = {
+        "EDGE_AGENT_CACHE": str(cache_dir()),
+        "NOTIFY_SOCKET": str(notify),
+        "WATCHDOG_USEC": "600000",  # a ping every 0.2 s
+        "WATCHDOG_PID": str(os.getpid()),
+    }
+    config = write_config(tmp_path / "agent.toml", port=broker.port, state=tmp_path / "state")
+    service = service_module.AgentService(load_agent_config(config, env), env)
+    stop = threading.Event()
+    thread = threading.Thread(target=service.run, args=(stop,))
+    wedged, release = threading.Event(), threading.Event()
+
+    def hung(_message: object) -> None:
+        wedged.set()
+        release.wait(30.0)
+
+    def pings_within(seconds: float) -> int:
+        count, deadline = 0, time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                count += systemd.recv(4096) == b"WATCHDOG=1"
+            except TimeoutError:
+                continue
+        return count
+
+    sender = connect(BrokerSettings(port=broker.port))
+    with caplog.at_level(logging.ERROR, logger="edge_agent.agent.service"):
+        thread.start()
+        try:
+            assert pings_within(1.0) >= 2
+            service.session.subscribe("wedge/now", hung)
+            time.sleep(0.5)  # the subscription is on the broker
+            sender.publish("wedge/now", b"", qos=1)
+            assert wedged.wait(10.0)
+            pings_within(3.0)  # past THREAD_STALE_S
+            assert pings_within(1.0) == 0
+            release.set()
+            assert pings_within(1.0) >= 2  # and back once it moves again
+        finally:
+            release.set()
+            sender.stop()
+            stop.set()
+            service.wake()
+            thread.join(20.0)
+            systemd.close()
+    assert not thread.is_alive()
+    withheld = [r for r in caplog.records if getattr(r, "event", None) == "watchdog_withheld"]
+    assert withheld
+    assert {r.fields["threads"] for r in withheld} == {"mqtt-rx"}  # type: ignore[attr-defined]
+
+
 def test_a_pipeline_whose_thread_is_not_yet_started_is_not_stale(tmp_path: Path) -> None:
     # `_launch` marks it running and then starts its thread, which on a busy box takes a
     # while: read as a dead thread meanwhile, it had the watchdog withheld.
