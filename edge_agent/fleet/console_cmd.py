@@ -43,7 +43,7 @@ from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import clock, tables
 from edge_agent.fleet.console import DeviceConsole, NoAnswerError
-from edge_agent.fleet.roster import DeviceResult, Outcome, Roster, send_group, settle
+from edge_agent.fleet.roster import DeviceResult, Outcome, Roster, send_group, unsettled
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics
 
@@ -413,13 +413,13 @@ def run_deploy(args: argparse.Namespace) -> int:
         else:
             roster = Roster(topics)
             roster.follow(session)
-            if not settle(session, topics, args.wait):
+            why = unsettled(session, topics, args.wait)
+            if why is not None:
                 bars.close()
                 _error_line(
-                    f"the broker did not send every device's state within {args.wait:g} s, so "
-                    "the group's members are not known; wait longer with --wait, or run "
-                    "`edge-fleet status` to check the broker",
-                    "broker.unreachable",
+                    f"{why}, so the group's members are not known; wait longer with --wait, "
+                    "or run `edge-fleet status` to check the broker",
+                    "broker.refused" if "refused" in why else "broker.unreachable",
                 )
                 return EXIT_TIMEOUT
             members = roster.members(args.group)
@@ -473,13 +473,10 @@ def _roster(
     """The roster, and whether every retained state came within `wait` (else it says so)."""
     roster = Roster(topics)
     roster.follow(session, telemetry=telemetry)
-    settled = settle(session, topics, wait)
-    if not settled:
-        print(
-            f"edge-fleet: the broker did not answer within {wait:g} s: states may be missing",
-            file=sys.stderr,
-        )
-    return roster, settled
+    why = unsettled(session, topics, wait)
+    if why is not None:
+        print(f"edge-fleet: {why}: states may be missing", file=sys.stderr)
+    return roster, why is None
 
 
 PIPE_WIDTH = 240

@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from edge_agent.comms.base import Communicator, Message, Unsubscribe, last_refusal, refusals
-from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import clock
 from edge_agent.fleet.console import (
     Interrupted,
@@ -210,17 +209,16 @@ class Roster:
         ]
 
 
-def settle(comm: Communicator, topics: Topics, timeout: float = 5.0) -> bool:
-    """Wait until the retained messages of the subscriptions made so far have arrived.
+def unsettled(comm: Communicator, topics: Topics, timeout: float = 5.0) -> str | None:
+    """Wait until the retained messages of the subscriptions made so far have arrived: None
+    once they have, else why not, in words for the operator's terminal.
 
     A broker sends a subscription's retained messages before anything published after
     it, so a message this console publishes to itself comes back behind them.
-    Returns False when it did not come back within `timeout`.
 
-    Raises:
-        EdgeAgentError: broker.refused, the broker refused the echo (MQTT 5): a user that
-            may read the fleet but not write `<prefix>/fleet/console/#` waited it out and
-            was told the broker did not answer.
+    A user who may read the fleet but not write `<prefix>/fleet/console/#` has its echo
+    refused (MQTT 5) in a round trip: that is said at once, with the fix, rather than
+    waited out and put down to a broker that did not answer.
     """
     echo = topics.device("fleet", f"console/{uuid.uuid4().hex}")
     back = threading.Event()
@@ -232,17 +230,15 @@ def settle(comm: Communicator, topics: Topics, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
         while not back.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
             if refusals(comm) > refused:
-                raise EdgeAgentError(
-                    f"the broker refused this console's echo on {echo}: "
-                    f"{last_refusal(comm)}; without it the console cannot tell when every "
-                    "retained state has come",
-                    f"let the console's user write {topics.prefix}/fleet/console/# (the "
-                    "fleet's console user, `fleet` in systemd/mosquitto/fleet.acl, may)",
-                    code="broker.refused",
+                return (
+                    f"the broker refused this console's echo ({last_refusal(comm)}), by which "
+                    "it knows every retained state has come: let its user write "
+                    f"{topics.prefix}/fleet/console/# (`fleet` in systemd/mosquitto/fleet.acl "
+                    "may)"
                 )
             if time.monotonic() >= deadline:
-                return False
-        return True
+                return f"the broker did not answer within {timeout:g} s"
+        return None
     finally:
         undo()
 
