@@ -42,6 +42,15 @@ def default_cache_dir(env: Mapping[str, str]) -> Path:
     return (Path(xdg) if xdg else _home(env) / ".cache") / "edge-agent"
 
 
+SERVICE_DIRS = {
+    "STATE_DIRECTORY": "/var/lib/edge-agent",
+    "CACHE_DIRECTORY": "/var/cache/edge-agent",
+}
+"""What systemd/edge-agent.service's StateDirectory= and CacheDirectory= (edge-agent) give the
+agent: `doctor --config`, run from an operator's shell, checks the folders the service
+uses, not the caller's own (root's ~/.cache, say)."""
+
+
 def default_state_dir(env: Mapping[str, str]) -> Path:
     """$EDGE_AGENT_STATE_DIR, then systemd's $STATE_DIRECTORY, then the XDG state folder."""
     if env.get("EDGE_AGENT_STATE_DIR"):

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge_agent.cli.common import layout
 from edge_agent.errors import EdgeAgentError
+from edge_agent.paths import SERVICE_DIRS, Layout
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -23,7 +26,34 @@ def register(commands: Any) -> None:
         "to is not writable.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="check the folders the agent of this config uses under its systemd unit "
+        "(/var/lib/edge-agent and /var/cache/edge-agent, or the config's own), not this "
+        "shell's",
+    )
     parser.set_defaults(run=run)
+
+
+def _layout(args: argparse.Namespace) -> Layout:
+    """The folders to check: the flags', else the service's for --config, else this shell's.
+
+    Run by hand on an installed box, doctor checked root's ~/.cache, or, as the service's
+    user, folders the service never uses (and, missing, found their parent writable).
+    """
+    if args.config is None:
+        return layout(args)
+    from edge_agent.config.agent import load_agent_config
+
+    config = load_agent_config(args.config, os.environ, secrets=False)
+    own = {"EDGE_AGENT_CACHE", "EDGE_AGENT_STATE_DIR"}  # this shell's, not the service's
+    env = {k: v for k, v in os.environ.items() if k not in own} | SERVICE_DIRS
+    found = config.layout(env)
+    return Layout(
+        cache=getattr(args, "cache_dir", None) or found.cache,
+        state=getattr(args, "state_dir", None) or found.state,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from edge_agent.doctor import collect
 
-    report = collect(layout(args))
+    report = collect(_layout(args))
     if args.json:
         print(json.dumps(report.model_dump(mode="json")))
     else:

@@ -417,8 +417,9 @@ def _read_secret(path: Path, what: str) -> SecretStr:
     )
 
 
-def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
-    """Read, override from `env`, validate, and resolve secrets.
+def load_agent_config(path: Path, env: Mapping[str, str], *, secrets: bool = True) -> AgentConfig:
+    """Read, override from `env`, validate, and resolve secrets (unless `secrets` is False:
+    `doctor --config` wants the folders, not the password the agent's user may read).
 
     Raises:
         EdgeAgentError: code config.invalid, naming the file and the first bad field.
@@ -486,7 +487,7 @@ def load_agent_config(path: Path, env: Mapping[str, str]) -> AgentConfig:
             **cap,
             fix=f"set {cap['field']} to at most {cap['used']} in the config",
         )
-    return _with_password(config, env)
+    return _with_password(config, env) if secrets else config
 
 
 def _with_password(config: AgentConfig, env: Mapping[str, str]) -> AgentConfig:

@@ -170,6 +170,23 @@ def test_doctor_lists_cpu() -> None:
     assert "CPUExecutionProvider" in report["onnxruntime_providers"]
 
 
+def test_doctor_with_a_config_checks_the_services_folders(tmp_path: Path) -> None:
+    # Run by hand on an installed box it checked the caller's own folders (root's
+    # ~/.cache), never the ones the service writes. The config's own folder wins, then the
+    # unit's; this shell's $EDGE_AGENT_CACHE (set by the suite) is not the service's.
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'device_id = "dock-7"\nstate_dir = "{tmp_path / "state"}"\n'
+        '[mqtt]\nhost = "broker.plant.lan"\npassword_credential = "mqtt-password"\n'
+    )
+    proc = edge_agent("doctor", "--json", "--config", str(config))
+    report = json.loads(proc.stdout)
+    assert report["state_dir"] == str(tmp_path / "state")
+    assert report["cache_dir"] == "/var/cache/edge-agent"
+    # The password is the agent's business (no $CREDENTIALS_DIRECTORY here): not read.
+    assert "CREDENTIALS_DIRECTORY" not in proc.stderr
+
+
 def test_models_list_and_info() -> None:
     proc = edge_agent("models", "list")
     assert proc.returncode == 0, proc.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from edge_agent.config.agent import load_agent_config
+from edge_agent.paths import SERVICE_DIRS
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "edge-agent.service"
@@ -30,6 +31,11 @@ def test_unit_keeps_notify_watchdog_and_hardening() -> None:
     assert int(s["WatchdogSec"]) > 0
     assert s["Restart"] == "on-failure"
     assert s["StateDirectory"] == s["CacheDirectory"] == "edge-agent"
+    # What `doctor --config` takes for the service's folders.
+    assert {
+        "STATE_DIRECTORY": f"/var/lib/{s['StateDirectory']}",
+        "CACHE_DIRECTORY": f"/var/cache/{s['CacheDirectory']}",
+    } == SERVICE_DIRS
     assert set(s["SupplementaryGroups"].split()) == {"render", "video"}
     assert s["ProtectSystem"] == "strict"
     assert s["NoNewPrivileges"] == "yes"
