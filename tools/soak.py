@@ -21,7 +21,8 @@ It passes when:
 
     EDGE_AGENT_CACHE=.cache/edge-agent python tools/soak.py --duration 1800
 
-tests/integration/test_soak.py runs the same `soak()` for 40 s, swapping every 6 s.
+tests/integration/test_soak.py runs the same `soak()` for 40 s, swapping every 6 s (beside
+tools/soak_agent.py's short run).
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ It passes when:
     EDGE_AGENT_CACHE=.cache/edge-agent python tools/soak_agent.py               # ~40 min
     EDGE_AGENT_CACHE=.cache/edge-agent python tools/soak_agent.py --cycles 3 --up-s 8 --down-s 3
 
-tests/faults/test_agent_flaky_uplink.py runs a short one. Exit status: 0 when it held, 1
-when it did not, 2 when it could not run.
+tests/integration/test_soak.py runs a short one (beside tools/soak.py's). Exit status: 0 when
+it held, 1 when it did not, 2 when it could not run.
 """
 
 from __future__ import annotations
