@@ -207,13 +207,17 @@ def test_a_venv_left_without_pip_is_made_anew_after_python3_venv_is_installed(
     (bin_dir / "apt-get").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/apt\ntouch {installed}\n')
     for tool in ("python3", "apt-get"):
         (bin_dir / tool).chmod(0o755)
-    done = subprocess.run(
-        ["bash", "-c", 'set -euo pipefail; source "$0" && make_venv "$1"', INSTALL_SH, prefix],
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def make_venv() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-c", 'set -euo pipefail; source "$0" && make_venv "$1"', INSTALL_SH, prefix],
+            env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = make_venv()
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "apt").read_text().splitlines() == [
         "update",
@@ -224,12 +228,6 @@ def test_a_venv_left_without_pip_is_made_anew_after_python3_venv_is_installed(
     # A venv with its pip is kept as it is: a re-run does not make it again.
     marker = prefix / "kept"
     marker.write_text("")
-    again = subprocess.run(
-        ["bash", "-c", 'set -euo pipefail; source "$0" && make_venv "$1"', INSTALL_SH, prefix],
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    again = make_venv()
     assert again.returncode == 0, again.stderr
     assert marker.exists()
