@@ -126,7 +126,10 @@ def run_list(args: argparse.Namespace) -> int:
     store = open_store(args)
     rows: list[dict[str, Any]] = []
     serving = set()
-    for entry in store.entries():
+    # What reads, and what does not: one damaged release.json failed the whole listing,
+    # and hid every other model with it (the agent's list_models lists around it too).
+    found, damaged = store.readable_entries()
+    for entry in found:
         release = entry.release
         if entry.current:
             serving.add(entry.name)
@@ -164,10 +167,29 @@ def run_list(args: argparse.Namespace) -> int:
                 "description": m.description,
             }
         )
+    for problem in damaged:
+        rows.append(
+            {
+                "source": "store",
+                "name": problem.where,
+                "version": None,
+                "active": False,
+                "previous": False,
+                "damaged": problem.what,
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
-    _print_table(rows, sys.stdout.isatty())
+    else:
+        _print_table(rows, sys.stdout.isatty())
+    if damaged:
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        raise EdgeAgentError(
+            f"{damaged[0]}{more}",
+            "run `edge-agent models verify`; `edge-agent models remove NAME VERSION` takes a "
+            "version that does not read",
+            code="store.corrupt",
+        )
     return 0
 
 
@@ -176,6 +198,9 @@ _COLUMNS = ("source", "name", "version", "active", "digest", "format", "precisio
 
 def _cell(row: dict[str, Any], column: str) -> str:
     value = row.get(column)
+    if row.get("damaged"):
+        shown = {"source": "store (damaged)", "name": str(row["name"]), "task": str(row["damaged"])}
+        return shown.get(column, "-")
     if column == "active":
         return "current" if value and row["source"] == "store" else ("yes" if value else "")
     if column == "digest":

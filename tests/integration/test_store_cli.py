@@ -115,3 +115,33 @@ def test_models_commands_end_to_end(
     code, _, err = _run(capsys, *base, "models", "verify")
     assert code == 1
     assert "model.bin" in err
+
+
+def test_a_damaged_release_is_listed_as_such_beside_what_reads(
+    tmp_path: Path, cache_dir: Path, model_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One damaged release.json failed the whole listing with store.corrupt, and hid every
+    # other model (the reference ones too) from the operator looking for what broke.
+    base = ["--cache-dir", str(cache_dir), "--state-dir", str(tmp_path / "state")]
+    assert _run(capsys, *base, "models", "install", str(model_file))[0] == 0
+    assert _run(capsys, *base, "models", "install", str(model_file), "--name", "other")[0] == 0
+    [release] = [p for p in (tmp_path / "state").rglob("release.json") if "orient" in p.parts]
+    release.write_text("{ torn")
+    code, out, err = _run(capsys, *base, "models", "list", "--json")
+    assert code == 2
+    rows = json.loads(out)
+    damaged = {r["name"]: r["damaged"] for r in rows if r.get("damaged")}
+    assert list(damaged) == ["orient v1"]
+    assert damaged["orient v1"]
+    assert {
+        (r["name"], r["version"]) for r in rows if r["source"] == "store" and not r.get("damaged")
+    } == {("other", 1)}
+    assert {r["name"] for r in rows if r["source"] == "reference"} >= {"text-orientation"}
+    assert err.count("\n") == 1
+    assert err.startswith("edge-agent: error: orient v1: ")
+    assert err.rstrip().endswith("[store.corrupt]")
+    code, out, _ = _run(capsys, *base, "models", "list")
+    assert code == 2
+    assert any(
+        line.startswith("store (damaged)") and "orient v1" in line for line in out.splitlines()
+    )
