@@ -80,6 +80,11 @@ class WavAudio:
     """Seconds of audio the header promises beyond the end of the file: > 0 means truncated."""
 
 
+def _chunk_id(four: bytes) -> bool:
+    """Whether `four` bytes can be a RIFF chunk id: printable ASCII, as every id is."""
+    return len(four) == 4 and all(0x20 <= b < 0x7F for b in four)
+
+
 def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None, int, bool]:
     """Find the fmt chunk body, the data chunk body, how many data bytes are missing, and
     whether the data size was a streaming placeholder (the data runs to the end)."""
@@ -97,8 +102,12 @@ def _chunks(data: bytes) -> tuple[bytes | None, memoryview | None, int, bool]:
         if chunk_id == b"data":
             if remaining < size < _STREAMING_SIZE:
                 missing = size - remaining
-            streamed = size >= _STREAMING_SIZE
-            size = min(size, remaining)
+            # A size of 0 with bytes after it that are no chunk header: a recorder's
+            # placeholder, never rewritten (killed, or it could not seek back). Taken at its
+            # word, the whole recording was refused as empty; FFmpeg reads it to the end too.
+            unwritten = size == 0 and remaining >= 4 and not _chunk_id(data[body : body + 4])
+            streamed = size >= _STREAMING_SIZE or unwritten
+            size = remaining if unwritten else min(size, remaining)
             audio = view[body : body + size]
         elif chunk_id == b"fmt ":
             fmt = data[body : body + min(size, remaining)]

@@ -120,7 +120,9 @@ def test_float64_and_extensible() -> None:
     np.testing.assert_allclose(samples, f32)
 
 
-@pytest.mark.parametrize("size", [0x7FFFFFFF, 0xFFFFFFFF])
+# 0: a recorder's placeholder, never rewritten (killed, or it could not seek back): the
+# whole recording was refused as empty.
+@pytest.mark.parametrize("size", [0, 0x7FFFFFFF, 0xFFFFFFFF])
 def test_streamed_data_size_means_to_end_of_file(size: int) -> None:
     ints = np.arange(-50, 50, dtype="<i2")
     # A stray byte at the end is not a whole frame and must be ignored.
@@ -159,6 +161,11 @@ def test_fmt_after_data_is_found() -> None:
         (riff(fmt_chunk(1, 0xFFFF, 8000, 16), chunk(b"data", b"\0\0")), "outside 1 to 32"),
         # Nothing to hear: no bytes, or less than one frame of them.
         (riff(fmt_chunk(1, 1, 8000, 16), chunk(b"data", b"")), "no audio samples.*no bytes"),
+        # A data chunk truly empty, with a chunk after it: not a placeholder.
+        (
+            riff(fmt_chunk(1, 1, 8000, 16), chunk(b"data", b""), chunk(b"LIST", b"INFOISFT")),
+            "no audio samples.*no bytes",
+        ),
         (riff(fmt_chunk(1, 1, 8000, 16), chunk(b"data", b"\x01")), "1 of the 2 bytes"),
         (riff(fmt_chunk(1, 2, 8000, 24), chunk(b"data", bytes(5))), "5 of the 6 bytes"),
         # A whole chunk ending mid-frame: the header's channels or width are wrong.
