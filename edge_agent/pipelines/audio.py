@@ -154,6 +154,13 @@ class AudioPipeline:
         self._last_ts = 0.0  # stream time of the latest window taken
         self._closed = False
         self._close_lock = threading.Lock()
+        # What the worker keeps open (the speech segment, presence), for run() to close if
+        # it leaves the worker in the engine: left open, a stuck GPU or a stop during a
+        # slow inference sent "appeared" with no "gone", and lost the segment so far.
+        self._step_lock = threading.Lock()  # the segmenter and tracker, worker against run()
+        self._segmenter: VadSegmenter | None = None
+        self._done_to = 0.0  # stream time at the end of the last window processed
+        self._done = 0  # windows processed
 
     def serving(self) -> tuple[str, CompileReport]:
         """The model that runs the stream, by name, and its compile report."""
@@ -217,8 +224,14 @@ class AudioPipeline:
     def _leave(self, counter: Literal["frame_failures", "dropped_on_stop"]) -> None:
         """Give up on the worker (a sink or the engine holds it): count the window it holds,
         stop the reading and close the source without waiting (a worker that wakes later
-        sees `_left` and sends nothing more)."""
-        self._left = True
+        sees `_left` and sends nothing more). Left in the engine, what it kept open is
+        closed here and sent; a sink that holds it would hold that too."""
+        in_engine = self._busy_since is not None
+        with self._step_lock:
+            self._left = True
+            closed = self._close_open() if in_engine else None
+        if closed is not None:
+            self._send(closed)
         if self._holding:
             self.telemetry.count(counter)
         reader = self._reader
@@ -233,6 +246,22 @@ class AudioPipeline:
             stuck=f"vad-{self.name}",
         )
 
+    def _close_open(self) -> FrameResult | None:
+        """The open speech segment and presence, closed at the end of the last window
+        processed (`_step_lock` held, `_left` set: the worker steps nothing more)."""
+        segmenter = self._segmenter
+        if segmenter is None:
+            return None
+        tail = segmenter.finish()
+        events = self._timeline(tail.marks) + self._events.flush(self._done_to)
+        if not (tail.closed or events):
+            return None
+        # A segment cut off by the end belongs to no window: it gets the next number.
+        index = self._done if tail.closed else -1
+        return FrameResult(
+            self.name, index, self._done_to, list(tail.closed), events, {}, self._label
+        )
+
     def _work(self) -> None:
         try:
             self._process()
@@ -241,7 +270,7 @@ class AudioPipeline:
 
     def _process(self) -> None:
         c = self._config
-        segmenter = VadSegmenter(c)
+        segmenter = self._segmenter = VadSegmenter(c)
         vad = StatefulVad(self._model, c)
         context = np.zeros(c.context, dtype=np.float32)
         end_ts = 0.0
@@ -288,12 +317,14 @@ class AudioPipeline:
                     self._holding = False
                     break
                 self._busy_since = None
-                if self._left:
-                    return  # run() gave up on this window and told the sinks why
                 t2 = time.perf_counter()
-                step = segmenter.step(probability)
-                events = self._timeline(step.marks)
                 end_ts = item.ts + len(item.samples) / c.sample_rate
+                with self._step_lock:
+                    if self._left:
+                        return  # run() gave up on this window, closed and told the sinks
+                    step = segmenter.step(probability)
+                    events = self._timeline(step.marks)
+                    self._done_to, self._done = end_ts, count + 1
                 self._emit(item, list(step.closed), events, t0, t1, t2)
                 self._holding = False
                 count += 1
@@ -304,18 +335,15 @@ class AudioPipeline:
                 self.telemetry.count("dropped_on_stop", unread)
             self._close_source(wait=True)
             self.telemetry.set_dropped(self.source.dropped)
-        if self._left:
-            return  # run() has returned: what the worker held was counted there
         # The stream has ended for this pipeline, however it ended: close the open
         # segment and let absence clocks run to the end.
-        tail = segmenter.finish()
-        events = self._timeline(tail.marks) + self._events.flush(end_ts)
-        if tail.closed or events:
-            # A segment cut off by the end belongs to no window: it gets the next number.
-            index = count if tail.closed else -1
-            self._send(
-                FrameResult(self.name, index, end_ts, list(tail.closed), events, {}, self._label)
-            )
+        with self._step_lock:
+            if self._left:
+                return  # run() has returned: it counted what the worker held, and closed
+            self._left = True  # closed once: this worker steps nothing more
+            closed = self._close_open()
+        if closed is not None:
+            self._send(closed)
         if self.error is not None:
             kind = "source_error" if isinstance(self.error, SourceError) else "pipeline_error"
             event = Event(kind=kind, ts=end_ts, detail=str(self.error), code=self.error.code)

@@ -289,18 +289,19 @@ def test_stop_ends_run_while_a_sink_sleeps(clip: Clip, compiled: CompileFn) -> N
 
 
 class WedgedVad:
-    """A compiled VAD's face over the real one, whose fourth run never returns: an engine
-    stuck inside C++, as far as the pipeline can tell."""
+    """A compiled VAD's face over the real one, whose run after `wedge_after` never
+    returns: an engine stuck inside C++, as far as the pipeline can tell."""
 
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: Any, wedge_after: int = 3) -> None:
         self.report = real.report
         self._real = real
+        self._wedge_after = wedge_after
         self.runs = 0
         self.release = threading.Event()
 
     def infer(self, inputs: Any) -> Any:
         self.runs += 1
-        if self.runs > 3:
+        if self.runs > self._wedge_after:
             self.release.wait(30)
         return self._real.infer(inputs)
 
@@ -339,6 +340,44 @@ def test_a_stuck_vad_engine_ends_the_pipeline_with_an_error(
     assert stats.frame_failures == 1  # the window the engine kept
     kinds = [e.kind for r in seen for e in r.events]
     assert kinds[-1] == "pipeline_error"
+    time.sleep(0.2)  # the released run returns into a pipeline that sends nothing more
+    assert [e.kind for r in seen for e in r.events] == kinds
+
+
+def test_a_vad_engine_stuck_mid_speech_closes_what_is_open_before_the_error(
+    clip: Clip, compiled: CompileFn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Left in the engine, the worker never closed the segment or the presence: the sinks
+    # heard "appeared" and then the error, never "gone", and the speech so far was lost.
+    monkeypatch.setattr(audio_module, "ENGINE_STALL_S", 1.0)
+    model, resolved = compiled("vad-silero", hint="latency")
+    start, end = clip.speech[0]
+    done = int((start + end) / 2 / WINDOW_S)  # well inside the first utterance
+    wedged = WedgedVad(model, wedge_after=done)
+    seen: list[FrameResult] = []
+    audio = AudioPipeline(
+        "vad",
+        WavSource(clip.path, RATE, HEAD.window),
+        wedged,  # type: ignore[arg-type]
+        resolved.manifest,
+        [CallbackSink(seen.append)],
+        PipelineTelemetry("vad"),
+        EventTracker([EventRule(name="talk", label="speech", gone_after_s=0.0)]),
+    )
+    box: list[PipelineStats] = []
+    runner = threading.Thread(target=lambda: box.append(audio.run()), daemon=True)
+    runner.start()
+    runner.join(10)
+    wedged.release.set()
+    assert box, "run() did not return"
+    assert audio.error is not None
+    assert "stuck" in audio.error.problem
+    kinds = [e.kind for r in seen for e in r.events]
+    assert kinds == ["appeared", "gone", "pipeline_error"], kinds
+    segments = [s for r in seen for s in r.results if isinstance(s, SpeechSegment)]
+    assert len(segments) == 1
+    assert abs(segments[0].start - start) <= TOLERANCE_S
+    assert segments[0].end == pytest.approx(done * WINDOW_S)
     time.sleep(0.2)  # the released run returns into a pipeline that sends nothing more
     assert [e.kind for r in seen for e in r.events] == kinds
 
