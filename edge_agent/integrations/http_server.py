@@ -7,16 +7,72 @@ waits on the agent: it reads the latest rendered text and returns. Bound to
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from edge_agent.logs import Throttle, error_text, log_event
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 8
+"""Connections served at once; one past it is closed unanswered. Unbounded, a client
+holding about 1,000 half-sent requests used up the agent's descriptors (systemd's default
+soft limit is 1,024), and with them its MQTT link, its sqlite files and its cameras."""
+REQUEST_S = 10.0
+"""The longest a connection is kept, whole: the handler's timeout is per read, and a client
+sending a byte every few seconds kept its thread and descriptor for as long as it liked."""
+
+
+def _cut(request: socket.socket) -> None:
+    # From the deadline's thread: the handler's blocked read returns, and it ends.
+    with contextlib.suppress(OSError):
+        request.shutdown(socket.SHUT_RDWR)
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     body: Callable[[], str]
     content_type: str
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._said = Throttle(60.0)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # busy: a scraper tries again at its next scrape
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        deadline = threading.Timer(REQUEST_S, _cut, (request,))
+        deadline.daemon = True
+        deadline.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            deadline.cancel()
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # The standard library prints a traceback to stderr, the journal under systemd: one
+        # per reset connection, 23 lines each, flooded journald's per-service rate limit.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError) or exc is None:
+            return  # a scraper that went away or timed out: nothing to say
+        if self._said.ready("failed"):
+            log_event(log, logging.WARNING, "metrics_http_failed", error=error_text(exc))
 
 
 class _Server6(_Server):

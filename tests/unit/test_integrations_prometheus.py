@@ -6,6 +6,9 @@ import math
 import os
 import re
 import socket
+import struct
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge_agent.integrations import http_server
 from edge_agent.integrations.http_server import MetricsServer
 from edge_agent.integrations.prometheus import (
     CONTENT_TYPE,
@@ -350,3 +354,41 @@ def test_a_failed_pipeline_a_fallback_and_no_trusted_keys_are_metrics() -> None:
         )
     ]  # fmt: skip
     assert samples["edge_agent_unverified"] == [({}, 1.0)]
+
+
+def test_held_connections_are_bounded_and_cut_and_resets_say_nothing(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # One client holding ~1,000 half-sent requests (a byte every few seconds passed the
+    # per-read timeout) used up the agent's descriptors, and with them its MQTT link,
+    # sqlite and cameras; every reset connection printed a 23-line traceback to the journal.
+    monkeypatch.setattr(http_server, "REQUEST_S", 1.0)
+    server = MetricsServer(("127.0.0.1", 0), lambda: "x 1\n", CONTENT_TYPE)
+    address = ("127.0.0.1", server.port)
+    before = threading.active_count()
+    held: list[socket.socket] = []
+    try:
+        for _ in range(http_server.MAX_CONNECTIONS + 20):
+            client = socket.create_connection(address, timeout=5)
+            client.sendall(b"GET /metr")  # and never the rest
+            held.append(client)
+        time.sleep(0.3)
+        # A thread and a deadline per connection served, none for the rest.
+        assert threading.active_count() - before <= 2 * http_server.MAX_CONNECTIONS
+        # Each is cut by its deadline, whole: the server closed it (a read sees the end).
+        for client in held[: http_server.MAX_CONNECTIONS]:
+            assert client.recv(100) == b""
+        # Then scrapes are served again.
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:
+            assert r.read() == b"x 1\n"
+        for _ in range(5):  # reset before the request is whole
+            client = socket.create_connection(address, timeout=5)
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.sendall(b"GET /metrics HTTP/1.1\r\n")
+            client.close()
+        time.sleep(0.5)
+    finally:
+        for client in held:
+            client.close()
+        server.close()
+    assert "Traceback" not in capfd.readouterr().err
