@@ -229,11 +229,15 @@ class HomeAssistant:
                 )
 
     def withdraw(self, pipeline: str) -> None:
-        """Remove a pipeline's entities from HA and its retained states from the broker."""
+        """Remove a pipeline's entities from HA and its retained states from the broker.
+
+        Those this process announced, and those of the configured labels whether it did or
+        not: a pipeline that failed to come back after a restart was never announced, and a
+        stop left its entities, an occupancy "ON" among them, retained for good. (Clearing a
+        retained topic twice is harmless.)
+        """
         with self._lock:
-            labels = self._occupancy.forget(pipeline)
-            if not labels:
-                return
+            labels = sorted({*self._occupancy.forget(pipeline), *self._labels})
             for topic, _ in pipeline_configs(self.discovery, pipeline, labels):
                 self._publish(topic, b"")
             for label in labels:

@@ -208,8 +208,21 @@ def test_adapter_announces_on_start_and_withdraws_exactly_that_on_stop() -> None
     assert removed == {t for t, _ in configs} | {person, car}
     assert all(p == b"" for _, p in sent.messages)
     sent.messages.clear()
-    ha.on_event(_event("pipeline_stopped", "dock"))  # twice: nothing more to remove
-    assert sent.messages == []
+    ha.on_event(_event("pipeline_stopped", "dock"))  # twice: the configured ones again
+    assert {t for t, p in sent.messages if p == b""} == {
+        t for t, _ in pipeline_configs(D, "dock", ["person"])
+    } | {person}
+    assert all(p == b"" for _, p in sent.messages)
+
+
+def test_a_pipeline_never_announced_here_has_its_entities_cleared_on_stop() -> None:
+    # It failed to come back after a restart, so this process never announced it; its
+    # entities, an occupancy left "ON" among them, stayed retained for good after a stop.
+    ha, sent = _adapter({}, [100.0])
+    ha.on_event(_event("pipeline_stopped", "dock"))
+    cleared = {t for t, p in sent.messages if p == b""}
+    assert occupancy_topic(D, "dock", "person") in cleared
+    assert {t for t, _ in pipeline_configs(D, "dock", ["person"])} <= cleared
 
 
 def test_reconnect_republishes_configs_and_current_states() -> None:
