@@ -22,6 +22,7 @@ import pytest
 
 from edge_agent.agent.outage import SourceOutage
 from edge_agent.catalog.catalog import Catalog, default_models_dir
+from edge_agent.catalog.manifest import Manifest
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.base import SpeechSegment
 from edge_agent.heads.vad import VadConfig
@@ -288,6 +289,27 @@ def test_stop_ends_run_while_a_sink_sleeps(clip: Clip, compiled: CompileFn) -> N
     assert audio.error is None  # a stop is not a failure
 
 
+def on_the_clip(
+    clip: Clip,
+    engine: Any,
+    manifest: Manifest,
+    fn: Callable[[FrameResult], None],
+    rules: list[EventRule] | None = None,
+) -> AudioPipeline:
+    """The clip through `engine` (the real VAD, or a face over it that fails), its results to
+    `fn`, with the `talk` rule on speech unless `rules` says otherwise."""
+    talk = [EventRule(name="talk", label="speech", gone_after_s=0.0)]
+    return AudioPipeline(
+        "vad",
+        WavSource(clip.path, RATE, HEAD.window),
+        engine,
+        manifest,
+        [CallbackSink(fn)],
+        PipelineTelemetry("vad"),
+        EventTracker(talk if rules is None else rules),
+    )
+
+
 class WedgedVad:
     """A compiled VAD's face over the real one, whose run after `wedge_after` never
     returns: an engine stuck inside C++, as far as the pipeline can tell."""
@@ -314,15 +336,7 @@ def test_a_stuck_vad_engine_ends_the_pipeline_with_an_error(
     model, resolved = compiled("vad-silero", hint="latency")
     wedged = WedgedVad(model)
     seen: list[FrameResult] = []
-    audio = AudioPipeline(
-        "vad",
-        WavSource(clip.path, RATE, HEAD.window),
-        wedged,  # type: ignore[arg-type]
-        resolved.manifest,
-        [CallbackSink(seen.append)],
-        PipelineTelemetry("vad"),
-        EventTracker([]),
-    )
+    audio = on_the_clip(clip, wedged, resolved.manifest, seen.append, rules=[])
     box: list[PipelineStats] = []
     runner = threading.Thread(target=lambda: box.append(audio.run()), daemon=True)
     start = time.monotonic()
@@ -355,15 +369,7 @@ def test_a_vad_engine_stuck_mid_speech_closes_what_is_open_before_the_error(
     done = int((start + end) / 2 / WINDOW_S)  # well inside the first utterance
     wedged = WedgedVad(model, wedge_after=done)
     seen: list[FrameResult] = []
-    audio = AudioPipeline(
-        "vad",
-        WavSource(clip.path, RATE, HEAD.window),
-        wedged,  # type: ignore[arg-type]
-        resolved.manifest,
-        [CallbackSink(seen.append)],
-        PipelineTelemetry("vad"),
-        EventTracker([EventRule(name="talk", label="speech", gone_after_s=0.0)]),
-    )
+    audio = on_the_clip(clip, wedged, resolved.manifest, seen.append)
     box: list[PipelineStats] = []
     runner = threading.Thread(target=lambda: box.append(audio.run()), daemon=True)
     runner.start()
@@ -410,15 +416,7 @@ def test_an_engine_error_mid_speech_fails_the_pipeline_and_closes_what_is_open(
     start, end = clip.speech[0]
     fail_at = int((start + end) / 2 / WINDOW_S)  # well inside the first utterance
     seen: list[FrameResult] = []
-    audio = AudioPipeline(
-        "vad",
-        WavSource(clip.path, RATE, HEAD.window),
-        FailingVad(model, fail_at),  # type: ignore[arg-type]
-        resolved.manifest,
-        [CallbackSink(seen.append)],
-        PipelineTelemetry("vad"),
-        EventTracker([EventRule(name="talk", label="speech", gone_after_s=0.0)]),
-    )
+    audio = on_the_clip(clip, FailingVad(model, fail_at), resolved.manifest, seen.append)
     stats = audio.run()
     assert audio.error is not None
     assert audio.error.code == "inference.failed"
