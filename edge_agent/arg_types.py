@@ -61,22 +61,29 @@ def topic_prefix(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
+def _one_level(text: str, what: str) -> str:
+    """`text` if it can be one topic level, as the agent's config takes ids; else a usage
+    error naming `what` it should be."""
+    from edge_agent.paths import is_safe_name
+
+    if not is_safe_name(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a {what}: letters, digits, '-', '_' and '.', starting with a "
+            "letter or digit"
+        )
+    return text
+
+
 def device_id(text: str) -> str:
     """argparse type: a device id as the agent's config takes it, one topic level.
 
     `edge-fleet cmd + ping`, a natural guess at "every box", was a paho traceback (no
     wildcards in a topic to publish on), and `a/b` waited its whole timeout on a topic no
-    box reads.
+    box reads. (A group's members: deploy --group, or cmd on each.)
     """
-    from edge_agent.paths import is_safe_name
     from edge_agent.protocol.topics import RESERVED_IDS
 
-    if not is_safe_name(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a device id: letters, digits, '-', '_' and '.', starting with a "
-            "letter or digit (a group's members: deploy --group, or cmd on each)"
-        )
-    if text in RESERVED_IDS:
+    if _one_level(text, "device id") in RESERVED_IDS:
         raise argparse.ArgumentTypeError(
             f"{text!r} names fleet-wide topics ({', '.join(sorted(RESERVED_IDS))}), no device"
         )
@@ -85,14 +92,7 @@ def device_id(text: str) -> str:
 
 def group_name(text: str) -> str:
     """argparse type: a group name, one topic level as the agent's config takes it."""
-    from edge_agent.paths import is_safe_name
-
-    if not is_safe_name(text):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a group name: letters, digits, '-', '_' and '.', starting with "
-            "a letter or digit"
-        )
-    return text
+    return _one_level(text, "group name")
 
 
 def command_type(text: str) -> str:

@@ -413,13 +413,13 @@ def run_deploy(args: argparse.Namespace) -> int:
         else:
             roster = Roster(topics)
             roster.follow(session)
-            why = unsettled(session, topics, args.wait)
-            if why is not None:
+            not_known = unsettled(session, topics, args.wait)
+            if not_known is not None:
                 bars.close()
                 _error_line(
-                    f"{why}, so the group's members are not known; wait longer with --wait, "
-                    "or run `edge-fleet status` to check the broker",
-                    "broker.refused" if "refused" in why else "broker.unreachable",
+                    f"{not_known.why}, so the group's members are not known; wait longer with "
+                    "--wait, or run `edge-fleet status` to check the broker",
+                    not_known.code,
                 )
                 return EXIT_TIMEOUT
             members = roster.members(args.group)
@@ -473,10 +473,10 @@ def _roster(
     """The roster, and whether every retained state came within `wait` (else it says so)."""
     roster = Roster(topics)
     roster.follow(session, telemetry=telemetry)
-    why = unsettled(session, topics, wait)
-    if why is not None:
-        print(f"edge-fleet: {why}: states may be missing", file=sys.stderr)
-    return roster, why is None
+    not_known = unsettled(session, topics, wait)
+    if not_known is not None:
+        print(f"edge-fleet: {not_known.why}: states may be missing", file=sys.stderr)
+    return roster, not_known is None
 
 
 PIPE_WIDTH = 240

@@ -209,9 +209,18 @@ class Roster:
         ]
 
 
-def unsettled(comm: Communicator, topics: Topics, timeout: float = 5.0) -> str | None:
+@dataclass(frozen=True)
+class Unsettled:
+    """Why a console cannot tell that every retained state has come."""
+
+    code: Literal["broker.refused", "broker.unreachable"]
+    why: str
+    """In words for the operator's terminal."""
+
+
+def unsettled(comm: Communicator, topics: Topics, timeout: float = 5.0) -> Unsettled | None:
     """Wait until the retained messages of the subscriptions made so far have arrived: None
-    once they have, else why not, in words for the operator's terminal.
+    once they have, else why not.
 
     A broker sends a subscription's retained messages before anything published after
     it, so a message this console publishes to itself comes back behind them.
@@ -230,14 +239,17 @@ def unsettled(comm: Communicator, topics: Topics, timeout: float = 5.0) -> str |
         deadline = time.monotonic() + timeout
         while not back.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
             if refusals(comm) > refused:
-                return (
+                return Unsettled(
+                    "broker.refused",
                     f"the broker refused this console's echo ({last_refusal(comm)}), by which "
                     "it knows every retained state has come: let its user write "
                     f"{topics.prefix}/fleet/console/# (`fleet` in systemd/mosquitto/fleet.acl "
-                    "may)"
+                    "may)",
                 )
             if time.monotonic() >= deadline:
-                return f"the broker did not answer within {timeout:g} s"
+                return Unsettled(
+                    "broker.unreachable", f"the broker did not answer within {timeout:g} s"
+                )
         return None
     finally:
         undo()

@@ -125,7 +125,7 @@ class LiveSource:
         self._dropped = self._capped = self._reconnects = self._received = self._corrupt = 0
         self._corrupt_said = Throttle(60.0)
         self._opened = time.monotonic()
-        self._last_decoded = 0.0  # the consumer's: when a packet last decoded
+        self._last_decoded = self._opened  # the consumer's: when a packet last decoded
         self._last_frame = self._opened
         self._live_since = self._opened  # when the current connection's first frame came
         self._stop = threading.Event()
@@ -199,7 +199,7 @@ class LiveSource:
                 )
             # Packets kept coming, so the reader's give-up (keyed to them) never came: a
             # camera cutting every JPEG short froze its pipeline, "live", for ever.
-            if now - max(self._last_decoded, self._opened) > self._spec.give_up_after_s:
+            if now - self._last_decoded > self._spec.give_up_after_s:
                 self._fail("every frame it sent was a corrupt JPEG")
                 break
         if self._closed:
