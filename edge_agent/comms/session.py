@@ -12,6 +12,10 @@
   on the dispatch thread, to publish a birth message.
 - paho callbacks only copy the message into a queue; handlers run on the
   dispatch thread, so a slow handler never stalls keepalives.
+- A QoS 1 message is acknowledged (PUBACK) once its handlers have returned, not on
+  arrival: a process killed in between leaves it with the broker, which sends it
+  again to the persistent session's next connection. A command is recorded by its
+  handler, so no command the broker took is lost to a kill.
 - Every wait has a timeout: connect, flush, stop.
 """
 
@@ -55,6 +59,17 @@ class Will:
 
 
 _CONNECTED = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Received:
+    """A message on its way to the dispatch thread, with what acknowledging it needs."""
+
+    message: Message
+    mid: int
+    link: int
+
+
 _LOOP_S = 1.0
 """The network loop's select timeout, as paho's loop_forever. Incoming packets, our publishes
 and `stop` all wake it; the timeout only paces keepalive checks, which need no finer step."""
@@ -142,6 +157,7 @@ class MqttSession:
         self._unsub_mids: dict[int, str] = {}  # UNSUBSCRIBEs of `_dropped` filters awaiting acks
         self._unsub_early: set[int] = set()  # UNSUBACKs read before their mid was recorded
         self._online = False  # under _lock: subscriptions go out now (set with their snapshot)
+        self._link = 0  # under _lock: counts connections; an ack belongs to the one it came on
         # Held from deciding to send a SUBSCRIBE or UNSUBSCRIBE until paho has queued it, by
         # subscribe, unsubscribe and _on_connect alike: the broker must get them in the order
         # they were decided, or a reconnect's resubscribe can follow (and undo) a newer
@@ -181,6 +197,9 @@ class MqttSession:
             protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311,
             clean_session=None if v5 else not s.persistent,
             reconnect_on_failure=False,  # we reconnect ourselves, with jitter
+            # paho acknowledges a QoS 1 message as on_message returns, which is when it is
+            # queued here, before any handler has seen it: a kill in between lost it.
+            manual_ack=True,
         )
         client.connect_timeout = s.connect_timeout_s
         # Bounded: a broker that is away must not make paho hold unbounded QoS 1 messages.
@@ -509,6 +528,7 @@ class MqttSession:
                 filters = [(f, q) for f, (q, _) in self._subs.items()]
                 dropped = list(self._dropped)
                 self._online = True
+                self._link += 1
             for topic_filter, qos in filters:
                 client.subscribe(topic_filter, qos)
             for topic_filter in dropped:
@@ -646,17 +666,12 @@ class MqttSession:
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
         expiry = getattr(props, "MessageExpiryInterval", None) if props is not None else None
-        self._queue.put(
-            Message(
-                msg.topic,
-                bytes(msg.payload),
-                msg.qos,
-                msg.retain,
-                response_topic,
-                correlation,
-                expiry,
-            )
+        with self._lock:
+            link = self._link
+        message = Message(
+            msg.topic, bytes(msg.payload), msg.qos, msg.retain, response_topic, correlation, expiry
         )
+        self._queue.put(_Received(message, msg.mid, link))
 
     # --- dispatch thread -----------------------------------------------------------------
     def _dispatcher(self) -> None:
@@ -673,14 +688,26 @@ class MqttSession:
                 if self._on_connected is not None:
                     self._guard(self._on_connected, self)
                 continue
-            assert isinstance(item, Message)
+            assert isinstance(item, _Received)
+            message = item.message
             with self._count_lock:
-                self._queued_bytes -= len(item.payload)
+                self._queued_bytes -= len(message.payload)
             with self._lock:
                 subs = list(self._subs.items())
-            matched = [h for f, (_, hs) in subs if topic_matches(f, item.topic) for h in hs]
+            matched = [h for f, (_, hs) in subs if topic_matches(f, message.topic) for h in hs]
             for handler in matched:
-                self._guard(handler, item)
+                self._guard(handler, message)
+            self._ack(item)
+
+    def _ack(self, item: _Received) -> None:
+        if item.message.qos == 0:
+            return
+        with self._lock:
+            # On a later connection the broker sends the message again (persistent) or has
+            # let it go (clean): either way this packet id is not ours to acknowledge there.
+            current = self._online and item.link == self._link
+        if current:
+            self._client.ack(item.mid, item.message.qos)
 
     @staticmethod
     def _guard(fn: Callable[[Any], None], arg: Any) -> None:

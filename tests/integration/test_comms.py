@@ -295,6 +295,68 @@ time.sleep(60)
 """
 
 
+_KILLED_IN_HANDLER_CHILD = """
+import sys, threading
+from edge_agent.comms.session import MqttSession
+from edge_agent.comms.settings import BrokerSettings
+s = MqttSession(BrokerSettings(port=int(sys.argv[1]), version=sys.argv[2], client_id="dev-k",
+                               persistent=True, reconnect_min_s=0.05))
+def handler(message):
+    print("got", message.payload.decode(), flush=True)
+    threading.Event().wait()  # killed here, before the command is recorded
+s.subscribe("cmd", handler)
+s.start()
+assert s.wait_connected(10.0)
+print("up", flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.parametrize("version", ["5", "3.1.1"])
+def test_a_message_whose_handler_never_returned_comes_again_after_a_kill(
+    broker: LocalBroker, version: str
+) -> None:
+    # paho acknowledged a QoS 1 message as it was queued for the handlers: the agent killed
+    # before its handler recorded a command had told the broker it had it, and it was lost.
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_IN_HANDLER_CHILD, str(broker.port), version],
+        stdout=subprocess.PIPE,
+    )
+    got: queue.Queue[Message] = queue.Queue()
+    back = None
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"up\n"
+        subprocess.run(
+            ["mosquitto_pub", "-p", str(broker.port), "-q", "1", "-t", "cmd", "-m", "deploy"],
+            check=True,
+            timeout=10,
+        )
+        assert child.stdout.readline() == b"got deploy\n"
+        time.sleep(0.3)  # a PUBACK sent on arrival has reached the broker by now
+        child.kill()
+        child.wait()
+        settings = _settings(broker, version=version, client_id="dev-k", persistent=True)
+        back = MqttSession(settings)
+        back.subscribe("cmd", got.put)
+        back.start()
+        assert _get(got).payload == b"deploy"
+        # Handled this time, so acknowledged: the next connection is not sent it again.
+        time.sleep(0.3)
+        back.stop()
+        back = MqttSession(settings)
+        back.subscribe("cmd", got.put)
+        back.start()
+        assert back.wait_connected(5.0)
+        with pytest.raises(queue.Empty):
+            got.get(timeout=1.0)
+    finally:
+        child.kill()
+        child.communicate()
+        if back is not None:
+            back.stop()
+
+
 def test_will_carries_the_value_asked_for_at_connect(broker: LocalBroker) -> None:
     """kill -9 of a process holding a session: the broker publishes the will it was given."""
     got: queue.Queue[Message] = queue.Queue()
