@@ -9,13 +9,14 @@ progress responses; its output directory is a model version the store can take:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
 
 from edge_agent.bench import run_bench
 from edge_agent.catalog.catalog import ResolvedModel
-from edge_agent.catalog.manifest import Manifest, QuantizationInfo
+from edge_agent.catalog.manifest import Manifest, QuantizationInfo, load_manifest
 from edge_agent.quantize.calibrate import CalibrationData, Calibrator, Progress, save_ir, versions
 from edge_agent.quantize.output import REPORT, begin_output, discard, publish
 from edge_agent.quantize.recipe import CalibrationReport, Precision, Recipe
@@ -23,6 +24,8 @@ from edge_agent.runtime.base import RuntimeOptions
 from edge_agent.runtime.openvino_backend import OpenVinoBackend
 
 MODEL = "model.xml"
+_WALK = 0.85
+"""The share of a run's progress that the rungs take; the benchmarks take the rest."""
 
 
 def _throughput(
@@ -76,7 +79,11 @@ def _calibrate_into(
 ) -> CalibrationReport:
     started = time.perf_counter()
     tell = progress or (lambda stage, done: None)
-    calibrator = Calibrator(resolved, data, recipe, device, tell)
+    # The walk's fractions fill the first part, the benchmarks the rest: on one scale, the
+    # progress went back from the last rung's 0.75 to the benchmark's 0.
+    calibrator = Calibrator(
+        resolved, data, recipe, device, lambda stage, done: tell(stage, _WALK * done)
+    )
     outcome = calibrator.walk()
     target = calibrator.device
     base = resolved.manifest.model_copy(
@@ -86,7 +93,7 @@ def _calibrate_into(
     # The FP32 IR is the output itself when nothing was compressed; else a scratch copy
     # to measure the baseline, dropped before the output is published.
     fp32_path = save_ir(calibrator.fp32, staging / ".fp32" if compressed else staging)
-    tell("benchmark", 0.0)
+    tell("benchmark", _WALK)
     seconds = recipe.bench_seconds
     before, _ = _throughput(fp32_path, base, target, "f32", seconds)
     default, default_precision = before, "f32"
@@ -152,8 +159,13 @@ def _calibrate_into(
 
 
 def _write_manifest(manifest: Manifest, path: Path) -> None:
-    """Write a manifest as TOML (sidecar of the IR), so the runtime can load the model."""
-    path.write_text(to_toml(manifest.model_dump(mode="json", exclude_none=True)))
+    """Write a manifest as TOML (sidecar of the IR), so the runtime can load the model.
+
+    Read back before the output is published: an output whose manifest does not load is
+    a model no runtime can serve, and the CLI would have said it succeeded.
+    """
+    path.write_text(to_toml(manifest.model_dump(mode="json", exclude_none=True)), "utf-8")
+    load_manifest(path)
 
 
 def to_toml(data: dict[str, object], prefix: str = "") -> str:
@@ -172,8 +184,26 @@ def to_toml(data: dict[str, object], prefix: str = "") -> str:
     return text
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def _key(key: str) -> str:
-    return key if key.replace("-", "").replace("_", "").isalnum() else json.dumps(key)
+    # Not str.isalnum: it takes any Unicode letter, and TOML's bare keys are ASCII.
+    return key if _BARE_KEY.fullmatch(key) else _string(key)
+
+
+def _string(text: str) -> str:
+    # Not json.dumps: it writes a character past U+FFFF as a surrogate pair (an emoji in a
+    # description), which TOML refuses; and with ensure_ascii off it leaves DEL raw.
+    escaped = []
+    for ch in text:
+        if ch in '"\\':
+            escaped.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            escaped.append(f"\\u{ord(ch):04x}")
+        else:
+            escaped.append(ch)
+    return '"' + "".join(escaped) + '"'
 
 
 def _value(value: object) -> str:
@@ -182,7 +212,7 @@ def _value(value: object) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return _string(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")

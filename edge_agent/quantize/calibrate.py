@@ -259,8 +259,21 @@ class Calibrator:
             extra = _first_and_last_layers(fp32)
             return nncf.quantize(fp32, calibration, ignored_scope=_ignored(r, extra), **common)
         if rung == "int8-accuracy":
-            items = list(enumerate(self.task.holdout))
-            reference = self.reference
+            if self.task.state_shape is not None:
+                raise _SkipError(
+                    "accuracy control scores windows one by one; a stateful model needs a sequence"
+                )
+            # NNCF restores layers until its validation set passes max_drop: on the gate's
+            # held-out set, the gate judged the very samples the model was tuned to pass.
+            # It tunes on the calibration samples; the held-out set stays unseen.
+            tuning = self.task.calibration[: self.samples]
+            items = list(enumerate(tuning))
+            self.progress(stage, at)
+            compiled_fp32 = self.core.compile_model(
+                fp32, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+            )
+            reference = self.task.run(_runner(compiled_fp32), tuning)
+            del compiled_fp32
 
             def validate(
                 compiled: Any, batch: Iterable[tuple[int, Sample]]
@@ -272,10 +285,6 @@ class Calibrator:
                 refs = [reference[i] for i, _ in chosen]
                 return self.task.per_item(refs, outputs)
 
-            if self.task.state_shape is not None:
-                raise _SkipError(
-                    "accuracy control scores windows one by one; a stateful model needs a sequence"
-                )
             return nncf.quantize_with_accuracy_control(
                 fp32, calibration, nncf.Dataset(items, lambda item: feed(item[1])), validate,
                 max_drop=r.max_drop, drop_type=nncf.DropType.ABSOLUTE,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cv2
 import numpy as np
@@ -43,6 +43,7 @@ AUDIO_STRETCH_S = 10.0
 VAD's state to settle and to hold both speech and pauses."""
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 Recorded = Callable[[str], dict[str, Any] | None]
@@ -116,11 +117,11 @@ def capture_folder(pipeline: str, layout: Layout, recorded: Recorded = _none_rec
     return folders[0] if folders else layout.captures(pipeline)
 
 
-def _evenly(paths: list[Path], limit: int) -> list[Path]:
-    if len(paths) <= limit:
-        return paths
-    picks = np.linspace(0, len(paths) - 1, limit).round().astype(int)
-    return [paths[i] for i in picks]
+def _evenly(items: list[_T], limit: int) -> list[_T]:
+    if len(items) <= limit:
+        return items
+    picks = np.linspace(0, len(items) - 1, limit).round().astype(int)
+    return [items[i] for i in picks]
 
 
 def load_frames(path: Path, limit: int, spec: ImageInput) -> list[npt.NDArray[np.uint8]]:
@@ -241,15 +242,18 @@ def _video_frames(path: Path, limit: int, spec: ImageInput) -> list[npt.NDArray[
     capture = cv2.VideoCapture(str(path))
     try:
         total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
-        # Keep every k-th frame: evenly spaced over the file, decoded in one pass.
-        step = max(1, total // limit) if total > 0 else 1
+        # Frames evenly spaced over the whole file, decoded in one pass. A step of
+        # total // limit rounded down to 1 under twice the limit: a 20 s clip gave only its
+        # first 10 s, and a person walking in later was never seen by the gate.
+        wanted = _evenly(list(range(total)), limit) if total > 0 else list(range(limit))
+        keep = set(wanted)
+        last = wanted[-1] if wanted else -1
         frames: list[npt.NDArray[np.uint8]] = []
         index = 0
-        while len(frames) < limit:
-            ok = capture.grab()
-            if not ok:
+        while len(frames) < limit and index <= last:
+            if not capture.grab():
                 break
-            if index % step == 0:
+            if index in keep:
                 ok, frame = capture.retrieve()
                 if ok:
                     frames.append(fit_whole_frame(np.asarray(frame, dtype=np.uint8), spec))

@@ -49,8 +49,17 @@ def begin_output(out: Path) -> Path:
 
     Raises:
         EdgeAgentError: path.unwritable when `out` is a file, holds something that is
-            not a calibration output, or its folder cannot be written.
+            not a calibration output, is the current folder or one above it, or its
+            folder cannot be written.
     """
+    if out.name in ("", ".", "..") or _holds_cwd(out):
+        # `--out .` passed this check and failed at the last rename, after the whole run:
+        # the staging folder went inside the output, and "." cannot be renamed.
+        raise EdgeAgentError(
+            f"output {out} is the current folder or one above it, which a run replaces whole",
+            "pass --out a new folder, for instance ./calibrated",
+            "path.unwritable",
+        )
     if out.exists() or out.is_symlink():
         if not out.is_dir() or out.is_symlink():
             raise EdgeAgentError(
@@ -71,6 +80,15 @@ def begin_output(out: Path) -> Path:
         raise EdgeAgentError(
             f"cannot write calibration output {out}: {exc.strerror or exc}", _FIX, "path.unwritable"
         ) from None
+
+
+def _holds_cwd(out: Path) -> bool:
+    try:
+        here = Path.cwd()
+    except OSError:  # the current folder was deleted: it is in no folder
+        return False
+    target = out.resolve()
+    return target == here or target in here.parents
 
 
 def publish(staging: Path, out: Path) -> None:

@@ -16,7 +16,9 @@ import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import nncf
 import numpy as np
 import openvino as ov
 import pytest
@@ -36,6 +38,8 @@ from edge_agent.quantize.api import calibrate
 from edge_agent.quantize.calibrate import CalibrationData
 from edge_agent.quantize.data import load_clips, load_frames
 from edge_agent.quantize.recipe import Recipe, RungResult, load_recipe
+from edge_agent.quantize.tasks import Task
+from edge_agent.quantize.tasks import build_task as real_build_task
 from edge_agent.runtime import create_backend
 from edge_agent.runtime.base import RuntimeOptions
 from edge_agent.runtime.pool import ModelPool
@@ -208,7 +212,16 @@ def test_text_det_gate_scores_as_it_serves_and_pins_f32(
         load_recipe(RECIPES / "text-det-ppocr.toml"), max_drop=0.0, skip=["int8-accuracy"]
     )
     data = CalibrationData(load_frames(samples / "text", 12, _input(resolved)), [])
-    path, report = calibrate(resolved, data, recipe, out)
+    told: list[tuple[str, float]] = []
+    path, report = calibrate(
+        resolved, data, recipe, out, progress=lambda stage, done: told.append((stage, done))
+    )
+    # Forward only, through every rung and the benchmarks after (the benchmark went back
+    # to 0 after the last rung's three quarters).
+    fractions = [done for _, done in told]
+    assert fractions == sorted(fractions), told
+    assert told[-1] == ("benchmark", 1.0)
+    assert max(done for stage, done in told if stage.startswith("rung ")) > 0.5
     rungs: dict[str, RungResult] = {r.rung: r for r in report.rungs}
     assert report.metric == "text-mask-f1"
     # Plain INT8 is far outside even the reference recipe's max_drop of 0.01.
@@ -250,7 +263,7 @@ class _StopError(Exception):
 
 
 def test_a_failed_run_leaves_the_previous_output_untouched(
-    catalog: Catalog, samples: Path, tmp_path: Path
+    catalog: Catalog, samples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     state = tmp_path / "state"
     recipe = tmp_path / "recipe.toml"
@@ -285,6 +298,22 @@ def test_a_failed_run_leaves_the_previous_output_untouched(
             raise _StopError
 
     resolved = catalog.resolve("person-ssdlite")
+    # NNCF's accuracy control tuned the model on the gate's held-out samples, so the gate
+    # then judged the very samples the model had been made to pass: it must never see them.
+    tasks: list[Task] = []
+    tuned_on: list[object] = []
+    real_control = nncf.quantize_with_accuracy_control
+
+    def build_task(*args: Any) -> Task:
+        tasks.append(real_build_task(*args))
+        return tasks[-1]
+
+    def control(model: Any, calibration: Any, validation: Any, *args: Any, **kw: Any) -> Any:
+        tuned_on.extend(sample for _, sample in validation.get_data())
+        return real_control(model, calibration, validation, *args, **kw)
+
+    monkeypatch.setattr("edge_agent.quantize.calibrate.build_task", build_task)
+    monkeypatch.setattr(nncf, "quantize_with_accuracy_control", control)
     # int8-accuracy first: it also drives NNCF's accuracy control through our validate
     # callback, cheaply, since the first quantized model already passes.
     rerun = fast(load_recipe(recipe), mode="int8-accuracy")
@@ -295,6 +324,10 @@ def test_a_failed_run_leaves_the_previous_output_untouched(
     # One rung (the first passed), said again for every sample NNCF's accuracy control read.
     assert set(rung_stages) == {"rung int8-accuracy"}, stages
     assert len(rung_stages) > 1
+    (task,) = tasks
+    assert tuned_on
+    assert all(any(t is c for c in task.calibration) for t in tuned_on)
+    assert not any(t is h for t in tuned_on for h in task.holdout)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == previous
     assert [p.name for p in out.parent.iterdir()] == ["person-ssdlite"]
 

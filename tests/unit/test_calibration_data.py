@@ -193,3 +193,27 @@ def test_a_photo_at_the_models_size_is_centre_cropped_as_serving_crops_it(tmp_pa
     served = input_geometry(spec, (spec.width, spec.height)).prepare(photo)
     np.testing.assert_array_equal(frame, served)
     assert not np.array_equal(frame, photo)
+
+
+def test_video_frames_are_spread_over_the_whole_file(tmp_path: Path) -> None:
+    # A step of total // limit rounded down to 1 under twice the limit: a 20 s clip gave
+    # only its first half, and a person walking in later was never calibrated on or judged.
+    photo = np.asarray(cv2.resize(bgr(sample("astronaut")), (320, 240)), dtype=np.uint8)
+    video = cv2.VideoWriter(
+        str(tmp_path / "cam.avi"), cv2.VideoWriter.fourcc(*"MJPG"), 5, (320, 240)
+    )
+    for i in range(30):  # each frame says its index in its brightness
+        video.write(np.clip(photo.astype(np.int16) // 4 + i * 6, 0, 255).astype(np.uint8))
+    video.release()
+    spec = _spec("person-ssdlite")
+    frames = load_frames(tmp_path / "cam.avi", 16, spec)
+    assert len(frames) == 16
+    levels = [float(f.mean()) for f in frames]
+    assert levels == sorted(levels)
+    # The first and the last frame of the file are both among them, and none twice.
+    first, last = np.clip(
+        photo.astype(np.int16) // 4 + np.array([0, 29 * 6])[:, None, None, None], 0, 255
+    )
+    spread = (levels[-1] - levels[0]) / (float(last.mean()) - float(first.mean()))
+    assert spread > 0.95, levels
+    assert len(set(np.round(levels, 1))) == 16

@@ -379,3 +379,35 @@ def test_a_holdout_above_half_is_refused_not_clamped(tmp_path: Path) -> None:
         load_recipe(path)
     path.write_text("holdout = 0.5\n")
     assert load_recipe(path).holdout == 0.5
+
+
+def test_the_current_folder_or_one_above_it_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--out .` passed the check, then failed at the last rename after the whole run (the
+    # staging folder went inside the output), leaving an empty aside folder behind.
+    here = tmp_path / "work" / "run"
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    for out in (Path(), Path("sub/.."), here, here.parent, Path("..")):
+        with pytest.raises(EdgeAgentError, match="current folder") as caught:
+            check_output(out)
+        assert caught.value.code == "path.unwritable"
+    assert list(tmp_path.rglob("*")) == [tmp_path / "work", here]
+    check_output(Path("calibrated"))  # below it is fine
+
+
+def test_a_manifest_with_any_text_is_written_as_toml_that_reads_back() -> None:
+    # json.dumps wrote an emoji as a surrogate pair, which TOML refuses: the output was
+    # published with a model.toml no runtime could load, and the CLI said it succeeded.
+    manifest = load_manifest(REPO / "models" / "person-ssdlite.toml")
+    text = 'Lobby 🚶 counter: "quoted", back\\slash, tab\t, del\x7f, line\nbreak, é'
+    odd = manifest.model_copy(update={"description": text})
+    written = to_toml(odd.model_dump(mode="json", exclude_none=True))
+    assert Manifest.model_validate(tomllib.loads(written)).description == text
+    assert tomllib.loads(to_toml({"clé": 1, "a-b_c": 2})) == {"clé": 1, "a-b_c": 2}
+
+
+@given(st.text(max_size=40), st.text(max_size=10))
+def test_to_toml_reads_back_any_string(value: str, key: str) -> None:
+    assert tomllib.loads(to_toml({key or "k": value})) == {key or "k": value}
