@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+MODEL_NAME = r"^[a-z0-9][a-z0-9-]*$"
+"""What a model's name may be: its manifest's, its release's and its store folder's."""
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 

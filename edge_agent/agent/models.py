@@ -259,7 +259,7 @@ class ModelOps:
             refuse_calibrated,
             resolve_data,
         )
-        from edge_agent.store.release import SignedRelease, build_release
+        from edge_agent.store.release import SignedRelease, build_release, weights_precision
 
         if not data.startswith("pipeline:"):  # a pipeline's captures, in the state: no path
             # As a pipeline's source is, before anything is looked up: a command must not
@@ -296,13 +296,15 @@ class ModelOps:
             job.check()
             version = self.store.state(name).highest + 1
             files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+            manifest = load_manifest(path.with_suffix(".toml"))
             release = build_release(
                 name=name,
                 version=version,
                 folder=out,
                 files=files,
                 model=str(path.relative_to(out)),
-                manifest=load_manifest(path.with_suffix(".toml")),
+                manifest=manifest,
+                precision=weights_precision(manifest),
             )
             job.commit()
             self.store.install(SignedRelease(release=release), out, move=True)

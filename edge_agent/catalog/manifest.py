@@ -25,6 +25,7 @@ from edge_agent.config_files import is_recorded, load_validated
 from edge_agent.errors import EdgeAgentError
 from edge_agent.heads.registry import HeadConfig
 from edge_agent.heads.vad import VadConfig
+from edge_agent.paths import MODEL_NAME
 
 
 class _Strict(BaseModel):
@@ -161,7 +162,7 @@ class QuantizationInfo(_Strict):
 class Manifest(_Strict):
     """Everything edge-agent knows about one model."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="Short name used on the CLI.")
+    name: str = Field(pattern=MODEL_NAME, description="Short name used on the CLI.")
     description: str = Field(description="One line for humans.")
     task: Task = Field(
         description=(

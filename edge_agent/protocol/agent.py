@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from edge_agent.paths import MODEL_NAME
+
 SCHEMA_VERSION = 1
 """Bumped when a message changes incompatibly; telemetry carries it as `schema`."""
 
@@ -113,7 +115,10 @@ class CalibrateArgs(_Strict):
     data: str = Field(description="`pipeline:<id>` for a pipeline's capture, or a folder.")
     device: str = Field(default="CPU", description="Device the result will run on.")
     install_as: str | None = Field(
-        default=None, description="Store name for the result; default <model>-int8."
+        default=None,
+        pattern=MODEL_NAME,
+        max_length=64,  # a folder's name in the store, with room for its suffixes
+        description="Store name for the result; default <model>-int8.",
     )
 
 

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
@@ -43,7 +44,7 @@ from edge_agent.clock import CLOCK_FLOOR_UTC
 from edge_agent.config_files import RECORDED, first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
-from edge_agent.paths import is_safe_name
+from edge_agent.paths import MODEL_NAME, is_safe_name
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,20 @@ def chunk_count(size: int, chunk_size: int) -> int:
     return -(-size // chunk_size)
 
 
+def weights_precision(manifest: Manifest) -> Precision:
+    """The precision of a model's weights, from what calibration wrote in its manifest.
+
+    A calibration whose compressed rungs all failed the gate still writes a quantization
+    table (the FP32 model, pinned to a float precision): its weights are f32, not int8.
+    """
+    if manifest.quantization is None:
+        return "f32"
+    mode = manifest.quantization.mode
+    if mode == "weights-int4":
+        return "int4"
+    return "int8" if mode.startswith(("int8", "weights-int8")) else "f32"
+
+
 def build_release(
     *,
     name: str,
@@ -215,6 +230,14 @@ def build_release(
     The manifest is renamed to `name` and loses its wheel source: in the store the
     bytes come from the release, not from PyPI.
     """
+    if not re.fullmatch(MODEL_NAME, name):
+        # model_copy below does not validate: a release named otherwise was written, and
+        # then never read back (the store listed it damaged for good).
+        raise EdgeAgentError(
+            f"model name {name!r} is not lowercase letters, digits and '-'",
+            "name the model like models/*.toml do, for instance person-ssdlite-int8",
+            code="input.invalid",
+        )
     created = now or datetime.now(UTC)
     return Release(
         name=name,
@@ -606,7 +629,7 @@ def release_for_file(
         files=files,
         model=path.name,
         manifest=manifest,
-        precision=precision or ("int8" if manifest.quantization else "f32"),
+        precision=precision or weights_precision(manifest),
         chunk_size=chunk_size,
         lifetime=lifetime,
     )

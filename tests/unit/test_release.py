@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edge_agent.catalog.catalog import default_models_dir
-from edge_agent.catalog.manifest import Manifest, load_manifest
+from edge_agent.catalog.manifest import Manifest, QuantizationInfo, load_manifest
 from edge_agent.delivery.chunks import release_id
 from edge_agent.errors import EdgeAgentError
 from edge_agent.store.release import (
@@ -34,6 +34,7 @@ from edge_agent.store.release import (
     save_public_key,
     sign,
     verify,
+    weights_precision,
 )
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -318,3 +319,37 @@ def test_a_file_that_is_no_release_says_what_to_use_instead(text: str) -> None:
         parse_signed_release(text.encode("utf-8", "surrogateescape"))
     assert caught.value.code == "release.invalid"
     assert "edge-fleet publish-model" in caught.value.fix
+
+
+def test_a_release_is_never_built_under_a_name_its_manifest_refuses(
+    tmp_path: Path, manifest: Manifest
+) -> None:
+    # The manifest is renamed without validation: a release named "Lobby_Cam" was written
+    # to the store and then could never be read back.
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    for name in ("Lobby_Cam", "cam.int8", "-cam", ""):
+        with pytest.raises(EdgeAgentError, match="lowercase") as caught:
+            build_release(
+                name=name, version=1, folder=tmp_path, files=["model.onnx"],
+                model="model.onnx", manifest=manifest,
+            )  # fmt: skip
+        assert caught.value.code == "input.invalid"
+
+
+@pytest.mark.parametrize(
+    ("mode", "precision"),
+    [(None, "f32"), ("int8", "int8"), ("int8-scope", "int8"), ("int8-accuracy", "int8"),
+     ("weights-int8", "int8"), ("weights-int4", "int4"), ("bf16", "f32"), ("fp32", "f32")],
+)  # fmt: skip
+def test_the_weights_precision_is_what_calibration_made(
+    manifest: Manifest, mode: str | None, precision: str
+) -> None:
+    # The agent's own INT8 model was listed as f32, and a calibration that fell back to the
+    # FP32 model was released as int8.
+    quantization = None if mode is None else QuantizationInfo(
+        mode=mode, metric="top1-agreement", metric_before=1.0, metric_after=1.0,
+        max_drop=0.01, samples=8, speedup=1.0, report="model.report.json",
+    )  # fmt: skip
+    assert (
+        weights_precision(manifest.model_copy(update={"quantization": quantization})) == precision
+    )
