@@ -58,7 +58,9 @@ CODES: dict[str, str] = {
     "command.too_large": "The command payload is over the size limit.",
     "command.cancelled": "The command was cancelled before it finished.",
     "command.busy": "A conflicting job is already running, or the agent runs all it may.",
-    "command.interrupted": "The agent stopped (a crash, a power cut) before the command ended.",
+    "command.interrupted": (
+        "The agent stopped (a restart, a crash, a power cut) before the command ended."
+    ),
     "command.timeout": "The console got no final answer in time; the command expires then.",
     "pipeline.not_found": "No running pipeline has that id.",
     "pipeline.exists": "A pipeline with that id is already running.",

@@ -140,14 +140,7 @@ class Dispatcher:
         until 10,000 newer ids pushed it out of the log.
         """
         for command_id in self._commands.unfinished():
-            self._finish(
-                command_id,
-                error=EdgeAgentError(
-                    f"command {command_id} did not finish: the agent stopped while it ran",
-                    "send it again with a new id (a deploy resumes its transfer)",
-                    code="command.interrupted",
-                ),
-            )
+            self._finish(command_id, error=interrupted_error(command_id))
 
     def _refuse_retained(self, payload: bytes) -> None:
         # Run, it would run again at every reconnect once its id left the log, and on every
@@ -338,32 +331,39 @@ class Dispatcher:
         job: JobContext,
         expired: Callable[[], EdgeAgentError | None] = lambda: None,
     ) -> None:
-        if (late := expired()) is not None:
-            self._finish(command.id, error=late)
-            return
+        result: dict[str, Any] | None = None
+        error = expired()
+        if error is None:
+            error, result = self._outcome(command, args, job)
+        # Ended before it is answered: a cancel handled while the answer was being stored
+        # found the job still running, and was answered ok {"cancelled": ...} after the
+        # command's own final answer had said it failed.
+        job.end()
+        # Done is done, whatever the flag says: a cancel that came too late (the job had
+        # committed), or a deadline that abandoned it, did not undo what it did.
+        self._finish(command.id, result=result, error=error)
+
+    def _outcome(
+        self, command: Command, args: BaseModel, job: JobContext
+    ) -> tuple[EdgeAgentError | None, dict[str, Any] | None]:
         log_event(log, logging.INFO, "command_started", command_id=command.id, type=command.type)
         try:
-            result = self._supervisor.run_command(command.type, args, job)
+            return None, self._supervisor.run_command(command.type, args, job)
         except EdgeAgentError as exc:
-            self._finish(command.id, error=exc)
+            if exc.code == "command.cancelled" and job.stopped:
+                return interrupted_error(command.id), None
+            return exc, None
         except OSError as exc:
             # A disk full or read-only, a path refused: the operator's to fix, so said
             # with its code and fix, not as a bug with a traceback.
-            self._finish(command.id, error=from_os_error(exc))
+            return from_os_error(exc), None
         except Exception:
             log_crash(log, "command_crashed", command_id=command.id, type=command.type)
-            self._finish(
-                command.id,
-                error=EdgeAgentError(
-                    f"{command.type} failed inside the agent",
-                    "see the agent's log; the agent keeps serving",
-                    code="internal",
-                ),
-            )
-        else:
-            # Done is done, whatever the flag says: a cancel that came too late (the job had
-            # committed), or a deadline that abandoned it, did not undo what it did.
-            self._finish(command.id, result=result)
+            return EdgeAgentError(
+                f"{command.type} failed inside the agent",
+                "see the agent's log; the agent keeps serving",
+                code="internal",
+            ), None
 
     def _cancel(self, command: Command, args: BaseModel) -> None:
         target = getattr(args, "id", "")
@@ -513,7 +513,8 @@ class Dispatcher:
         Commands that come from now on are answered command.interrupted, not run.
         """
         self._closed.set()  # first: a command let in after cancel_all ran uncancelled
-        self.jobs.cancel_all()
+        for command_id in self.jobs.cancel_all():
+            self._refuse(command_id, stopping_error(command_id))  # never ran: not kept
         self._pool.shutdown()
         self._quick.shutdown()
         self.jobs.join(timeout)
@@ -522,6 +523,15 @@ class Dispatcher:
 _NEWER_ONLY = frozenset({"extra_forbidden", "literal_error", "union_tag_invalid"})
 """Validation errors a newer console causes (a field, a value or a kind this agent does
 not know), as opposed to a wrong type or a value out of range, which is a bug."""
+
+
+def interrupted_error(command_id: str) -> EdgeAgentError:
+    """The answer to a command the agent stopped while it ran (a stop, a crash)."""
+    return EdgeAgentError(
+        f"command {command_id} did not finish: the agent stopped while it ran",
+        "send it again with a new id (a deploy resumes its transfer)",
+        code="command.interrupted",
+    )
 
 
 def _unknown_here(exc: ValidationError, prefix: str) -> EdgeAgentError | None:

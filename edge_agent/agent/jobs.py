@@ -40,6 +40,10 @@ class JobContext:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _expired: float | None = None
     """The deadline, in seconds, once the job ran past it (`expire`)."""
+    _stopped: bool = False
+    """Told to stop because the agent stops (`stop`), not cancelled by anyone."""
+    _ended: bool = False
+    """Its outcome is known and being answered (`end`): there is nothing left to cancel."""
 
     @classmethod
     def detached(cls) -> JobContext:
@@ -73,6 +77,23 @@ class JobContext:
             )
         raise EdgeAgentError("cancelled", code="command.cancelled")
 
+    @property
+    def stopped(self) -> bool:
+        """True when the agent's stop, not a cancel, is what stops the job."""
+        return self._stopped
+
+    def stop(self) -> None:
+        """Stop the job at its next check because the agent stops (bar a committed one).
+
+        Its command.cancelled is then answered command.interrupted: "cancelled" told a
+        console that asked for no cancel that an operator had, and it did not send again.
+        """
+        with self._lock:
+            if self._committed or self._ended or self._cancel.is_set():
+                return  # a cancel asked first stays the answer
+            self._stopped = True
+            self._cancel.set()
+
     def expire(self, deadline_s: float) -> None:
         """Stop the job at its next check, saying it ran past `deadline_s`."""
         self._expired = deadline_s
@@ -91,10 +112,20 @@ class JobContext:
                 self.check()
             self._committed = True
 
-    def request_cancel(self) -> bool:
-        """Ask the job to stop; False, and nothing asked, once it has committed."""
+    def end(self) -> None:
+        """Say the job's outcome is known: from now on there is nothing to cancel."""
         with self._lock:
-            if self._committed:
+            self._ended = True
+
+    @property
+    def ended(self) -> bool:
+        """True once `end` was called."""
+        return self._ended
+
+    def request_cancel(self) -> bool:
+        """Ask the job to stop; False, and nothing asked, once it has committed or ended."""
+        with self._lock:
+            if self._committed or self._ended:
                 return False
             self._cancel.set()
             return True
@@ -213,6 +244,8 @@ class Jobs:
             if job is None:
                 return None
             if not job.context.request_cancel():
+                if job.context.ended:
+                    return None  # it ended as the cancel came: its own answer says how
                 raise EdgeAgentError(
                     f"command {job_id} is past its point of no return: it is changing the "
                     "model store, and that change goes through",
@@ -229,14 +262,22 @@ class Jobs:
             head = [self._running.id] if self._running is not None else []
             return [job.id for job in self._abandoned] + head + [job.id for job in self._queue]
 
-    def cancel_all(self) -> None:
-        """Cancel every job, running and queued (bar a committed one), and take no more."""
+    def cancel_all(self) -> list[str]:
+        """Stop the running job (bar a committed one), take the queued ones off the queue
+        and take no more; returns the queued ids, never run, for the caller to answer.
+
+        Left queued, each was started on the way out only to cancel itself, and answered
+        command.cancelled as if an operator had cancelled it.
+        """
         with self._lock:
             self._stopping = True
             if self._running is not None:
-                self._running.context.request_cancel()
+                self._running.context.stop()
+            queued = [job.id for job in self._queue]
             for job in self._queue:
-                job.context.request_cancel()
+                job.context.stop()
+            self._queue.clear()
+            return queued
 
     def join(self, timeout: float) -> None:
         """Stop the worker once the queue is empty, waiting at most `timeout`."""

@@ -26,6 +26,33 @@ def test_a_command_id_runs_once_and_its_answer_is_kept(tmp_path: Path) -> None:
     again.close()
 
 
+def test_an_answer_the_disk_refused_is_told_to_a_resend_and_written_later(tmp_path: Path) -> None:
+    # The claim was written, the answer not (the disk filled meanwhile): the id stayed
+    # open, every resend was told `accepted` for good, and the next start answered a
+    # command that had finished ok with command.interrupted.
+    log = CommandLog(tmp_path / "commands.sqlite")
+    assert log.claim("d7") == (True, None)
+    answer = b'{"status":"ok"}' + b" " * 300_000
+    biggest = max(p.stat().st_size for p in tmp_path.iterdir())
+    with files_capped_at(biggest + 4096):
+        log.finish("d7", answer)
+        assert log.claim("d7") == (False, answer)
+    assert log.claim("d8") == (True, None)  # the disk takes writes again: both go down
+    log.close()
+    again = CommandLog(tmp_path / "commands.sqlite")
+    assert again.unfinished() == ["d8"]
+    assert again.claim("d7") == (False, answer)
+    again.close()
+
+
+def test_claims_and_answers_are_synced_before_the_broker_is_told(tmp_path: Path) -> None:
+    # A claim the session acknowledged (PUBACK) must survive a power cut: NORMAL in WAL
+    # mode left it in the page cache, and a cut lost the command the broker let go of.
+    log = CommandLog(tmp_path / "commands.sqlite")
+    assert log._db.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+    log.close()
+
+
 def test_the_log_forgets_the_oldest_ids_beyond_its_bound(tmp_path: Path) -> None:
     log = CommandLog(tmp_path / "commands.sqlite", keep=10)
     for i in range(25):

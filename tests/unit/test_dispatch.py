@@ -214,6 +214,15 @@ def test_ping_answers_ok(harness: _Harness) -> None:
         ),
         (json.dumps(_cmd("c5", "ping", expires_at=10.0)).encode(), "command.expired", None, "c5"),
         (json.dumps(_cmd("c6", "ping", colour=1)).encode(), "command.invalid", "colour", "c6"),
+        (  # a name the store took and its manifest refused: installed after 30 minutes'
+            # work, answered ok, and never readable (listed damaged for good)
+            json.dumps(
+                _cmd("c7", "calibrate", {"model": "m", "data": "d", "install_as": "Lobby_Cam"})
+            ).encode(),
+            "command.invalid",
+            "args.install_as",
+            "c7",
+        ),
     ],
 )
 def test_bad_commands_get_an_error_naming_the_field(
@@ -296,6 +305,72 @@ def test_progress_within_a_stage_is_sent_at_most_every_two_seconds(harness: _Har
     assert harness.final("d9").status == "ok"
     sent = [a.progress for a in harness.answers if a.id == "d9" and a.status == "progress"]
     assert [(p.stage, p.fraction) for p in sent if p] == [("pull", 0.0), ("install", 0.0)]
+
+
+def test_a_stop_interrupts_the_running_job_and_hands_back_the_queued_ones(
+    tmp_path: Path,
+) -> None:
+    # A stop cancelled them as an operator's cancel does: the running deploy and each
+    # queued one (started on the way out only to cancel itself) answered command.cancelled,
+    # and a console restarting a group deploy took that for a cancel and sent nothing again.
+    h = _Harness(tmp_path)
+    h.supervisor.steps, h.supervisor.step_s = 1000, 0.05
+    for cid in ("d1", "d2", "d3"):
+        h.send(_cmd(cid, "deploy_model", {"name": "m"}))
+    _until(lambda: any(a.id == "d1" and a.status == "progress" for a in h.answers))
+    h.close()
+    running = h.final("d1").error
+    assert running is not None
+    assert running.code == "command.interrupted"
+    assert "did not finish" in running.message
+    for cid in ("d2", "d3"):
+        queued = h.final(cid).error
+        assert queued is not None
+        assert (queued.code, "was not run" in queued.message) == ("command.interrupted", True)
+    assert h.supervisor.runs == ["deploy_model"]
+    # The ones never run are not kept: the same ids run when sent again.
+    again = CommandLog(tmp_path / "c.sqlite")
+    assert again.claim("d2") == (True, None)
+    assert again.claim("d1")[0] is False
+    again.close()
+
+
+def test_a_cancel_asked_before_a_stop_stays_the_answer(harness: _Harness) -> None:
+    harness.supervisor.steps, harness.supervisor.step_s = 1000, 0.05
+    harness.send(_cmd("d1", "deploy_model", {"name": "m"}))
+    _until(lambda: any(a.id == "d1" and a.status == "progress" for a in harness.answers))
+    job = harness.dispatcher.jobs
+    assert job.cancel("d1") == "running"
+    harness.dispatcher.close(1.0)
+    final = harness.final("d1").error
+    assert final is not None
+    assert final.code == "command.cancelled"
+
+
+def test_a_cancel_that_comes_while_a_job_is_answered_finds_nothing_to_cancel(
+    harness: _Harness,
+) -> None:
+    # The job was listed running until its answer was stored and sent: a cancel handled
+    # meanwhile was answered ok {"cancelled": ...} beside the job's own final answer.
+    answering, go_on = threading.Event(), threading.Event()
+    plain = harness.dispatcher._answer
+
+    def slow(response: Response) -> None:
+        if response.id == "d1" and response.status in ("ok", "error"):
+            answering.set()
+            go_on.wait(5)
+        plain(response)
+
+    harness.dispatcher._answer = slow
+    harness.supervisor.steps = 1
+    harness.send(_cmd("d1", "deploy_model", {"name": "m"}))
+    assert answering.wait(5)
+    harness.send(_cmd("c1", "cancel", {"id": "d1"}))
+    go_on.set()
+    cancel = harness.final("c1").error
+    assert cancel is not None
+    assert (cancel.code, cancel.field) == ("command.invalid", "args.id")
+    assert harness.final("d1").status == "ok"
 
 
 def test_cancel_stops_a_long_command(harness: _Harness) -> None:
