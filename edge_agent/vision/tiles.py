@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_agent.heads.base import Detection
-from edge_agent.heads.boxes import nms_per_class
+from edge_agent.heads.boxes import iou, nms_per_class
 from edge_agent.vision.geometry import Rect
 
 FloatArray = npt.NDArray[np.float64]
@@ -195,6 +195,35 @@ class Merged:
     """Per merged box, the indices of the input boxes joined into it."""
 
 
+def _first_pass(
+    b: FloatArray,
+    s: FloatArray,
+    c: npt.NDArray[np.int64],
+    cut: npt.NDArray[np.bool_],
+    iou_threshold: float,
+) -> npt.NDArray[np.intp]:
+    """NMS in which only a whole view of an object removes a piece of it: the whole boxes
+    first, highest score first, then every piece that no kept whole box covers.
+
+    A piece never removes another piece: two pieces of one object cut on facing edges of
+    overlapping tiles overlap by more than the threshold (a person across a seam of 360 px
+    tiles at 20%), and NMS kept the half that ended on the seam, so the box stopped there
+    (its feet, which zones go by, in the wrong place) or, with the bridging piece gone,
+    the object was counted twice. The joins make one box of them instead.
+    """
+    pieces = cut.any(axis=1)
+    whole = np.flatnonzero(~pieces)
+    kept = whole[nms_per_class(b[whole], s[whole], c[whole], iou_threshold)]
+    part = np.flatnonzero(pieces)
+    part = part[np.lexsort((part, -s[part]))]
+    covered = np.zeros(len(part), dtype=np.bool_)
+    for k in kept.tolist():
+        same = c[part] == c[k]
+        if same.any():
+            covered[same] |= iou(b[k], b[part[same]]) > iou_threshold
+    return np.concatenate([kept, part[~covered]]).astype(np.intp)
+
+
 def merge_tiles(
     boxes: npt.ArrayLike,
     scores: npt.ArrayLike,
@@ -220,8 +249,7 @@ def merge_tiles(
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     c = np.asarray(class_ids, dtype=np.int64).reshape(-1)
     cut = np.asarray(cuts, dtype=np.bool_).reshape(-1, 4)
-    # Uncut boxes first at equal footing: a whole view of an object beats a piece of it.
-    keep = nms_per_class(b, s + np.where(cut.any(axis=1), 0.0, 1.0), c, iou_threshold)
+    keep = _first_pass(b, s, c, cut, iou_threshold)
     b, s, c, cut = b[keep].copy(), s[keep].copy(), c[keep], cut[keep].copy()
     sources = [[int(i)] for i in keep]
     alive = np.ones(len(b), dtype=np.bool_)
