@@ -136,7 +136,7 @@ def decode_blazeface(
         px = row * scale
         x1, x2 = np.clip(px[[0, 2]], 0.0, width)
         y1, y2 = np.clip(px[[1, 3]], 0.0, height)
-        if x2 <= x1 or y2 <= y1:
+        if not (x2 > x1 and y2 > y1):  # so that a NaN coordinate fails it too
             continue
         keypoints = tuple((float(x), float(y)) for x, y in px[4:].reshape(-1, 2))
         detections.append(

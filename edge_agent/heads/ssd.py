@@ -6,6 +6,7 @@ maps labels and turns normalised (ymin, xmin, ymax, xmax) into model-input pixel
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -60,6 +61,8 @@ def decode_ssd(
         if class_id not in labels:
             continue
         y0, x0, y1, x1 = (min(max(v, 0.0), 1.0) for v in boxes[i].tolist())
+        if math.isnan(x0 + y0 + x1 + y1):  # min and max pass NaN through, into the frame
+            continue
         found.append(
             Detection(
                 label=labels[class_id],

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from edge_agent.heads.base import Detection, Result, TextBox
 from edge_agent.vision.geometry import Geometry
 
@@ -19,13 +21,17 @@ def to_frame(results: Sequence[Result], geometry: Geometry) -> list[Result]:
     """`results` in frame pixels; results with no coordinates pass unchanged.
 
     A detection whose box lies wholly in the letterbox padding (or outside the part of
-    the frame the model saw) has no area left once clipped, and is dropped.
+    the frame the model saw) has no area left once clipped, and is dropped; so is a text
+    polygon, whose points are clipped the same way (DBNet's unclip grows a line near the
+    picture's edge into the padding: its points left the frame). A box or polygon with a
+    NaN coordinate (an overflowing model) is dropped too: NaN fails every comparison, so
+    each check is written to pass only real, positive sizes.
     """
     out: list[Result] = []
     for result in results:
         if isinstance(result, Detection):
             x0, y0, x1, y1 = geometry.box_to_frame(result.box)
-            if x1 <= x0 or y1 <= y0:
+            if not (x1 > x0 and y1 > y0):
                 continue
             update: dict[str, object] = {"box": (x0, y0, x1, y1)}
             if result.keypoints:
@@ -33,7 +39,11 @@ def to_frame(results: Sequence[Result], geometry: Geometry) -> list[Result]:
                 update["keypoints"] = tuple((float(x), float(y)) for x, y in points)
             out.append(result.model_copy(update=update))
         elif isinstance(result, TextBox):
-            points = geometry.points_to_frame(result.polygon)
+            s = geometry.source
+            points = np.clip(geometry.points_to_frame(result.polygon), s[:2], s[2:])
+            xs, ys = points[:, 0], points[:, 1]
+            if not (xs.max() > xs.min() and ys.max() > ys.min()):
+                continue
             out.append(
                 result.model_copy(
                     update={"polygon": tuple((float(x), float(y)) for x, y in points)}

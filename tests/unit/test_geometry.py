@@ -8,7 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_agent.errors import EdgeAgentError
+from edge_agent.heads.base import Detection, TextBox
+from edge_agent.heads.blazeface import BlazeFaceConfig, decode_blazeface
+from edge_agent.heads.dbnet import DbnetConfig, decode_dbnet
+from edge_agent.heads.ssd import SsdConfig, decode_ssd
 from edge_agent.vision.geometry import Fit, Geometry
+from edge_agent.vision.mapping import to_frame
 
 FITS: tuple[Fit, ...] = ("letterbox", "stretch", "crop")
 MODELS = [(300, 300), (640, 640), (320, 192), (224, 224), (192, 320)]
@@ -180,3 +185,42 @@ def test_wrong_frame_size_is_an_error() -> None:
     assert err.value.code == "input.invalid"
     with pytest.raises(EdgeAgentError):
         Geometry.fit((0, 720), (300, 300))
+
+
+def test_a_text_line_at_the_pictures_edge_stays_in_the_frame_under_letterbox() -> None:
+    # DBNet's unclip grows a line into the letterbox padding: its polygon came out with
+    # negative y, outside the frame, where a Detection at the same place was clipped.
+    g = Geometry.fit((1280, 720), (640, 640), "letterbox", 114)
+    prob = np.zeros((640, 640), np.float32)
+    prob[142:160, 100:300] = 0.9  # touching the top of the picture, which starts at y 140
+    found = decode_dbnet(prob, (640, 640), DbnetConfig())
+    assert min(y for _, y in found[0].polygon) < 140  # grown into the padding
+    (line,) = to_frame(found, g)
+    assert isinstance(line, TextBox)
+    xs, ys = zip(*line.polygon, strict=True)
+    assert min(ys) == 0.0
+    assert 0.0 <= min(xs) < max(xs) <= 1280.0
+    assert max(ys) <= 720.0
+    # One wholly in the padding has nothing left in the frame: gone, as a box would be.
+    prob[:] = 0.0
+    prob[40:60, 100:300] = 0.9
+    assert to_frame(decode_dbnet(prob, (640, 640), DbnetConfig()), g) == []
+
+
+def test_a_nan_coordinate_from_the_model_never_reaches_the_frame() -> None:
+    # min/max and np.clip pass NaN through and `x1 <= x0` is false for it: SSD and
+    # BlazeFace boxes came out with null coordinates, each a new track every frame.
+    boxes = np.array([[np.nan, 0.1, 0.5, 0.4], [0.1, 0.1, 0.5, 0.4]], np.float32)
+    ssd = decode_ssd(
+        boxes, np.array([1.0, 1.0]), np.array([0.9, 0.8]), 2, (300, 300),
+        SsdConfig(labels={1: "person"}),
+    )  # fmt: skip
+    assert [d.score for d in ssd] == [pytest.approx(0.8)]
+    reg = np.zeros((1, 896, 16), np.float32)
+    logit = np.full((1, 896, 1), -20, np.float32)
+    logit[0, 100, 0] = 5
+    reg[0, 100, :4] = [np.nan, 0, 20, 20]
+    assert decode_blazeface(reg, logit, (128, 128), BlazeFaceConfig()) == []
+    g = Geometry.fit((640, 480), (128, 128), "stretch")
+    broken = Detection(label="x", class_id=0, score=0.9, box=(10.0, float("nan"), 50.0, 60.0))
+    assert to_frame([broken], g) == []
