@@ -29,8 +29,11 @@ class YoloConfig(BaseModel):
         description="v5: [1,N,5+C] with objectness; v8 and v11: [1,4+C,N] without.",
     )
     labels: list[str] = Field(min_length=1, description="Class names, in the model's order.")
-    input_size: tuple[int, int] = Field(
-        default=(640, 640), description="Model input (width, height) in pixels."
+    input_size: tuple[int, int] | None = Field(
+        default=None,
+        description="The (width, height) the output's boxes are measured in, when not the "
+        "input the model ran on. Leave it unset for Ultralytics exports: their boxes are in "
+        "the pixels of the input they ran on, whatever size it was exported or reshaped at.",
     )
     score_threshold: float = Field(
         default=0.25, ge=0.0, le=1.0, description="Keep detections scoring above this."
@@ -69,7 +72,7 @@ def decode_yolo(
 
     Args:
         raw: the model's output tensor, laid out as `config.layout` says.
-        input_size: (width, height) of the model input (`config.input_size` unless reshaped).
+        input_size: (width, height) of the input the model ran on.
         config: labels and thresholds.
 
     Returns:
@@ -85,10 +88,13 @@ def decode_yolo(
         return []
 
     width, height = input_size
-    in_w, in_h = config.input_size
+    # A default of 640x640 here scaled every box of a 320 px or 640x480 export, and of a
+    # dynamic one run at another size, by the ratio of the two: boxes at half size.
+    in_w, in_h = config.input_size or input_size
     cx, cy, half_w, half_h = rows[:, 0], rows[:, 1], rows[:, 2] / 2, rows[:, 3] / 2
     boxes = np.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], axis=1)
-    boxes *= [width / in_w, height / in_h, width / in_w, height / in_h]
+    if (in_w, in_h) != (width, height):
+        boxes *= [width / in_w, height / in_h, width / in_w, height / in_h]
     boxes = np.clip(boxes, 0.0, [width, height, width, height])
     # A box with no area inside the input is no detection; dropping it before NMS keeps it
     # from taking a place in the ranking.

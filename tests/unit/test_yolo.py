@@ -44,7 +44,7 @@ def config(**update: object) -> YoloConfig:
 @pytest.mark.parametrize("layout", ["v8", "v11"])
 def test_box_is_scaled_to_the_stretched_frame(layout: str) -> None:
     raw = v8_output([(320, 320, 100, 200, 1, 0.9)])
-    [det] = decode_yolo(raw, (1280, 720), config(layout=layout))
+    [det] = decode_yolo(raw, (1280, 720), config(layout=layout, input_size=(640, 640)))
     assert det.box == pytest.approx((540.0, 247.5, 740.0, 472.5))
     assert (det.label, det.class_id) == ("car", 1)
     assert det.score == pytest.approx(0.9)
@@ -54,6 +54,15 @@ def test_non_square_input_size() -> None:
     raw = v8_output([(160, 120, 32, 24, 0, 0.9)])
     [det] = decode_yolo(raw, (640, 480), config(input_size=(320, 240)))
     assert det.box == pytest.approx((288.0, 216.0, 352.0, 264.0))
+
+
+@pytest.mark.parametrize("size", [(320, 320), (640, 480), (1280, 1280)])
+def test_boxes_are_in_the_pixels_of_the_input_the_model_ran_on(size: tuple[int, int]) -> None:
+    # Ultralytics measures boxes in the input's own pixels: a default input_size of 640x640
+    # halved every box of a 320 px export, and the README's manifest never set it.
+    raw = v8_output([(160, 120, 40, 80, 0, 0.9)])
+    [det] = decode_yolo(raw, size, config())
+    assert det.box == pytest.approx((140.0, 80.0, 180.0, 160.0))
 
 
 def test_v5_multiplies_objectness_by_class_score() -> None:
