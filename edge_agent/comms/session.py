@@ -700,14 +700,22 @@ class MqttSession:
             self._ack(item)
 
     def _ack(self, item: _Received) -> None:
-        if item.message.qos == 0:
-            return
+        if item.message.qos == 0 or self._stopping.is_set():
+            return  # after stop() nothing goes out: the broker sends it again next time
         with self._lock:
             # On a later connection the broker sends the message again (persistent) or has
             # let it go (clean): either way this packet id is not ours to acknowledge there.
             current = self._online and item.link == self._link
-        if current:
+        if not current:
+            return
+        try:
             self._client.ack(item.mid, item.message.qos)
+        except OSError:
+            # The session stopping (paho closed its wake-up socket) or the link going: the
+            # broker sends the message again, to a persistent session, on the next link.
+            pass
+        except Exception:
+            log_crash(log, "mqtt.ack_failed")  # never the dispatch thread's end
 
     @staticmethod
     def _guard(fn: Callable[[Any], None], arg: Any) -> None:

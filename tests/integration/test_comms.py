@@ -356,6 +356,45 @@ def test_a_message_whose_handler_never_returned_comes_again_after_a_kill(
             back.stop()
 
 
+def test_an_ack_that_races_the_wake_up_socket_closing_leaves_the_dispatch_thread_alive(
+    broker: LocalBroker,
+) -> None:
+    # The acknowledgement after the handlers raced stop(): paho's wake-up socket closed
+    # between its check and its send, the ack raised EBADF, and the dispatch thread died.
+    # Closed here from the handler, so the ack meets it every time.
+    failures: list[BaseException | None] = []
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        failures.append(args.exc_value)
+
+    threading.excepthook = hook
+    got: queue.Queue[Message] = queue.Queue()
+    session = connect(_settings(broker))
+    try:
+
+        def closing(message: Message) -> None:
+            wake = session._client._sockpairW
+            if wake is not None:
+                wake.close()
+            got.put(message)
+
+        session.subscribe("cmd", closing)
+        for payload in ("first", "second"):
+            subprocess.run(
+                ["mosquitto_pub", "-p", str(broker.port), "-q", "1", "-t", "cmd", "-m", payload],
+                check=True,
+                timeout=10,
+            )
+            assert _get(got).payload == payload.encode()  # the second: the thread lives on
+        time.sleep(0.2)
+        assert session._dispatch.is_alive()
+    finally:
+        session.stop()
+        threading.excepthook = previous
+    assert failures == []
+
+
 def test_will_carries_the_value_asked_for_at_connect(broker: LocalBroker) -> None:
     """kill -9 of a process holding a session: the broker publishes the will it was given."""
     got: queue.Queue[Message] = queue.Queue()
