@@ -43,6 +43,8 @@ class InFlight:
     outputs: list[Tensors | None] = field(default_factory=list)
     infer_s: float = 0.0
     """Engine seconds summed over the frame's calls: what the frame cost the device."""
+    error: BaseException | None = None
+    """The engine's error, when one of the frame's calls failed: the frame failed."""
     _left: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -55,6 +57,14 @@ class InFlight:
         with self._lock:
             self.outputs[index] = outputs
             self.infer_s += infer_s
+            self._left -= 1
+            return self._left == 0
+
+    def call_failed(self, error: BaseException) -> bool:
+        """Record that a call raised (any thread); True when it was the frame's last."""
+        with self._lock:
+            if self.error is None:
+                self.error = error
             self._left -= 1
             return self._left == 0
 

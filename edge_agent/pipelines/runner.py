@@ -88,6 +88,11 @@ class PipelineHandle:
         self._lock = threading.Lock()
         self._held: list[CompiledModel] = []
         self._closed = False  # set by close(), under _lock
+        # The source this handle opened, closed by close() if run() never started: a
+        # pipeline's run closes its source on the way out, and one that never ran closed
+        # none (a stop while the agent started it): a live camera was read for good.
+        self._source: FrameSource | AudioSource | None = None
+        self._ran = False  # under _lock
         # The latest swap asked for, and the lock a finished compile lands under: see
         # swap_model.
         self._swaps = 0
@@ -114,7 +119,7 @@ class PipelineHandle:
                         code="model.incompatible",
                     )
                 head = vad_config(resolved.manifest)
-                audio = open_audio_source(
+                audio = self._source = open_audio_source(
                     source_spec, head.sample_rate, head.window, on_live=self._on_live
                 )
                 self._open_sinks(extra_sinks, audio)
@@ -138,7 +143,7 @@ class PipelineHandle:
                 if frames is None:
                     # Sized for the first model: a hot swap to a larger input keeps the
                     # decode scale (results stay in camera pixels, detail may be lost).
-                    frames = opened = open_source(
+                    frames = opened = self._source = open_source(
                         source_spec,
                         on_state=self._source_state,
                         min_size=detector.min_size(active.image),
@@ -182,6 +187,8 @@ class PipelineHandle:
 
     def run(self) -> PipelineStats:
         """Run until the source ends or `stop()`; the summary of the run."""
+        with self._lock:
+            self._ran = True
         return self.pipeline.run()
 
     def stop(self) -> None:
@@ -295,6 +302,10 @@ class PipelineHandle:
         with self._lock:
             held, self._held = self._held, []
             self._closed = True  # a swap still compiling gives its model back itself
+            unread = None if self._ran else self._source
+            self._ran = True  # a run() after close() reads a closed source, which ends it
+        if unread is not None:
+            unread.close()
         for model in held:
             self.pool.release(model)
 

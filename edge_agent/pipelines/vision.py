@@ -54,6 +54,9 @@ _FRAME_FAILED_LOG_S = 60.0
 OnRetire = Callable[[CompiledModel], None]
 """Called, off the hot path, with a model that no frame will use again."""
 
+ENGINE_FAILURES_END = 10
+"""Frames in a row whose run raised that end the pipeline with the engine's error (a device
+lost fails every run; one failed run is a failed frame, and the next goes on)."""
 STALL_S = 10.0
 """A frame the engine has not returned after this long, while later ones have, is lost."""
 
@@ -97,7 +100,11 @@ class VisionPipeline:
         self._stop = StopFlag()
         self._done: queue.SimpleQueue[_Done | Event | End | Retire] = queue.SimpleQueue()
         self._window = threading.BoundedSemaphore(max(2, 2 * active.model.report.requests + 2))
-        self._swapped: list[Event] = []
+        # The model of the last frame emitted (the emitter's own): the first frame of
+        # another carries the model_swapped event. Put on the next frame out when the
+        # swap was taken, it landed on a frame the old model had decoded, and a second
+        # swap taken between the emitter's read and clear of a shared list was lost.
+        self._shown: ActiveModel | None = None
         # Frames submitted vs settled (emitted, failed or lost); `_left` is set once, when
         # run() gives up on the workers, and whatever is unsettled then was dropped.
         self._count_lock = threading.Lock()
@@ -110,6 +117,7 @@ class VisionPipeline:
         # the first is logged, then a line a minute with how many since.
         self._failed_said = Throttle(_FRAME_FAILED_LOG_S)
         self._failed_unsaid = 0
+        self._engine_failures = 0  # frames in a row whose run raised; the emitter's own
 
     def request_swap(self, active: ActiveModel) -> None:
         """Run `active` from the next frame on; thread-safe, returns at once.
@@ -191,6 +199,9 @@ class VisionPipeline:
     def _read_loop(self) -> None:
         seq = 0
         error: EdgeAgentError | None = None
+        # A camera replaces frames from its opening: those it replaced before the run (the
+        # other pipelines of a group built, a model compiled) were not dropped by this run.
+        before = self.source.dropped
         try:
             while not self._halted() and (self._max_frames is None or seq < self._max_frames):
                 if not acquire_unless(self._window, self._halted):
@@ -206,7 +217,7 @@ class VisionPipeline:
                     self._window.release()
                     break
                 # Per frame, so that interval telemetry shows drops as they happen.
-                self.telemetry.set_dropped(self.source.dropped)
+                self.telemetry.set_dropped(self.source.dropped - before)
                 if self._halted() or not self._submit(seq, frame):
                     self.telemetry.count("dropped_on_stop")
                     break
@@ -225,7 +236,7 @@ class VisionPipeline:
                 # Closed first: a player thread (realtime files, cameras) may drop one more
                 # frame until then, and the count must be the source's last word.
                 self.source.close()
-                self.telemetry.set_dropped(self.source.dropped)
+                self.telemetry.set_dropped(self.source.dropped - before)
             except Exception as exc:
                 log_event(
                     log,
@@ -242,9 +253,6 @@ class VisionPipeline:
             return
         old, self._active = self._active, pending
         self._done.put(Retire(seq - 1, old.model))
-        self._swapped.append(
-            Event(kind="model_swapped", ts=0.0, detail=f"{old.label} -> {pending.label}")
-        )
         log_event(
             log,
             logging.INFO,
@@ -279,8 +287,17 @@ class VisionPipeline:
         for index, buffer in enumerate(inputs):
             # Parallel requests: the engine runs a frame's tiles or regions side by side.
             name = active.image.name
-            active.model.submit({name: buffer[None]}, self._completed, Call(item, index, buffer))
+            active.model.submit(
+                {name: buffer[None]}, self._completed, Call(item, index, buffer), self._call_failed
+            )
         return True
+
+    def _call_failed(self, error: BaseException, userdata: object) -> None:
+        # Engine thread: the frame is settled as failed, in order, by the emitter.
+        assert isinstance(userdata, Call)
+        self._buffers.give(userdata.buffer)
+        if userdata.frame.call_failed(error):
+            self._done.put((userdata.frame, time.perf_counter()))
 
     def _completed(self, outputs: Tensors, userdata: object, infer_s: float) -> None:
         # Engine thread: hand over and return at once, the emitter does the rest.
@@ -397,6 +414,10 @@ class VisionPipeline:
         # reader waiting for a free slot): log it, count it, go on.
         failed = False
         try:
+            if item[0].error is not None:
+                self._engine_failed(item[0].error)
+                raise item[0].error
+            self._engine_failures = 0
             self._emit(*item)
         except Exception as exc:
             failed = True
@@ -415,6 +436,23 @@ class VisionPipeline:
                 self._failed_unsaid = 0
         self._settle(lost=failed)
 
+    def _engine_failed(self, error: BaseException) -> None:
+        """A frame's run raised: after ENGINE_FAILURES_END in a row (a device that went
+        away fails every run), end the pipeline with the engine's own error."""
+        self._engine_failures += 1
+        if self._engine_failures < ENGINE_FAILURES_END or self.error is not None:
+            return
+        self.error = (
+            error
+            if isinstance(error, EdgeAgentError)
+            else EdgeAgentError(
+                f"inference failed: {error_text(error)}",
+                "see the agent's log; check the device the model runs on",
+                code="inference.failed",
+            )
+        )
+        self._stop.set()
+
     def _emit(self, item: InFlight, finished: float) -> None:
         t0 = time.perf_counter()
         frame, head = item.frame, item.active.head
@@ -425,9 +463,10 @@ class VisionPipeline:
         ]
         results, zones = self._detector.combine(frame, item.active.image, parts)
         events = self._events.update(frame.ts, results, zones)
-        if self._swapped:
-            events = [e.model_copy(update={"ts": frame.ts}) for e in self._swapped] + events
-            self._swapped.clear()
+        shown, self._shown = self._shown, item.active
+        if shown is not None and shown is not item.active:
+            detail = f"{shown.label} -> {item.active.label}"
+            events = [Event(kind="model_swapped", ts=frame.ts, detail=detail), *events]
         decoded = time.perf_counter()
         timings = {
             "read": frame.read_s,

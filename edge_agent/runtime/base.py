@@ -28,6 +28,9 @@ Done = Callable[[Tensors, object, float], None]
 """Called from an engine thread with a request's outputs, the caller's userdata, and the
 seconds the engine spent on it (from start to completion, excluding time queued for a
 free request)."""
+Failed = Callable[[BaseException, object], None]
+"""Called from an engine thread when a submitted run raised, with the error and the
+caller's userdata, in place of `Done`."""
 
 
 class RuntimeOptions(BaseModel):
@@ -117,8 +120,17 @@ class CompiledModel(Protocol):
         """Run synchronously; outputs are keyed by every name each output has."""
         ...
 
-    def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
-        """Queue an asynchronous run; blocks only while every request is busy."""
+    def submit(
+        self,
+        inputs: Mapping[str, Tensor],
+        done: Done,
+        userdata: object,
+        failed: Failed | None = None,
+    ) -> None:
+        """Queue an asynchronous run; blocks only while every request is busy.
+
+        A run that raises calls `failed`, when given; without it the error waits for the
+        next `wait`."""
         ...
 
     def wait(self) -> None:

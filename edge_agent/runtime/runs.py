@@ -24,7 +24,7 @@ from typing import Generic, Self, TypeVar
 
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
-from edge_agent.runtime.base import Done, Tensor, Tensors
+from edge_agent.runtime.base import Done, Failed, Tensor, Tensors
 
 T = TypeVar("T")
 
@@ -329,7 +329,13 @@ class ThreadedModel:
         finally:
             self._runs.finish()
 
-    def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
+    def submit(
+        self,
+        inputs: Mapping[str, Tensor],
+        done: Done,
+        userdata: object,
+        failed: Failed | None = None,
+    ) -> None:
         self._runs.start(queued=True)  # blocks while the workers have enough queued
         try:
             pool = self._pool
@@ -341,16 +347,31 @@ class ThreadedModel:
                         # until the process ends.
                         weakref.finalize(self, self._pool.stop, False)
                     pool = self._pool
-            pool.put(self._work, inputs, done, userdata)
+            pool.put(self._work, inputs, done, userdata, failed)
         except BaseException:
             self._runs.finish(queued=True)
             raise
 
-    def _work(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
+    def _work(
+        self,
+        inputs: Mapping[str, Tensor],
+        done: Done,
+        userdata: object,
+        failed: Failed | None = None,
+    ) -> None:
         error: BaseException | None = None
         try:
             started = time.perf_counter()
-            outputs = self._run(inputs)
+            try:
+                outputs = self._run(inputs)
+            except Exception as exc:
+                if failed is None:
+                    raise
+                # Told to the caller, who waits on no `wait`: kept for one, a pipeline's
+                # frame was owed for 10 s and the engine's error never said.
+                self._local.in_done = True
+                failed(exc, userdata)
+                return
             self._local.in_done = True
             done(outputs, userdata, time.perf_counter() - started)
         except BaseException as exc:  # a worker has no caller: `wait` raises it

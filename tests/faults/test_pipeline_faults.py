@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -32,7 +32,8 @@ from edge_agent.pipelines.sources import FileSourceSpec, StreamSourceSpec, open_
 from edge_agent.pipelines.spec import ModelRef, PipelineSpec
 from edge_agent.pipelines.stopping import STOP_BUDGET_S
 from edge_agent.pipelines.vision import VisionPipeline
-from edge_agent.runtime.base import CompiledModel, Done, Tensor, Tensors
+from edge_agent.runtime.base import CompiledModel, Done, Failed, Tensor, Tensors
+from edge_agent.runtime.openvino_backend import _failed
 from edge_agent.runtime.pool import ModelPool
 from edge_agent.telemetry.stats import PipelineStats
 
@@ -459,8 +460,14 @@ class WedgedModel:
     def infer(self, inputs: Mapping[str, Tensor]) -> Tensors:
         raise AssertionError("the pipeline submits")
 
-    def submit(self, inputs: Mapping[str, Tensor], done: Done, userdata: object) -> None:
-        self.submitted += 1  # and never calls `done`
+    def submit(
+        self,
+        inputs: Mapping[str, Tensor],
+        done: Done,
+        userdata: object,
+        failed: Failed | None = None,
+    ) -> None:
+        self.submitted += 1  # and never calls `done`, nor `failed`
 
     def wait(self) -> None:
         raise AssertionError("nothing waits on a pipeline's model")
@@ -502,3 +509,109 @@ def test_a_stuck_engine_ends_the_pipeline_with_an_error(
     assert "stuck" in error.problem
     assert wedged.submitted >= 1
     assert stats.frame_failures == wedged.submitted  # every frame it swallowed, counted
+
+
+def _failing_runs(
+    handle: PipelineHandle, monkeypatch: pytest.MonkeyPatch, fails: Callable[[int], bool]
+) -> list[int]:
+    """Make the handle's real model raise, as a GPU lost mid-run does, on the runs (counted
+    from 0) for which `fails` is true; the list it returns holds the runs that raised."""
+    model = handle.model
+    real = model._run  # type: ignore[attr-defined]
+    lock, count, raised = threading.Lock(), [0], []
+
+    def run(inputs: Mapping[str, Tensor]) -> Tensors:
+        with lock:
+            n = count[0]
+            count[0] += 1
+        if fails(n):
+            raised.append(n)
+            raise _failed(RuntimeError("[GPU] device lost"))
+        result: Tensors = real(inputs)
+        return result
+
+    monkeypatch.setattr(model, "_run", run)
+    return raised
+
+
+def test_a_failed_run_is_one_failed_frame_said_at_once(
+    walk: WalkVideo,
+    pool: ModelPool,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The worker kept the error for a `wait` no pipeline calls: the frame was owed until
+    # STALL_S gave up on it (10 s of no output), and the engine's error was never said.
+    monkeypatch.setattr(vision, "STALL_S", HANG_S * 2)
+    handle = PipelineHandle(spec_for(walk, max_frames=40), pool)
+    raised = _failing_runs(handle, monkeypatch, lambda n: n in (6, 7))
+    try:
+        stats = Runner(handle).join()
+    finally:
+        handle.close()
+    assert raised == [6, 7]
+    assert stats.frames == 38
+    assert stats.frame_failures == 2
+    assert handle.pipeline.error is None  # two failures in a row do not end it
+    said = [vars(r)["fields"] for r in caplog.records if r.getMessage() == "frame_failed"]
+    assert said
+    assert "device lost" in str(said[0]["error"])
+
+
+def test_an_engine_that_fails_every_run_ends_the_pipeline_with_its_error(
+    walk: WalkVideo, pool: ModelPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every run failing (a device gone) filled the window, and 60 s later the pipeline
+    # ended blaming a stuck engine, with the real error nowhere.
+    monkeypatch.setattr(vision, "ENGINE_STALL_S", HANG_S * 2)
+    handle = PipelineHandle(spec_for(walk), pool)
+    raised = _failing_runs(handle, monkeypatch, lambda n: n >= 3)
+    try:
+        stats = Runner(handle).join()
+    finally:
+        handle.close()
+    error = handle.pipeline.error
+    assert error is not None
+    assert error.code == "inference.failed"
+    assert "device lost" in str(error)
+    assert stats.frames == 3
+    assert vision.ENGINE_FAILURES_END <= stats.frame_failures <= len(raised)
+    assert len(raised) < 30  # it stopped submitting, not played the whole video
+
+
+def test_a_camera_of_a_pipeline_that_never_ran_is_let_go_at_close(
+    walk: WalkVideo, pool: ModelPool, camera: str
+) -> None:
+    # Only a run closed its source: a handle closed unrun (a stop while the agent started
+    # it, a group whose next spec failed) left the camera's reader decoding for good.
+    source = StreamSourceSpec(url=camera, hw_decode=False)
+    handle = PipelineHandle(spec_for(walk, source=source), pool)
+    live = handle.pipeline.source
+    assert isinstance(live, LiveSource)
+    deadline = time.monotonic() + HANG_S
+    while live.status != "live" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    handle.close()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("source:")] == []
+
+
+def test_frames_a_camera_replaced_before_the_run_are_not_its_drops(
+    walk: WalkVideo, pool: ModelPool, camera: str
+) -> None:
+    # The camera counts replaced frames from its opening: those of the seconds before the
+    # run (the other pipelines of a group built, a model compiled) read as the run's drops.
+    source = StreamSourceSpec(url=camera, hw_decode=False)
+    handle = PipelineHandle(spec_for(walk, source=source, max_frames=10), pool)
+    live = handle.pipeline.source
+    assert isinstance(live, LiveSource)
+    deadline = time.monotonic() + HANG_S
+    while live.status != "live" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.5)
+    assert live.dropped >= 8  # 10 FPS, nothing reading
+    try:
+        stats = Runner(handle).join()
+    finally:
+        handle.close()
+    assert stats.frames == 10
+    assert stats.dropped <= 2
