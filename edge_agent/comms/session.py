@@ -157,7 +157,9 @@ class MqttSession:
         self._unsub_mids: dict[int, str] = {}  # UNSUBSCRIBEs of `_dropped` filters awaiting acks
         self._unsub_early: set[int] = set()  # UNSUBACKs read before their mid was recorded
         self._online = False  # under _lock: subscriptions go out now (set with their snapshot)
-        self._link = 0  # under _lock: counts connections; an ack belongs to the one it came on
+        # Counts connections; an ack belongs to the one it came on. Written by the network
+        # thread under _lock; read there freely, and under _lock elsewhere.
+        self._link = 0
         # Held from deciding to send a SUBSCRIBE or UNSUBSCRIBE until paho has queued it, by
         # subscribe, unsubscribe and _on_connect alike: the broker must get them in the order
         # they were decided, or a reconnect's resubscribe can follow (and undo) a newer
@@ -666,12 +668,11 @@ class MqttSession:
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         correlation = getattr(props, "CorrelationData", None) if props is not None else None
         expiry = getattr(props, "MessageExpiryInterval", None) if props is not None else None
-        with self._lock:
-            link = self._link
         message = Message(
             msg.topic, bytes(msg.payload), msg.qos, msg.retain, response_topic, correlation, expiry
         )
-        self._queue.put(_Received(message, msg.mid, link))
+        # No lock: `_on_connect`, the one writer of `_link`, runs on this thread too.
+        self._queue.put(_Received(message, msg.mid, self._link))
 
     # --- dispatch thread -----------------------------------------------------------------
     def _dispatcher(self) -> None:

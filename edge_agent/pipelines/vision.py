@@ -412,15 +412,16 @@ class VisionPipeline:
     def _emit_safely(self, item: _Done) -> None:
         # A head that fails on one frame must not stop the pipeline (or hang the
         # reader waiting for a free slot): log it, count it, go on.
-        failed = False
-        try:
-            if item[0].error is not None:
-                self._engine_failed(item[0].error)
-                raise item[0].error
+        error = item[0].error  # the engine's, when a run of the frame raised
+        if error is not None:
+            self._engine_failed(error)
+        else:
             self._engine_failures = 0
-            self._emit(*item)
-        except Exception as exc:
-            failed = True
+            try:
+                self._emit(*item)
+            except Exception as exc:
+                error = exc
+        if error is not None:
             self._failed_unsaid += 1  # the emitter's thread alone
             if self._failed_said.ready():
                 log_event(
@@ -431,10 +432,10 @@ class VisionPipeline:
                     model=item[0].active.label,
                     frame=item[0].frame.index,
                     failures=self._failed_unsaid,
-                    error=error_text(exc),
+                    error=error_text(error),
                 )
                 self._failed_unsaid = 0
-        self._settle(lost=failed)
+        self._settle(lost=error is not None)
 
     def _engine_failed(self, error: BaseException) -> None:
         """A frame's run raised: after ENGINE_FAILURES_END in a row (a device that went
