@@ -253,10 +253,10 @@ class ModelOps:
         """
         from edge_agent.catalog.manifest import load_manifest
         from edge_agent.quantize.api import calibrate  # NNCF loads only when used
+        from edge_agent.quantize.calibrate import precheck
         from edge_agent.quantize.data import (
             calibration_data,
             recipe_for,
-            refuse_calibrated,
             resolve_data,
         )
         from edge_agent.store.release import SignedRelease, build_release, weights_precision
@@ -273,9 +273,9 @@ class ModelOps:
                 "pipeline's capture sink kept",
             )
         resolved = self.catalog.resolve(model)
-        refuse_calibrated(resolved)  # before its data is read: minutes, for a refusal
-        job.progress("data", 0.02)
         recipe = recipe_for(resolved.manifest)
+        precheck(resolved, recipe, device)  # before its data is read: minutes, for a refusal
+        job.progress("data", 0.02)
         # The record as this agent holds it, not its file read again: on a state disk
         # that refused the last write, the file lags what the agent runs.
         source = resolve_data(data, self.layout, self.pipelines.records.record.pipelines.get)

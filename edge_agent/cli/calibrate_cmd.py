@@ -86,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
     with stdout_to_stderr():
         # NNCF and OpenVINO load here: seconds of imports the rest of the CLI does not pay.
         from edge_agent.quantize.api import calibrate
-        from edge_agent.quantize.calibrate import first_line
+        from edge_agent.quantize.calibrate import first_line, precheck
 
+        precheck(resolved, recipe, args.device)  # before the data: reading it takes minutes
         data = calibration_data(source, resolved.manifest, recipe)
         try:
             path, report = calibrate(resolved, data, recipe, out, args.device, _progress(resolved))

@@ -34,7 +34,15 @@ from edge_agent.catalog.manifest import ImageInput
 from edge_agent.errors import EdgeAgentError
 from edge_agent.quantize.data import refuse_calibrated
 from edge_agent.quantize.recipe import CalibrationReport, Precision, Recipe, Rung, RungResult
-from edge_agent.quantize.tasks import Inputs, Outputs, Sample, Task, build_task, non_finite
+from edge_agent.quantize.tasks import (
+    Inputs,
+    Outputs,
+    Sample,
+    Task,
+    build_task,
+    check_metric,
+    non_finite,
+)
 from edge_agent.runtime.devices import is_present, parse_request
 
 log = logging.getLogger(__name__)
@@ -140,6 +148,21 @@ def serving_device(core: ov.Core, request: str) -> str:
         "run `edge-agent doctor` to see which devices this box has",
         code="device.unavailable",
     )
+
+
+def precheck(resolved: ResolvedModel, recipe: Recipe, device: str) -> None:
+    """Refuse what `Calibrator` would refuse of the request before the data is read.
+
+    Reading a capture takes minutes; a wrong --device or a recipe metric that does not
+    fit the model's head is known without it.
+
+    Raises:
+        EdgeAgentError: calibration.unsupported for a calibrated model, config.invalid for
+            the metric, device.unavailable when no device in `device` is present.
+    """
+    refuse_calibrated(resolved)
+    check_metric(resolved.manifest, recipe.metric)
+    serving_device(ov.Core(), device)
 
 
 def _precision_of(compiled: Any) -> str:
@@ -427,6 +450,7 @@ __all__ = [
     "Calibrator",
     "Outcome",
     "ladder",
+    "precheck",
     "save_ir",
     "serving_device",
     "versions",

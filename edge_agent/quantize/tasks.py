@@ -65,15 +65,22 @@ def auto_metric(manifest: Manifest) -> str:
     return "cosine"
 
 
-def _check_metric(manifest: Manifest, metric: str) -> None:
+def check_metric(manifest: Manifest, metric: MetricChoice) -> str:
+    """The metric a recipe's `metric` means for `manifest` ("auto" resolved).
+
+    Raises:
+        EdgeAgentError: config.invalid when it does not fit the model's head.
+    """
     # Cosine compares raw outputs and fits any model; the others decode with one kind of head.
     fits = auto_metric(manifest)
-    if metric not in (fits, "cosine"):
+    chosen = fits if metric == "auto" else metric
+    if chosen not in (fits, "cosine"):
         raise EdgeAgentError(
-            f"recipe metric {metric!r} does not fit {manifest.name}'s {manifest.head.type} head",
+            f"recipe metric {chosen!r} does not fit {manifest.name}'s {manifest.head.type} head",
             f'use metric = "{fits}" or "auto" in the recipe',
             "config.invalid",
         )
+    return chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,8 +247,7 @@ def build_task(
 ) -> Task:
     """Split frames fitted to the model's input, or audio clips, into calibration and
     held-out samples."""
-    chosen = auto_metric(manifest) if metric == "auto" else metric
-    _check_metric(manifest, chosen)
+    chosen = check_metric(manifest, metric)
     spec = manifest.input
     if isinstance(spec, ImageInput):
         # A no-op on frames `load_frames` fitted; a caller's whole frames are fitted once

@@ -328,3 +328,23 @@ def test_tiles_and_regions_refuse_a_head_that_is_not_a_detector(
     proc = edge_agent("run-pipeline", str(spec), "--max-frames", "1")
     code = one_line_error(proc, "classification head", f'mode "{mode}"', 'mode = "frame"')
     assert code == "model.incompatible"
+
+
+def test_calibrate_refuses_a_device_and_a_metric_before_reading_the_data(
+    tmp_path: Path,
+) -> None:
+    # The data was read first: minutes on a real capture, only to be told the device name
+    # is a typo or the recipe cannot judge this model. A folder of one corrupt frame makes
+    # the order visible: read first, it is the data that is refused.
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    (capture / "frame.jpg").write_bytes(b"not a jpeg")
+    common = ("calibrate", "--model", "person-ssdlite", "--data", str(capture))
+    proc = edge_agent(*common, "--device", "TPU", "--out", str(tmp_path / "a"))
+    assert one_line_error(proc, "unknown device 'TPU'") == "device.invalid"
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('metric = "top1-agreement"\n')
+    proc = edge_agent(*common, "--recipe", str(recipe), "--out", str(tmp_path / "b"))
+    assert one_line_error(proc, "top1-agreement", "detection-f1") == "config.invalid"
+    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "b").exists()
