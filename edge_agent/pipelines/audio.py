@@ -18,6 +18,7 @@ times speech started and ended.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -81,39 +82,71 @@ _Item = AudioChunk | BaseException | None
 
 
 class _Reader:
-    """Reads a source on its own thread into a bounded queue, until the end or `halt()`."""
+    """Reads a source on its own thread into a bounded buffer, until the end or `halt()`.
+
+    Every window the source returned is accounted for once: taken by `get`, counted by
+    `halt` (buffered, never taken) or counted by `join` (returned by the source after the
+    halt, when the stop closed it under a read).
+    """
 
     def __init__(self, source: AudioSource, name: str) -> None:
-        self.queue: queue.Queue[_Item] = queue.Queue(maxsize=_READ_AHEAD)
         self._source = source
-        self._halt = threading.Event()
+        self._cond = threading.Condition()
+        self._items: collections.deque[_Item] = collections.deque()
+        self._halted = False
+        self._abandoned = 0  # windows read after the halt: never buffered
         self._thread = threading.Thread(target=self._run, name=f"read-{name}", daemon=True)
         self._thread.start()
 
+    def get(self, timeout: float) -> _Item:
+        """The next item, waiting up to `timeout`.
+
+        Raises:
+            queue.Empty: none came in time.
+        """
+        with self._cond:
+            if not self._items:
+                self._cond.wait(timeout)
+            if not self._items:
+                raise queue.Empty
+            item = self._items.popleft()
+            self._cond.notify_all()
+            return item
+
     def halt(self) -> int:
         """Stop reading; returns how many windows were read but never taken."""
-        self._halt.set()
-        left = 0
-        while True:
-            try:
-                item = self.queue.get_nowait()
-            except queue.Empty:
-                return left
-            left += isinstance(item, AudioChunk)
+        with self._cond:
+            self._halted = True
+            left = sum(isinstance(item, AudioChunk) for item in self._items)
+            self._items.clear()
+            self._cond.notify_all()
+            return left
+
+    def join(self, timeout: float) -> int:
+        """Wait up to `timeout` for the reading thread to end (after the source's close ends
+        its read); returns the windows it read after `halt` and dropped."""
+        self._thread.join(timeout)
+        with self._cond:
+            abandoned, self._abandoned = self._abandoned, 0
+            return abandoned
 
     def _run(self) -> None:
-        while not self._halt.is_set():
+        while True:
             item: _Item
             try:
                 item = self._source.read()
             except BaseException as exc:  # handed to run(), which raises what is not a SourceError
                 item = exc
-            while not self._halt.is_set():
-                try:
-                    self.queue.put(item, timeout=POLL_S)
-                    break
-                except queue.Full:
-                    continue
+            with self._cond:
+                # Checked and put under one lock: a window is buffered before the halt
+                # (and counted by it) or after it (and counted here), never lost between.
+                while len(self._items) >= _READ_AHEAD and not self._halted:
+                    self._cond.wait(POLL_S)
+                if self._halted:
+                    self._abandoned += isinstance(item, AudioChunk)
+                    return
+                self._items.append(item)
+                self._cond.notify_all()
             if not isinstance(item, AudioChunk):
                 return
 
@@ -229,10 +262,11 @@ class AudioPipeline:
         in_engine = self._busy_since is not None
         with self._step_lock:
             self._left = True
+            held = self._holding  # the worker settles its window under this lock too
             closed = self._close_open() if in_engine else None
         if closed is not None:
             self._send(closed)
-        if self._holding:
+        if held:
             self.telemetry.count(counter)
         reader = self._reader
         if reader is not None:
@@ -282,7 +316,7 @@ class AudioPipeline:
                 self._max_frames is None or count < self._max_frames
             ):
                 try:
-                    item = reader.queue.get(timeout=POLL_S)
+                    item = reader.get(POLL_S)
                 except queue.Empty:
                     continue
                 if item is None:
@@ -296,7 +330,12 @@ class AudioPipeline:
                 # Per window, so that interval telemetry shows a mic's overruns as they happen.
                 self.telemetry.set_dropped(self.source.dropped)
                 t0 = time.perf_counter()
-                self._holding = True
+                with self._step_lock:  # as `_leave` reads it: the window is counted once
+                    left = self._left
+                    self._holding = not left
+                if left:  # run() gave up on a slow worker before it held this window
+                    self.telemetry.count("dropped_on_stop")
+                    return
                 window = np.concatenate([context, item.samples])
                 context = item.samples[-c.context :] if c.context else context
                 t1 = time.perf_counter()
@@ -310,11 +349,9 @@ class AudioPipeline:
                     # open segment and presence are closed below; raised out of run(), it
                     # was an "internal" crash that lost both and was never retried.
                     self._busy_since = None
-                    if self._left:
+                    if not self._settle("frame_failures"):
                         return
                     self.error = exc
-                    self.telemetry.count("frame_failures")
-                    self._holding = False
                     break
                 self._busy_since = None
                 t2 = time.perf_counter()
@@ -326,14 +363,15 @@ class AudioPipeline:
                     events = self._timeline(step.marks)
                     self._done_to, self._done = end_ts, count + 1
                 self._emit(item, list(step.closed), events, t0, t1, t2)
-                self._holding = False
                 count += 1
         finally:
             unread = reader.halt()
+            self._close_source(wait=True)
+            # A window the closed source still returned: read, and never to be taken.
+            unread += reader.join(_CLOSE_WAIT_S)
             if self._stop.is_set():
                 # Read ahead but cut off by the stop; after max_frames they were never wanted.
                 self.telemetry.count("dropped_on_stop", unread)
-            self._close_source(wait=True)
             self.telemetry.set_dropped(self.source.dropped)
         # The stream has ended for this pipeline, however it ended: close the open
         # segment and let absence clocks run to the end.
@@ -399,6 +437,8 @@ class AudioPipeline:
         self._send(
             FrameResult(self.name, chunk.index, chunk.ts, results, events, timings, self._label)
         )
+        if not self._settle(None):
+            return  # run() left this window in a sink, and counted it dropped
         t4 = time.perf_counter()
         t = self.telemetry
         t.record("read", chunk.read_s)
@@ -409,6 +449,18 @@ class AudioPipeline:
         t.record("sink", t4 - t3)
         t.record("end_to_end", t4 - t0 + chunk.read_s)
         t.frame_done()
+
+    def _settle(self, counter: Literal["frame_failures"] | None) -> bool:
+        """The worker is done with its window: count it as `counter` (None: the caller counts
+        it done). False, counting nothing, when run() has left the worker and counted the
+        window itself: a sink that wakes after the stop's grace must not count it twice."""
+        with self._step_lock:
+            if self._left:
+                return False
+            self._holding = False
+        if counter is not None:
+            self.telemetry.count(counter)
+        return True
 
     def _send(self, result: FrameResult) -> None:
         for sink in self._sinks:

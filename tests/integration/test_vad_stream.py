@@ -289,6 +289,75 @@ def test_stop_ends_run_while_a_sink_sleeps(clip: Clip, compiled: CompileFn) -> N
     assert audio.error is None  # a stop is not a failure
 
 
+class Counted:
+    """A WAV source that counts the windows it returns, and can hold one read until close()
+    (as a microphone's read returns what it had when arecord is stopped)."""
+
+    def __init__(self, path: Path, hold_at: int | None = None) -> None:
+        self._wav = WavSource(path, RATE, HEAD.window)
+        self._hold_at = hold_at
+        self.returned = 0
+        self.holding = threading.Event()
+        self._closed = threading.Event()
+
+    @property
+    def dropped(self) -> int:
+        return self._wav.dropped
+
+    def read(self) -> AudioChunk | None:
+        chunk = self._wav.read()
+        if self.returned == self._hold_at:
+            self.holding.set()
+            self._closed.wait(30)
+        self.returned += chunk is not None
+        return chunk
+
+    def close(self) -> None:
+        self._closed.set()
+        self._wav.close()
+
+
+def worker_of(audio: AudioPipeline) -> threading.Thread:
+    return next(t for t in threading.enumerate() if t.name == f"vad-{audio.name}")
+
+
+def test_a_window_left_in_a_sleeping_sink_is_counted_once(clip: Clip, compiled: CompileFn) -> None:
+    # Counted dropped when run() left it; the sink waking afterwards counted it done as well.
+    asleep = threading.Event()
+    wake = threading.Event()
+
+    def slow(result: FrameResult) -> None:
+        if result.frame == 5:
+            asleep.set()
+            wake.wait(30)
+
+    source = Counted(clip.path)
+    audio = pipeline(compiled, source, slow)
+    try:
+        stats, _ = stop_after(audio, asleep.is_set)
+        worker = worker_of(audio)
+    finally:
+        wake.set()
+    worker.join(5)
+    assert not worker.is_alive()
+    after = audio.telemetry.snapshot()
+    assert (stats.frames, after.frames) == (5, 5)
+    assert after.frames + after.dropped_on_stop == source.returned
+
+
+def test_a_window_read_as_the_stop_closes_the_source_is_counted(
+    clip: Clip, compiled: CompileFn
+) -> None:
+    # The reader's read returns once the stop has closed the source: that window was read,
+    # then neither taken nor counted, and the counts came one short of what was read.
+    source = Counted(clip.path, hold_at=8)
+    audio = pipeline(compiled, source, lambda _: None)
+    stats, took = stop_after(audio, source.holding.is_set)
+    assert took < 2.0
+    assert source.returned == 9
+    assert stats.frames + stats.dropped_on_stop == source.returned
+
+
 def on_the_clip(
     clip: Clip,
     engine: Any,
