@@ -202,9 +202,17 @@ class Decoding:
 
 
 def open_capture(
-    target: str, params: list[int], hw_decode: bool
+    target: str,
+    params: list[int],
+    hw_decode: bool,
+    worth_plain: Callable[[], bool] = lambda: True,
 ) -> tuple[cv2.VideoCapture, str, str]:
     """Open `target` with FFmpeg, asking for hardware decode first when `hw_decode`.
+
+    Args:
+        worth_plain: asked when the open with hardware decode failed: whether to open
+            again without it (a stream whose host is down would fail twice, each open up
+            to its timeout, on every reconnect).
 
     Returns:
         The capture (check `isOpened()`), the decoder in use ('cpu' or a hardware
@@ -220,6 +228,8 @@ def open_capture(
             return cap, *hw_in_use(cap, asked=True)
         if cap is not None:
             cap.release()
+        if not worth_plain():
+            return cv2.VideoCapture(), "cpu", ""  # not opened: the caller says why
         # Opening with the request failed where a plain open may not: never fail for it.
         cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, params)
         return cap, "cpu", "hw decode: failed to start, decoding on CPU"

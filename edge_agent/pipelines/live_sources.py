@@ -385,16 +385,14 @@ class LiveSource:
 
 _DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "http": 80, "https": 443}
 _PROBE_S = 2.0
-"""The longest `why_unreachable` waits for its TCP connect."""
+"""The longest `unreachable` waits for its TCP connect."""
 
 
-def why_unreachable(url: str, timeout_s: float) -> str:
-    """Why FFmpeg could not open `url`, in words, from one TCP connect (its log is muted)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    try:
-        port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower(), 80)
-    except ValueError:
+def unreachable(url: str, timeout_s: float) -> str | None:
+    """Why `url`'s host cannot be reached, in words, from one TCP connect (FFmpeg's log is
+    muted); None when it answers."""
+    host, port = _host_port(url)
+    if port is None:
         return "the URL's port is not a number"
     try:
         with socket.create_connection((host, port), timeout=min(timeout_s, _PROBE_S)):
@@ -409,8 +407,23 @@ def why_unreachable(url: str, timeout_s: float) -> str:
         if exc.errno == errno.ECONNREFUSED:
             return f"connection refused by {host}:{port} (nothing listening there)"
         return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def answers_but_no_stream(url: str) -> str:
+    """What is left to blame when `url`'s host answers and FFmpeg still cannot open it."""
+    host, port = _host_port(url)
     # A 401 from a camera whose password changed looks the same from here as a 404.
     return (
         f"{host}:{port} answers, but sends no stream FFmpeg reads (check the path, the format "
         "and the credentials in the URL)"
     )
+
+
+def _host_port(url: str) -> tuple[str, int | None]:
+    """The host and port a URL connects to (None: its port is not a number)."""
+    parts = urlsplit(url)
+    try:
+        return parts.hostname or "", parts.port or _DEFAULT_PORTS.get(parts.scheme.lower(), 80)
+    except ValueError:
+        return parts.hostname or "", None

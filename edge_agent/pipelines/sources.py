@@ -37,7 +37,8 @@ from edge_agent.pipelines.live_sources import (
     LiveSource,
     LiveSpec,
     StateCallback,
-    why_unreachable,
+    answers_but_no_stream,
+    unreachable,
 )
 from edge_agent.pipelines.realtime import RealtimeFileSource
 from edge_agent.quiet import mute_video_logs
@@ -244,11 +245,20 @@ def _stream_connector(
     mute_video_logs()
 
     def connect() -> cv2.VideoCapture:
-        cap, hw, _ = open_capture(spec.url, params, spec.hw_decode)
+        probed: list[str | None] = []
+
+        def answers() -> bool:
+            # A host that does not answer fails the open without hardware decode too: one
+            # open a reconnect, not two (each up to the stall timeout on a dead host).
+            probed.append(unreachable(spec.url, spec.stall_timeout_s))
+            return probed[0] is None
+
+        cap, hw, _ = open_capture(spec.url, params, spec.hw_decode, answers)
         if not cap.isOpened():
             cap.release()
+            why = probed[0] if probed else unreachable(spec.url, spec.stall_timeout_s)
             raise FeedUnavailableError(
-                f"cannot open {shown}: {why_unreachable(spec.url, spec.stall_timeout_s)}"
+                f"cannot open {shown}: {why or answers_but_no_stream(spec.url)}"
             )
         read_packets(cap, decoder, hw=hw)
         return cap

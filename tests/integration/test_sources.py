@@ -369,6 +369,45 @@ def test_a_camera_that_never_answers_gives_up_on_time_in_its_own_words() -> None
             connection.close()
 
 
+def test_a_dead_host_costs_one_open_a_connect_with_hardware_decode_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The open with hardware decode failed, and the same URL was opened again without it:
+    # on a powered-off camera, two opens of up to the stall timeout every reconnect. A
+    # host that does not answer TCP fails the plain open as well; it is not tried.
+    real = cv2.VideoCapture
+    opens: list[str] = []
+
+    def counting(*args: object) -> cv2.VideoCapture:
+        if args:
+            opens.append(str(args[0]))
+        return real(*args)
+
+    # Every connect that fails probes the host once, to say why: one probe, one connect.
+    real_connect = socket.create_connection
+    probes: list[object] = []
+
+    def probing(address: tuple[str, int], *args: object, **kwargs: object) -> socket.socket:
+        probes.append(address)
+        return real_connect(address, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cv2, "VideoCapture", counting)
+    monkeypatch.setattr(socket, "create_connection", probing)
+    url = f"http://127.0.0.1:{free_port()}/video.mjpg"  # nothing listens there
+    spec = StreamSourceSpec(
+        url=url, hw_decode=True, reconnect_min_s=0.2, reconnect_max_s=0.2, give_up_after_s=1.0
+    )
+    source = open_source(spec)
+    try:
+        with pytest.raises(SourceError, match="connection refused") as caught:
+            bounded(source.read, 10)
+        assert "hw decode" not in str(caught.value)
+    finally:
+        source.close()
+    assert probes, "the source never connected"
+    assert opens.count(url) == len(probes), (len(opens), len(probes))
+
+
 def test_stalled_stream_counts_as_loss(server: MjpegServer) -> None:
     states = States()
     source = stream(server.url, states, give_up_after_s=15)
