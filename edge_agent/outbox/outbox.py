@@ -58,6 +58,21 @@ log = logging.getLogger(__name__)
 
 _WRITE_FAILED_LOG_S = 60.0
 """At most one log line this often while the disk keeps refusing writes."""
+_FILE_QUOTA_FROM = 1024 * 1024
+"""From this quota up, it bounds the file: sqlite's pages, indexes and log included. A
+smaller one counts topic and payload bytes only (an empty database takes tens of KB)."""
+_WAL_SHARE = 16
+"""The write-ahead log may take 1/this of the quota..."""
+_WAL_MAX = 4 * 1024 * 1024
+"""...up to this much, sqlite's default checkpoint size."""
+_LOG_SLACK = 128 * 1024
+"""Beyond the log's limit: its shared-memory index (32 KiB), and the pages of the writes
+that come before a checkpoint can start over."""
+_MEASURE_FROM = 256 * 1024
+"""Message bytes held before the file's cost of them is measured (below, the schema's own
+pages would count as the messages' overhead)."""
+_MEASURE_EVERY = 256
+"""Puts between two measurements of that cost: the mix of message sizes drifts slowly."""
 MOVE_EVERY_S = 300.0
 """How often an outbox held in memory should try its file again (`move_to_disk`)."""
 
@@ -92,8 +107,12 @@ class OutboxStats(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     depth: int = Field(ge=0, description="Messages waiting.")
-    bytes: int = Field(ge=0, description="Payload and topic bytes waiting.")
-    quota_bytes: int = Field(ge=0, description="The byte quota.")
+    bytes: int = Field(
+        ge=0, description="Payload and topic bytes waiting (the file takes 1.2-1.4x that)."
+    )
+    quota_bytes: int = Field(
+        ge=0, description="The byte quota: of the file, its log and indexes from 1 MiB up."
+    )
     dropped_critical: int = Field(
         ge=0, description="Answers and events dropped, ever (and refused by the disk, this run)."
     )
@@ -134,7 +153,10 @@ class Outbox:
 
     Args:
         path: The sqlite file (Layout.outbox); its folder is created.
-        quota_bytes: Most topic+payload bytes kept while the broker is away.
+        quota_bytes: The most disk the outbox takes while the broker is away: its file
+            and write-ahead log, with sqlite's pages and indexes (a row costs 1.2x to 1.4x
+            its topic and payload, more as its size nears a page). Under 1 MiB, the most
+            topic and payload bytes kept.
         clock: Wall-clock seconds, injectable for tests.
     """
 
@@ -175,11 +197,38 @@ class Outbox:
         # full 64 MB quota, 283k rows, with the file in the page cache; more from a cold
         # SD card).
         self._rows = 0
+        # The file's bytes per message byte, measured as rows come (never under 1): the
+        # quota counted message bytes alone, and the file with its log ran to twice it.
+        self._ratio = 1.0
+        self._puts = 0
+        self._page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+        wal = min(_WAL_MAX, quota_bytes // _WAL_SHARE) if quota_bytes >= _FILE_QUOTA_FROM else 0
+        self._room = quota_bytes - (wal + _LOG_SLACK if wal else 0)
+        """What the rows may cost, in file bytes: the quota less the log's share."""
+        if wal:
+            self._bound_log(wal)
         self._recount()
 
     @property
     def _bytes(self) -> int:
         return sum(self._held.values())
+
+    def _bound_log(self, wal: int) -> None:
+        # Checkpointed at `wal` bytes, and cut back to them after: the log is otherwise
+        # left at its largest, 4 MB or more, whatever the quota.
+        self._db.execute(f"PRAGMA wal_autocheckpoint = {max(1, wal // self._page)}")
+        self._db.execute(f"PRAGMA journal_size_limit = {wal}")
+
+    def _measure(self) -> None:
+        """Read what the rows cost in the file, per message byte (its pages in use)."""
+        if self._room == self.quota_bytes or self._bytes < _MEASURE_FROM:
+            return  # a quota of message bytes, or too few to tell the schema from the rows
+        (pages,) = self._db.execute("PRAGMA page_count").fetchone()
+        (free,) = self._db.execute("PRAGMA freelist_count").fetchone()
+        self._ratio = max(1.0, (int(pages) - int(free)) * self._page / self._bytes)
+
+    def _fits(self, size: int) -> bool:
+        return (self._bytes + size) * self._ratio <= self._room
 
     def _recount(self) -> None:
         """Read the bytes and rows waiting from the file (at open, and after a rollback)."""
@@ -193,6 +242,7 @@ class Outbox:
             count += int(n)
         self._held = held
         self._rows = count
+        self._measure()
 
     def put(
         self,
@@ -245,6 +295,9 @@ class Outbox:
             raise
         self._held[priority] += size
         self._rows += 1
+        self._puts += 1
+        if self._puts % _MEASURE_EVERY == 0:
+            self._measure()
         seq = cursor.lastrowid
         assert seq is not None
         return seq
@@ -289,10 +342,16 @@ class Outbox:
     def _make_room(self, size: int, priority: Priority) -> None:
         # Inside the caller's transaction. Drop the least valuable first: telemetry,
         # then results, oldest first; answers and events only when nothing else is left.
-        if self._bytes + size <= self.quota_bytes:
+        if self._fits(size):
+            return
+        # Measured now, not only every few hundred puts: evicting telemetry from between
+        # results leaves pages part-empty, and the file grew by that while the last
+        # measurement said there was room (1.07x the quota).
+        self._measure()
+        if self._fits(size):
             return
         evictable = sum(held for p, held in self._held.items() if p >= priority)
-        if self._bytes - evictable + size > self.quota_bytes:
+        if not self._fits(size - evictable):
             # Even dropping everything cheaper would not make room: the new message is the drop,
             # and nothing is evicted for nothing.
             self._count_drop(priority)
@@ -300,7 +359,7 @@ class Outbox:
         # The cheapest first, oldest first within each: one priority at a time, so each
         # lookup walks the (priority, seq) index instead of sorting the table.
         for cheapest in sorted((p for p in Priority if p >= priority), reverse=True):
-            while self._bytes + size > self.quota_bytes:
+            while not self._fits(size):
                 row = self._db.execute(
                     "SELECT seq, size FROM messages WHERE priority = ? ORDER BY seq LIMIT 1",
                     (int(cheapest),),
@@ -311,7 +370,7 @@ class Outbox:
                 self._held[cheapest] -= row[1]
                 self._rows -= 1
                 self._count_drop(cheapest)
-        if self._bytes + size > self.quota_bytes:
+        if not self._fits(size):
             # Only if the counts were off (they come from the file again): the new one drops.
             self._recount()
             self._count_drop(priority)

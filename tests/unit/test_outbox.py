@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
 import pytest
 
 from edge_agent.errors import EdgeAgentError
@@ -309,3 +310,30 @@ def _vm_steps(outbox: Outbox, call: Callable[[], T]) -> tuple[T, int]:
     finally:
         outbox._db.set_progress_handler(None, 100)
     return found, steps
+
+
+@pytest.mark.parametrize("payload_bytes", [300, 3000])
+def test_the_quota_bounds_the_file_with_its_log(tmp_path: Path, payload_bytes: int) -> None:
+    # The quota counted topic and payload bytes only: with sqlite's pages, indexes and its
+    # write-ahead log the files ran to 2.2x a 4 MiB quota (2.4x with 3 KB results, one to a
+    # page). An operator sizes the state disk by it.
+    quota = 4 * 1024 * 1024
+    outbox = Outbox(tmp_path / "o.sqlite", quota_bytes=quota)
+    rng = np.random.default_rng(7)
+
+    def on_disk() -> int:
+        return sum(f.stat().st_size for f in tmp_path.iterdir())
+
+    largest = 0
+    for i in range(3 * quota // payload_bytes):
+        size = int(rng.integers(payload_bytes // 2, payload_bytes * 3 // 2))
+        priority = Priority.TELEMETRY if i % 5 == 0 else Priority.RESULT
+        outbox.put("edge/box-0001/results/cam-lobby", bytes(size), priority)
+        if i % 64 == 0:
+            largest = max(largest, on_disk())
+    largest = max(largest, on_disk())
+    stats = outbox.stats()
+    assert stats.dropped_telemetry + stats.dropped_result > 0  # the quota was reached
+    assert largest <= quota, f"{largest / quota:.2f}x the quota"
+    assert stats.bytes > quota * 0.6  # and the room is used, not given away
+    outbox.close()
