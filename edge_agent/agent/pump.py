@@ -216,6 +216,7 @@ class OutboxPump:
         ]
 
     def _publish(self, queued: Queued) -> None:
+        self._outbox.going(queued)  # first: a put meanwhile must not drop it for room
         self._session.publish(queued.topic, queued.payload, qos=queued.qos, retain=queued.retain)
         self._sent.in_flight.append(queued.seq)
         self._sent.bytes += _size([queued])

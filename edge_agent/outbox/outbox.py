@@ -201,6 +201,8 @@ class Outbox:
         # quota counted message bytes alone, and the file with its log ran to twice it.
         self._ratio = 1.0
         self._puts = 0
+        self._going: dict[int, tuple[Priority, int]] = {}
+        """Rows handed to the session and not yet acknowledged (`going`): priority, size."""
         self._page = int(self._db.execute("PRAGMA page_size").fetchone()[0])
         wal = min(_WAL_MAX, quota_bytes // _WAL_SHARE) if quota_bytes >= _FILE_QUOTA_FROM else 0
         self._room = quota_bytes - (wal + _LOG_SLACK if wal else 0)
@@ -314,6 +316,7 @@ class Outbox:
             self._db.execute("DELETE FROM messages WHERE seq = ?", (seq,))
             self._held[Priority(priority)] -= size
             self._rows -= 1
+            self._going.pop(seq, None)  # the session delivers it; its row is gone
 
     def _undo(self) -> None:
         # sqlite has already rolled back a COMMIT the disk refused: a second ROLLBACK would
@@ -350,7 +353,11 @@ class Outbox:
         self._measure()
         if self._fits(size):
             return
-        evictable = sum(held for p, held in self._held.items() if p >= priority)
+        # What is on its way is not dropped for room: it leaves at its acknowledgement.
+        # Evicted, it reached the broker all the same and was counted dropped, and a slow
+        # uplink at the quota sends the oldest first, the very rows eviction takes first.
+        going = sum(n for p, n in self._going.values() if p >= priority)
+        evictable = sum(held for p, held in self._held.items() if p >= priority) - going
         if not self._fits(size - evictable):
             # Even dropping everything cheaper would not make room: the new message is the drop,
             # and nothing is evicted for nothing.
@@ -360,10 +367,7 @@ class Outbox:
         # lookup walks the (priority, seq) index instead of sorting the table.
         for cheapest in sorted((p for p in Priority if p >= priority), reverse=True):
             while not self._fits(size):
-                row = self._db.execute(
-                    "SELECT seq, size FROM messages WHERE priority = ? ORDER BY seq LIMIT 1",
-                    (int(cheapest),),
-                ).fetchone()
+                row = self._oldest_staying(cheapest)
                 if row is None:
                     break
                 self._db.execute("DELETE FROM messages WHERE seq = ?", (row[0],))
@@ -375,6 +379,21 @@ class Outbox:
             self._recount()
             self._count_drop(priority)
             raise _DroppedError
+
+    def _oldest_staying(self, priority: Priority) -> tuple[int, int] | None:
+        """The oldest row of `priority` not on its way, as (seq, size)."""
+        # One read of at most the rows in flight and one more (a pump's batch).
+        rows = self._db.execute(
+            "SELECT seq, size FROM messages WHERE priority = ? ORDER BY seq LIMIT ?",
+            (int(priority), len(self._going) + 1),
+        ).fetchall()
+        return next(((seq, size) for seq, size in rows if seq not in self._going), None)
+
+    def going(self, queued: Queued) -> None:
+        """`queued` was handed to the session: it stays until `ack`, never dropped for room
+        (the session delivers it whatever happens to its row)."""
+        with self._lock:
+            self._going[queued.seq] = (queued.priority, len(queued.topic) + len(queued.payload))
 
     def _count_drop(self, priority: Priority) -> None:
         self._db.execute(
@@ -443,6 +462,8 @@ class Outbox:
             for priority, size, count in freed:
                 self._held[Priority(priority)] -= int(size)
                 self._rows -= int(count)
+            for seq in seqs:
+                self._going.pop(seq, None)
 
     def stats(self) -> OutboxStats:
         """Depth, bytes, the drop counters and the oldest message's age."""
@@ -497,6 +518,7 @@ class Outbox:
             self._db.close()
             self._db = disk
             self.on_disk = True
+            self._going.clear()  # called with nothing in flight; the numbers start over
             self._recount()
         log_event(log, logging.WARNING, "outbox_on_disk", path=str(self.path), moved=moved)
         return True

@@ -337,3 +337,30 @@ def test_the_quota_bounds_the_file_with_its_log(tmp_path: Path, payload_bytes: i
     assert largest <= quota, f"{largest / quota:.2f}x the quota"
     assert stats.bytes > quota * 0.6  # and the room is used, not given away
     outbox.close()
+
+
+def test_what_is_on_its_way_is_not_dropped_for_room(tmp_path: Path) -> None:
+    # A slow uplink at the quota: the pump sends the oldest rows, the very ones eviction
+    # takes first. Evicted in flight, they reached the broker all the same and were
+    # counted dropped; the rows dropped instead were never sent and never counted.
+    outbox = Outbox(tmp_path / "o.sqlite", quota_bytes=1000)
+    for i in range(10):  # 100 bytes each with the topic: the quota, full
+        outbox.put("edge/t", f"{i:094d}".encode(), Priority.TELEMETRY)
+    batch = outbox.peek(3)
+    for queued in batch:
+        outbox.going(queued)
+    for i in range(4):  # room for four: the four oldest that are not on their way
+        assert outbox.put("edge/r", f"{i:094d}".encode(), Priority.RESULT) is not None
+    waiting = [q.seq for q in outbox.peek(100)]
+    assert [q.seq for q in batch] == waiting[:3]
+    assert [q.seq for q in batch][-1] + 5 == waiting[3]  # the next four went
+    assert outbox.stats().dropped_telemetry == 4
+    outbox.ack([q.seq for q in batch])  # acknowledged: gone, and never counted dropped
+    assert outbox.stats().dropped_telemetry == 4
+    assert outbox.stats().depth == 7
+    # Nothing left to drop but what is on its way: the new message is the drop.
+    for queued in outbox.peek(100):
+        outbox.going(queued)
+    assert outbox.put("edge/t", b"t" * 500, Priority.TELEMETRY) is None
+    assert outbox.stats().depth == 7
+    outbox.close()
