@@ -133,6 +133,8 @@ class RingBuffer:
         self._size = 0
         self.overwritten = 0
         """Samples lost because writes outran reads."""
+        self.written = 0
+        """Samples written, ever: the stream position just past the newest."""
 
     @property
     def capacity(self) -> int:
@@ -146,6 +148,7 @@ class RingBuffer:
     def write(self, samples: FloatArray) -> None:
         """Append samples, dropping the oldest ones when the buffer is full."""
         new = np.asarray(samples, dtype=np.float32).ravel()
+        self.written += len(new)
         cap = self.capacity
         if len(new) >= cap:
             self.overwritten += self._size + len(new) - cap
@@ -162,6 +165,11 @@ class RingBuffer:
         self._data[end : end + first] = new[:first]
         self._data[: len(new) - first] = new[first:]
         self._size += len(new)
+
+    @property
+    def position(self) -> int:
+        """The stream position of the oldest sample waiting (what was overwritten counts)."""
+        return self.written - self._size
 
     def read(self, n: int) -> FloatArray | None:
         """The oldest `n` samples, removed from the buffer; None while fewer are waiting."""
@@ -433,6 +441,7 @@ class MicSource:
         deadline = time.monotonic() + self._stall_s
         with self._cond:
             while True:
+                at = self._ring.position
                 samples = self._ring.read(self._hop)
                 if samples is not None or self._closed or self._ended:
                     break
@@ -446,7 +455,10 @@ class MicSource:
             raise self._failure()
         chunk = AudioChunk(
             index=self._index,
-            ts=self._index * self._hop / self._rate,
+            # Where the samples are in the stream: counting chunks, every chunk after an
+            # overrun was stamped early by the audio lost, and events said speech came
+            # before it did.
+            ts=at / self._rate,
             samples=samples,
             read_s=time.perf_counter() - start,
         )

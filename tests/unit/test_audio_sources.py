@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from edge_agent.agent.pipelines import parse_spec
 from edge_agent.errors import EdgeAgentError
+from edge_agent.pipelines import audio_sources
 from edge_agent.pipelines.audio_sources import (
     MicSource,
     MicSourceSpec,
@@ -85,6 +86,8 @@ def test_ring_buffer_matches_a_list(capacity: int, ops: list[tuple[bool, int]]) 
             lost += max(0, len(model) - capacity)
             model = model[-capacity:]
         else:
+            # The samples are their own stream positions: the oldest waiting is where it is.
+            assert ring.position == (model[0] if model else counter)
             got = ring.read(n)
             if n > len(model):
                 assert got is None
@@ -350,6 +353,35 @@ def test_a_mic_says_it_is_live_once_as_its_first_chunk_is_read(
         assert calls == [1]
     finally:
         source.close()
+
+
+def test_a_mic_stamps_its_chunks_where_they_are_after_an_overrun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 12.5 s of audio sent before the first read, into a 10 s buffer: the oldest 2.5 s are
+    # lost. The chunks were stamped by counting them, 2.5 s early from then on, and events
+    # said speech came before it did.
+    samples = sine(1000, 12.5, RATE)
+    raw = tmp_path / "long.raw"
+    raw.write_bytes(s16(samples))
+    bin_dir = fake_arecord(tmp_path / "bin", raw, "exec sleep 60")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    source = open_audio_source(MicSourceSpec(), RATE, HOP)
+    try:
+        lost = len(samples) - int(RATE * audio_sources._MIC_BUFFER_S)
+        deadline = time.monotonic() + 10
+        while source.dropped < lost // HOP and time.monotonic() < deadline:
+            time.sleep(0.02)
+        first, second = source.read(), source.read()
+    finally:
+        source.close()
+    assert first is not None
+    assert second is not None
+    assert (first.index, second.index) == (0, 1)
+    assert first.ts == pytest.approx(lost / RATE)
+    assert second.ts == pytest.approx((lost + HOP) / RATE)
+    start = lost % len(samples)
+    np.testing.assert_allclose(first.samples, samples[start : start + HOP], atol=1 / 32767)
 
 
 # What arecord 1.2 prints without -q on a raw device fixed at 48 kHz (alsa-utils aplay.c).
