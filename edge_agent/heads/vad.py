@@ -11,6 +11,7 @@ hysteresis has decided it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal, Self
@@ -60,6 +61,13 @@ class VadConfig(BaseModel):
     )
     speech_pad_s: float = Field(
         default=0.03, ge=0.0, description="Widen each segment by this much on both sides, seconds."
+    )
+    max_speech_s: float | None = Field(
+        default=30.0,
+        gt=0.0,
+        description="Speech that goes on longer is cut into segments this long, seconds (None: "
+        "never); a segment is sent when it closes, and a fan taken for a voice held one open "
+        "for hours.",
     )
 
     @model_validator(mode="after")
@@ -144,13 +152,17 @@ class VadSegmenter:
         self._min_speech = config.min_speech_s * rate
         self._min_silence = config.min_silence_s * rate
         self._pad = config.speech_pad_s * rate
+        self._max_speech = (
+            config.max_speech_s * rate if config.max_speech_s is not None else math.inf
+        )
         self._reset()
 
     def _reset(self) -> None:
-        self._windows = 0
+        self._seen = 0  # the stream position just past the last window
         self._start: int | None = None
         self._candidate_end: int | None = None
         self._confirmed = False
+        self._continued = False  # the open segment goes on from one cut at max_speech_s
         # Padding must not make a segment reach back into the one before it.
         self._last_end = 0.0
         self._last_mark = 0.0
@@ -172,11 +184,16 @@ class VadSegmenter:
         """
         return self.finish().closed
 
-    def step(self, probability: float) -> VadStep:
-        """Feed the next window's speech probability; see `VadStep` for what comes back."""
+    def step(self, probability: float, at: int | None = None) -> VadStep:
+        """Feed the next window's speech probability; see `VadStep` for what comes back.
+
+        Args:
+            at: the window's first sample in the stream, when the source lost audio before
+                it (a microphone's overrun); None: just after the last window.
+        """
         window = self.config.window
-        position = self._windows * window
-        self._windows += 1
+        position = self._seen if at is None else max(at, self._seen)
+        self._seen = position + window
         closed: list[SpeechSegment] = []
         if probability >= self.config.threshold:
             self._candidate_end = None
@@ -196,6 +213,12 @@ class VadSegmenter:
             # as silero.
             if position - self._candidate_end >= self._min_silence:
                 closed = self._close(self._candidate_end, ended=True)
+        start = self._start
+        if start is not None and self._confirmed and self._seen - start >= self._max_speech:
+            # Cut, not ended: the speech goes on, in a segment of its own from here, so the
+            # timeline says nothing of silence and event rules see no departure.
+            closed = self._close(self._seen, ended=False)
+            self._start, self._confirmed, self._continued = self._seen, True, True
         return self._step(closed)
 
     def finish(self) -> VadStep:
@@ -204,9 +227,8 @@ class VadSegmenter:
         if self._start is not None:
             # Trailing quiet too short to confirm is still not speech.
             end = self._candidate_end
-            seen = self._windows * self.config.window
             # Speech still going when the stream stops has not ended: no end mark.
-            closed = self._close(end if end is not None else seen, ended=end is not None)
+            closed = self._close(end if end is not None else self._seen, ended=end is not None)
         step = self._step(closed)
         self._reset()
         return step
@@ -241,14 +263,22 @@ class VadSegmenter:
 
     def _close(self, end: int, *, ended: bool) -> list[SpeechSegment]:
         start = self._start
+        continued = self._continued
         self._start = None
         self._candidate_end = None
-        self._confirmed = False
-        if start is None or end - start < self._min_speech:
+        self._confirmed = self._continued = False
+        if start is None:
             return []
-        seen = self._windows * self.config.window
+        if continued and end <= start:
+            # The speech stopped right at the cut: the segment before it ended there.
+            if ended:
+                self._mark(start, speaking=False)
+            return []
+        # What follows a cut is kept however short: it is the end of speech long enough.
+        if end - start < self._min_speech and not continued:
+            return []
         padded_start = self._padded_start(start)
-        padded_end = min(end + self._pad, seen)
+        padded_end = min(end + self._pad, self._seen)
         self._last_end = padded_end
         # Kept means confirmed: a segment long enough to keep was long enough at its last
         # speech window, which confirmed it and marked its start.

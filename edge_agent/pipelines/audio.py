@@ -359,7 +359,9 @@ class AudioPipeline:
                 with self._step_lock:
                     if self._left:
                         return  # run() gave up on this window, closed and told the sinks
-                    step = segmenter.step(probability)
+                    # At the window's place in the stream: after a mic's overrun, counting
+                    # windows put every segment early by the audio lost.
+                    step = segmenter.step(probability, round(item.ts * c.sample_rate))
                     events = self._timeline(step.marks)
                     self._done_to, self._done = end_ts, count + 1
                 self._emit(item, list(step.closed), events, t0, t1, t2)

@@ -317,6 +317,35 @@ class Counted:
         self._wav.close()
 
 
+class Overrun(Counted):
+    """The clip with `lost_s` of audio lost before chunk `at`, as a microphone's overrun
+    loses it: the chunks after it stand that much later in the stream."""
+
+    def __init__(self, path: Path, at: int, lost_s: float) -> None:
+        super().__init__(path)
+        self._at, self._lost_s = at, lost_s
+
+    def read(self) -> AudioChunk | None:
+        chunk = super().read()
+        if chunk is None or chunk.index < self._at:
+            return chunk
+        return AudioChunk(chunk.index, chunk.ts + self._lost_s, chunk.samples, chunk.read_s)
+
+
+def test_speech_after_lost_audio_is_placed_where_it_is(clip: Clip, compiled: CompileFn) -> None:
+    # The segments were placed by counting windows: after a mic's overrun, every one came
+    # early by the audio lost, while the chunks themselves stood where they were.
+    lost = 4.0
+    results: list[FrameResult] = []
+    source = Overrun(clip.path, at=5, lost_s=lost)  # in the silence before the first speech
+    pipeline(compiled, source, results.append).run()
+    segments = [r for res in results for r in res.results if isinstance(r, SpeechSegment)]
+    assert len(segments) == len(clip.speech) == 2
+    for found, (start, end) in zip(segments, clip.speech, strict=True):
+        assert abs(found.start - (start + lost)) <= TOLERANCE_S, (found.start, start + lost)
+        assert abs(found.end - (end + lost)) <= TOLERANCE_S, (found.end, end + lost)
+
+
 def worker_of(audio: AudioPipeline) -> threading.Thread:
     return next(t for t in threading.enumerate() if t.name == f"vad-{audio.name}")
 

@@ -176,12 +176,26 @@ def test_timeline_ignores_blips_and_keeps_speech_open_at_stream_end() -> None:
     st.floats(0.0, 0.2),
     st.floats(0.0, 0.3),
     st.floats(0.0, 0.5),
+    st.one_of(st.none(), st.floats(0.2, 3.0)),
 )
 def test_timeline_agrees_with_the_segments(
-    probs: list[float], pad: float, silence: float, speech: float
+    probs: list[float], pad: float, silence: float, speech: float, longest: float | None
 ) -> None:
-    config = VadConfig(speech_pad_s=pad, min_silence_s=silence, min_speech_s=speech)
-    marks, segments = timeline(probs, config)
+    config = VadConfig(
+        speech_pad_s=pad, min_silence_s=silence, min_speech_s=speech, max_speech_s=longest
+    )
+    marks, cut = timeline(probs, config)
+    said_end = {ts for kind, _, ts in edges(marks) if kind == "end"}
+    # Speech cut at max_speech_s goes on: the timeline sees one stretch where a segment
+    # starts at the end of the one before with no end said there.
+    segments: list[SpeechSegment] = []
+    for s in cut:
+        if longest is not None:
+            assert s.end - s.start <= longest + W + pad + 1e-9
+        if segments and s.start == segments[-1].end and s.start not in said_end:
+            segments[-1] = SpeechSegment(start=segments[-1].start, end=s.end)
+        else:
+            segments.append(s)
     stamps = [m.ts for _, m in marks]
     assert stamps == sorted(stamps)
     found = edges(marks)
@@ -194,6 +208,44 @@ def test_timeline_agrees_with_the_segments(
         pytest.approx([s.end for s in segments]),
         pytest.approx([s.end for s in segments[:-1]]),
     )
+
+
+def test_speech_longer_than_max_speech_s_is_cut_with_no_departure() -> None:
+    # A fan taken for a voice held one segment open for hours: nothing was sent until it
+    # closed. It is cut every max_speech_s, and the timeline says nothing of silence.
+    config = VadConfig(max_speech_s=1.0)
+    marks, segments = timeline([0.0] * 10 + [0.9] * 100 + [0.0] * 20, config)
+    start, end = 10 * W - PAD, 110 * W + PAD
+    assert [kind for kind, _, _ in edges(marks)] == ["start", "end"]
+    assert segments[0].start == pytest.approx(start)
+    assert segments[-1].end == pytest.approx(end)
+    assert len(segments) == 4  # three cut at 32 windows (1.024 s), and the last 0.16 s kept
+    for before, after in pairwise(segments):
+        assert before.end == pytest.approx(after.start)
+        assert before.end - before.start == pytest.approx(
+            32 * W + (PAD if before is segments[0] else 0)
+        )
+    # Speech that runs to the stream's end is cut the same way.
+    assert len(run([0.9] * 100, config)) == 4
+    assert len(run([0.9] * 100)) == 1  # the 30 s default
+
+
+def test_a_window_after_lost_audio_is_placed_where_it_is() -> None:
+    # A microphone's overrun loses audio between two windows; counted in windows, every
+    # segment after it was early by what was lost.
+    segmenter = VadSegmenter(CONFIG)
+    window = CONFIG.window
+    for k in range(10):
+        segmenter.step(0.0, k * window)
+    gap = 5 * CONFIG.sample_rate  # 5 s lost
+    closed: list[SpeechSegment] = []
+    for k in range(10, 30):
+        closed += segmenter.step(0.9, gap + k * window).closed
+    for k in range(30, 50):
+        closed += segmenter.step(0.0, gap + k * window).closed
+    [segment] = closed
+    assert segment.start == pytest.approx(5 + 10 * W - PAD)
+    assert segment.end == pytest.approx(5 + 30 * W + PAD)
 
 
 def test_audio_windows_carry_context() -> None:
