@@ -54,9 +54,10 @@ def main() -> None:
                 outbox.put(TOPIC, RESULT, Priority.RESULT)
         filled = time.perf_counter() - start
         stats = outbox.stats()
+        disk = sum(f.stat().st_size for f in Path(tmp).iterdir())
         out.print(
-            f"filled to {stats.bytes / 2**20:.1f} of {args.quota_mb:g} MB "
-            f"({stats.depth} results) in {filled:.1f} s"
+            f"filled to {disk / 2**20:.2f} of {args.quota_mb:g} MB on disk: "
+            f"{stats.bytes / 2**20:.2f} MB of messages ({stats.depth} results) in {filled:.1f} s"
         )
         for what, retain in (("result, evicting the oldest", False), ("retained", True)):
             times = sorted(_time_puts(outbox, args.puts, retain))
