@@ -55,6 +55,12 @@ from edge_agent.protocol.agent import AgentEvent, PipelineState
 log = logging.getLogger(__name__)
 
 
+_NEVER_PASSES = frozenset(
+    {"command.invalid", "config.invalid", "model.incompatible", "model.shape", "path.denied"}
+)
+"""Codes of a spec this build refuses: its start from the record is not retried."""
+
+
 class Pipelines:
     """Every pipeline the agent runs. Thread-safe.
 
@@ -98,7 +104,7 @@ class Pipelines:
                 checked_spec(data, self.layout.state, self.protected, recorded=True),
                 self._head_of,
             ),
-            lambda entry: self._start_registered(entry, persist=False),
+            self._start_recorded,
             self._event,
         )
         self._swaps = Swaps(self._roster, pool, self._event, self._restart)
@@ -160,6 +166,53 @@ class Pipelines:
             raise
         return state_of(entry)
 
+    def _start_recorded(self, entry: Running) -> PipelineState:
+        """Start a pipeline from the record (a restore, a restart after a deploy). A live
+        source whose build fails for a reason that may pass is kept, failed, and retried
+        as a run that lost its feed is: after a full cache disk or a model briefly gone at
+        boot, it was listed failed for good, on every box, until an operator stopped and
+        started it again."""
+        try:
+            return self._start_registered(entry, persist=False)
+        except Exception as exc:
+            if not self._retry_recorded(entry, exc):
+                raise
+            return state_of(entry)
+
+    def _retry_recorded(self, entry: Running, exc: Exception) -> bool:
+        """Keep `entry` registered, failed, and schedule its retry, if it is live and `exc`
+        may pass; False (nothing done) otherwise."""
+        spec = entry.spec
+        code = exc.code if isinstance(exc, EdgeAgentError) else "internal"
+        if spec.source.type not in LIVE or code in _NEVER_PASSES or self._closed.is_set():
+            return False
+        with self._roster.record_lock, self._roster.lock:
+            # Not one a stop_pipeline forgot or a start_pipeline took meanwhile.
+            roster = self._roster
+            if (
+                entry.stopping.is_set()
+                or spec.id not in self.records.record.pipelines
+                or spec.id in roster.running
+                or (
+                    spec.id not in roster.restarting
+                    and roster.slots_taken(spec.id) >= roster.max_running
+                )
+            ):
+                return False
+            roster.running[spec.id] = entry
+        entry.status, entry.detail = "failed", f"start from its record failed, retried: {exc}"
+        entry.failed_code = code
+        if isinstance(exc, EdgeAgentError):
+            log_event(
+                log, logging.ERROR, "pipeline_restore_failed", pipeline=spec.id, code=code,
+                detail=str(exc), retry_s=entry.retry_s,
+            )  # fmt: skip
+        else:
+            log_crash(log, "pipeline_restore_crashed", pipeline=spec.id)
+        self._event("pipeline_failed", spec.id, code=code, detail=entry.detail)
+        self._schedule_retry(entry)
+        return True
+
     def _record_start(self, spec: PipelineSpec) -> None:
         try:
             self._roster.persist_locked(spec.id, spec)
@@ -220,6 +273,13 @@ class Pipelines:
             # A deploy, activate or rollback of its model during the build found no handle
             # to swap; left alone, this kept the version it had resolved for good.
             self._swaps.swap_to(entry, handle, None)
+        elif reload:
+            # An audio pipeline is not swapped but restarted (its model's state runs with
+            # it), as `Swaps.reload_model` restarts a running one; on a thread, as its
+            # restart compiles again.
+            threading.Thread(
+                target=self._restart, args=(entry,), name=f"restart-{spec.id}", daemon=True
+            ).start()
 
     def _run(self, entry: Running, handle: PipelineHandle) -> None:
         spec = entry.spec
@@ -253,6 +313,10 @@ class Pipelines:
             # Said like any other failure, so the console hears the pipeline is gone.
             entry.status, entry.detail = "failed", crashed
             self._event("pipeline_failed", spec.id, code="internal", detail=crashed)
+            if spec.source.type in LIVE:
+                # As a crash in a retry is retried: a one-off bug ended the camera for good.
+                entry.failed_code = "internal"
+                self._schedule_retry(entry)
         elif error is not None:
             entry.status, entry.detail = "failed", str(error)
             self._event("pipeline_failed", spec.id, code=error.code, detail=str(error))
@@ -340,17 +404,21 @@ class Pipelines:
         if forget:
             # Said whether or not the disk let it be forgotten: it has stopped.
             self._event("pipeline_stopped", pipeline_id, detail="stopped by command")
-            if not self._closed.is_set():
-                # Its slot is free: a pipeline held over the cap takes it. On a thread of
-                # its own, as its compile would hold this command's answer.
-                thread = threading.Thread(target=self.start_held, name="start-held", daemon=True)
-                with self._roster.lock:
-                    self._held_starts = [t for t in self._held_starts if t.is_alive()]
-                    self._held_starts.append(thread)
-                thread.start()
+            self._room_made()
             if unwritable is not None:
                 raise _not_forgotten(pipeline_id, unwritable, stopped=True)
         return state_of(entry)
+
+    def _room_made(self) -> None:
+        """A slot is free: a pipeline held over the cap takes it. On a thread of its own,
+        as its compile would hold the caller (a command's answer, a deploy's)."""
+        if self._closed.is_set():
+            return
+        thread = threading.Thread(target=self.start_held, name="start-held", daemon=True)
+        with self._roster.lock:
+            self._held_starts = [t for t in self._held_starts if t.is_alive()]
+            self._held_starts.append(thread)
+        thread.start()
 
     def swap(self, pipeline_id: str, ref: dict[str, Any]) -> PipelineState:
         """Hot-swap the model of a running pipeline; the swap compiles in the background."""
@@ -402,6 +470,11 @@ class Pipelines:
         finally:
             with self._roster.lock:
                 self._roster.restarting.discard(pipeline_id)
+                # Not started again (listed unrestored, or stopped meanwhile): its slot is
+                # free, and only a stop_pipeline started those held over the cap.
+                freed = pipeline_id not in self._roster.running
+            if freed:
+                self._room_made()
         return True
 
     def _head_of(self, model: str) -> str | None:

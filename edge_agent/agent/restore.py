@@ -4,7 +4,9 @@ What was started by command is written to the agent record (`roster.py`), so a
 restart or a reboot brings the same pipelines back without the fleet resending
 anything. Those past `max_pipelines` are held: kept in the record and listed as
 failed, until a restart with room. One that fails to start from its record is
-listed as failed too, and kept, until a stop_pipeline forgets it.
+listed as failed too, and kept, until a stop_pipeline forgets it; a camera, stream or
+mic whose build failed for a reason that may pass (a full disk, a model not yet
+delivered) is retried instead, as one that lost its feed is.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from edge_agent.protocol.agent import PipelineState
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["started", "held", "running", "forgotten"]
+Outcome = Literal["started", "retrying", "held", "running", "forgotten"]
 """What a recorded pipeline came to (`Restorer.restore_one`)."""
 
 
@@ -35,8 +37,8 @@ class Restorer:
     Args:
         roster: The pipelines held, and the record.
         check: Validates a spec and checks its paths (`specs.checked_spec`, by `Pipelines`).
-        start: Starts a registered entry without recording it again
-            (`Pipelines._start_registered`).
+        start: Starts a registered entry without recording it again, or keeps a live one
+            failed to retry it (`Pipelines._start_recorded`).
         say: Says a pipeline's event.
     """
 
@@ -128,6 +130,18 @@ class Restorer:
 
     def _failed(self, pipeline_id: str, exc: Exception) -> None:
         """Say that a recorded pipeline did not start: its error, or a crash's traceback."""
+        if isinstance(exc, EdgeAgentError) and exc.code == "command.cancelled":
+            # A stop_pipeline came while it was built (one the broker held for the box, as
+            # often as not): answered stopped and said so. Said failed too, with an ERROR,
+            # a console showed the operator's own stop as a failure.
+            log_event(
+                log,
+                logging.INFO,
+                "pipeline_not_restored",
+                pipeline=pipeline_id,
+                detail="stopped by a stop_pipeline while it started",
+            )
+            return
         if isinstance(exc, EdgeAgentError):
             log_event(
                 log,
@@ -220,7 +234,8 @@ class Restorer:
                     del roster.running[spec.id]  # the held ones after it in the record
                 entry = roster.register(spec, own_slot or current is not None)
         if entry is not None:
-            self._start(entry)
+            if self._start(entry).status == "failed":
+                outcome = "retrying"  # a live source kept, failed, until a retry starts it
         elif outcome == "held":
             self._say("pipeline_failed", pipeline_id, code="command.busy", detail=over_cap)
         elif outcome == "forgotten":

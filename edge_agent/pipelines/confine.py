@@ -68,6 +68,7 @@ def confine_writes(
     Raises:
         EdgeAgentError: `code`, naming the field, the path and `folder`.
     """
+    _refuse_nul(spec, code, field_prefix)
     root = _real(folder)
     sinks: list[JsonLinesSinkSpec | SnapshotSinkSpec | CaptureSinkSpec] = []
     for i, sink in enumerate(spec.sinks):
@@ -107,7 +108,23 @@ def refuse_protected_path(
     Raises:
         EdgeAgentError: `code`, naming the field, the path and what it is inside.
     """
+    if "\x00" in str(given):
+        raise _nul(field, code)
     _refuse_inside(given, [_real(p) for p in protected], code, field, fix)
+
+
+def _refuse_nul(spec: PipelineSpec, code: str, field_prefix: str) -> None:
+    # No file has one: the OS refuses it, and realpath's ValueError reached the command's
+    # answer as an `internal` crash that named no field.
+    for field, given, _ in spec_paths(spec):
+        if "\x00" in str(given):
+            raise _nul(f"{field_prefix}{field}", code)
+
+
+def _nul(field: str, code: str) -> EdgeAgentError:
+    return EdgeAgentError(
+        f"{field} has a NUL character in it", "give the path without it", code=code, field=field
+    )
 
 
 def _refuse_inside(given: Path, roots: list[Path], code: str, field: str, fix: str) -> None:
@@ -150,6 +167,7 @@ def refuse_protected(
     Raises:
         EdgeAgentError: `code`, naming the field, the path and what it is inside.
     """
+    _refuse_nul(spec, code, field_prefix)
     roots = [_real(p) for p in protected]
     for field, given, writes in spec_paths(spec):
         if not writes_only or writes:

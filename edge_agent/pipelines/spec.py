@@ -9,7 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from edge_agent.config_files import is_recorded, load_validated
 from edge_agent.pipelines.audio_sources import MicSourceSpec, WavSourceSpec
@@ -112,6 +119,15 @@ class PipelineSpec(BaseModel):
     sinks: list[SinkSpec] = Field(default_factory=_stdout_sink, description="Where results go.")
     max_frames: int | None = Field(default=None, ge=1, description="Stop after this many frames.")
     telemetry: bool = Field(default=True, description="Keep per-stage latency histograms.")
+
+    @field_validator("id")
+    @classmethod
+    def _not_a_folder_step(cls, value: str) -> str:
+        # The id names its captures' folder (`Layout.captures`): `..` wrote a capture
+        # sink's frames into the state folder's root, beside the agent's record.
+        if value in (".", ".."):
+            raise ValueError(f"{value!r} is not a pipeline id: use letters or digits too")
+        return value
 
     @model_validator(mode="after")
     def _zones_named(self) -> PipelineSpec:

@@ -311,8 +311,16 @@ class VisionPipeline:
         try:
             if self._drain():
                 self._finish()
-        except BaseException:
+        except BaseException as exc:
             # A bug here must not leave the reader waiting for a slot: run() sees the flag.
+            # The error too: with none, the run ended as a file that played out, and the
+            # agent never retried the camera.
+            if self.error is None:
+                self.error = EdgeAgentError(
+                    f"pipeline {self.name} failed: {error_text(exc)}",
+                    "a bug: the agent's log has its traceback; report it",
+                    code="internal",
+                )
             self._emitter_crashed = True
             log_crash(log, "emitter_crashed", pipeline=self.name)
 
