@@ -144,27 +144,18 @@ def test_a_camera_whose_run_crashes_once_is_retried(
             failed.set()
 
     pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, on_event)
+    owner: Any = PipelineHandle if where == "run" else VisionPipeline
+    method = "run" if where == "run" else "_drain"
+    real = getattr(owner, method)
     left = [1]
-    if where == "run":
-        real_run = PipelineHandle.run
 
-        def run(self: PipelineHandle) -> Any:
-            if left[0]:
-                left[0] -= 1
-                raise ZeroDivisionError("a one-off bug")
-            return real_run(self)
+    def once(self: Any) -> Any:
+        if left[0]:
+            left[0] -= 1
+            raise ZeroDivisionError("a one-off bug")
+        return real(self)
 
-        monkeypatch.setattr(PipelineHandle, "run", run)
-    else:
-        real_drain = VisionPipeline._drain
-
-        def drain(self: VisionPipeline) -> bool:
-            if left[0]:
-                left[0] -= 1
-                raise ZeroDivisionError("a one-off bug")
-            return real_drain(self)
-
-        monkeypatch.setattr(VisionPipeline, "_drain", drain)
+    monkeypatch.setattr(owner, method, once)
     try:
         pipelines.start(live(spec, camera), persist=False)
         assert failed.wait(30), f"no pipeline_failed: {events}"
