@@ -202,14 +202,7 @@ class Pipelines:
             roster.running[spec.id] = entry
         entry.status, entry.detail = "failed", f"start from its record failed, retried: {exc}"
         entry.failed_code = code
-        if isinstance(exc, EdgeAgentError):
-            log_event(
-                log, logging.ERROR, "pipeline_restore_failed", pipeline=spec.id, code=code,
-                detail=str(exc), retry_s=entry.retry_s,
-            )  # fmt: skip
-        else:
-            log_crash(log, "pipeline_restore_crashed", pipeline=spec.id)
-        self._event("pipeline_failed", spec.id, code=code, detail=entry.detail)
+        self._restorer.failed(spec.id, exc, entry.detail)
         self._schedule_retry(entry)
         return True
 

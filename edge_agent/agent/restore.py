@@ -82,7 +82,7 @@ class Restorer:
             except Exception as exc:
                 # A bug, or an engine's own error, in one: the rest are still restored, and
                 # those over the cap still held.
-                self._failed(pipeline_id, exc)
+                self.failed(pipeline_id, exc)
         if held:
             log_event(
                 log,
@@ -125,11 +125,12 @@ class Restorer:
                 if self.restore_one(pipeline_id, data) == "started":
                     started.append(pipeline_id)
             except Exception as exc:
-                self._failed(pipeline_id, exc)
+                self.failed(pipeline_id, exc)
         return started
 
-    def _failed(self, pipeline_id: str, exc: Exception) -> None:
-        """Say that a recorded pipeline did not start: its error, or a crash's traceback."""
+    def failed(self, pipeline_id: str, exc: Exception, detail: str | None = None) -> None:
+        """Say that a recorded pipeline did not start: its error, or a crash's traceback;
+        the event's detail is `detail`, or the error's."""
         if isinstance(exc, EdgeAgentError) and exc.code == "command.cancelled":
             # A stop_pipeline came while it was built (one the broker held for the box, as
             # often as not): answered stopped and said so. Said failed too, with an ERROR,
@@ -151,10 +152,10 @@ class Restorer:
                 code=exc.code,
                 detail=str(exc),
             )
-            self._say("pipeline_failed", pipeline_id, code=exc.code, detail=str(exc))
+            self._say("pipeline_failed", pipeline_id, code=exc.code, detail=detail or str(exc))
         else:
             log_crash(log, "pipeline_restore_crashed", pipeline=pipeline_id)
-            self._say("pipeline_failed", pipeline_id, code="internal", detail=str(exc))
+            self._say("pipeline_failed", pipeline_id, code="internal", detail=detail or str(exc))
 
     def restore_one(
         self, pipeline_id: str, data: dict[str, Any], own_slot: bool = False
