@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from edge_agent.arg_types import device_id
 from edge_agent.cli.common import layout, positive_float, positive_int, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.protocol.topics import DEFAULT_PREFIX
@@ -36,7 +37,9 @@ def register(verbs: Any) -> None:
         help="fleet public key; repeatable. Without one, signatures are not checked",
     )
     pull.add_argument("--activate", action="store_true", help="activate behind the health gate")
-    pull.add_argument("--device-id", default=None, help="this box's id (default: host name)")
+    pull.add_argument(
+        "--device-id", type=device_id, default=None, help="this box's id (default: host name)"
+    )
     pull.add_argument("--prefix", type=topic_prefix, default=DEFAULT_PREFIX, help="topic prefix")
     pull.add_argument(
         "--timeout", type=positive_float, default=300.0, help="give up after this stall"

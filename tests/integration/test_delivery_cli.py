@@ -107,3 +107,18 @@ def test_keygen_publish_serve_pull(
         server.terminate()
         server.communicate(timeout=10)
     assert server.returncode == 0
+
+
+def test_pull_refuses_a_device_id_no_topic_can_carry(broker: LocalBroker, tmp_path: Path) -> None:
+    # Taken as given, '+' went on to the broker: with a release published, the join's publish
+    # on a topic with a wildcard was a paho traceback, and 'a/b' asked on another box's topics.
+    for bad in ("+", "a/b", "#"):
+        pulled = _run(
+            [*AGENT, "--state-dir", str(tmp_path / "state"), "models", "pull", "orient",
+             "--broker", broker.url, "--device-id", bad, "--timeout", "1"]
+        )  # fmt: skip
+        assert pulled.returncode == 2, pulled.stderr
+        lines = pulled.stderr.splitlines()
+        assert len(lines) == 1, pulled.stderr
+        assert lines[0].startswith("edge-agent: error:"), lines[0]
+        assert "device id" in lines[0]
