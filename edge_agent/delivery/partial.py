@@ -99,14 +99,19 @@ class PartialTransfer:
             shutil.rmtree(self.files_dir, ignore_errors=True)
             (folder / _BITMAP).unlink(missing_ok=True)
         stored.write_bytes(signed.to_json())
-        for entry in release.files:
-            path = self.files_dir / entry.path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-            if os.fstat(fd).st_size != entry.size:
-                os.ftruncate(fd, entry.size)  # sparse: no disk used until written
-            self._fds[entry.path] = fd
-        self._bitmap_fd = os.open(folder / _BITMAP, os.O_RDWR | os.O_CREAT, 0o644)
+        self._bitmap_fd = -1
+        try:
+            for entry in release.files:
+                path = self.files_dir / entry.path
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+                self._fds[entry.path] = fd
+                if os.fstat(fd).st_size != entry.size:
+                    os.ftruncate(fd, entry.size)  # sparse: no disk used until written
+            self._bitmap_fd = os.open(folder / _BITMAP, os.O_RDWR | os.O_CREAT, 0o644)
+        except BaseException:
+            self.close()  # a pull that retries every minute leaked a descriptor per file
+            raise
         nbytes = (len(self.chunks) + 7) // 8
         raw = os.pread(self._bitmap_fd, nbytes, 0)
         self.bits = bytearray(raw.ljust(nbytes, b"\0"))

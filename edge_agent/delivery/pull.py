@@ -27,7 +27,7 @@ from edge_agent.comms.base import Communicator, Message
 from edge_agent.delivery.chunks import release_id
 from edge_agent.delivery.partial import PartialTransfer, sweep
 from edge_agent.delivery.puller import Puller, PullerOptions, PullStats
-from edge_agent.delivery.urls import fetch_url_files
+from edge_agent.delivery.urls import UrlFetch
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_event
 from edge_agent.paths import Layout, is_safe_name
@@ -173,7 +173,7 @@ def pull(
     folder = layout.transfers / f"{name}-{release.version}-{release_id(release)}"
     sweep(layout.transfers, keep=folder)
     _check_room(release, folder, store.root, options.keep_free_bytes)
-    partial = PartialTransfer(folder, signed)
+    partial = _open_partial(folder, signed)
     try:
         stats = _transfer(comm, topics, device_id, partial, options, report, cancel)
         files = partial.finish()
@@ -181,9 +181,10 @@ def pull(
         commit()
         store.install(signed, files, trusted_keys=trusted_keys, move=True)
     except EdgeAgentError as exc:
-        partial.close()
         if exc.code == "transfer.digest":
-            partial.discard()  # wrong bytes: the next pull starts clean
+            # Every chunk kept was checked against its hash, so a whole file that does not
+            # hash right is a release whose chunks and file disagree: no resume mends it.
+            partial.discard()
         elif _out_of_space(exc):
             # Kept for a resume, it held the disk at 100% (the outbox and the store on it)
             # until a deploy of that name or ABANDONED_S, 14 days.
@@ -195,10 +196,28 @@ def pull(
                 code=exc.code,
             ) from exc
         raise
+    finally:
+        partial.close()  # idempotent; an unexpected error must not leak a descriptor per file
     partial.discard()
     activated = _activate(store, release, activate, gate, report, commit)
     report("done", 1.0)
     return PullResult(release, True, activated, partial.count, stats)
+
+
+def _open_partial(folder: Path, signed: SignedRelease) -> PartialTransfer:
+    """The partial transfer in `folder`, created or resumed.
+
+    Raises:
+        EdgeAgentError: transfer.failed when the state disk will not take it.
+    """
+    try:
+        return PartialTransfer(folder, signed)
+    except OSError as exc:
+        raise EdgeAgentError(
+            f"cannot keep the transfer of {signed.release.name} in {folder}: {exc.strerror or exc}",
+            "check the state disk is mounted read-write and has room, then deploy again",
+            code="transfer.failed",
+        ) from exc
 
 
 def _check_room(release: Release, folder: Path, store_root: Path, keep_free_bytes: int) -> None:
@@ -285,35 +304,109 @@ def _transfer(
     def chunk_done() -> None:
         report("transfer", 0.85 * partial.received / count)
 
-    report("transfer", 0.85 * partial.received / count)
-    if any(f.url for f in partial.chunks.release.files):
-        fetch_url_files(
-            partial, timeout_s=options.url_timeout_s, cancel=cancel, on_chunk=chunk_done
-        )
+    chunk_done()
+    from_url = _from_urls(partial, options, cancel, chunk_done)
     puller = Puller(comm, topics, device_id, partial, options=options.puller)
     if partial.complete:
         return puller.stats
     puller.start()
-    last_count, last_change = partial.received, time.monotonic()
     try:
-        while not puller.done.wait(0.1):
-            if cancel is not None and cancel.is_set():
-                raise EdgeAgentError("the pull was cancelled", code="command.cancelled")
-            puller.tick()
-            now = time.monotonic()
-            if partial.received != last_count:
-                last_count, last_change = partial.received, now
-                chunk_done()
-            elif now - last_change > options.stall_s:
-                raise EdgeAgentError(
-                    f"no chunk of {partial.chunks.release.name} arrived for "
-                    f"{options.stall_s:g} s ({partial.received}/{partial.count} chunks)",
-                    "check the broker and that `edge-fleet serve` runs; pull again to resume",
-                    code="transfer.failed",
-                )
+        if not _watch(puller.done, partial, options, cancel, chunk_done, puller):
+            raise EdgeAgentError(
+                f"no chunk of {partial.chunks.release.name} arrived for "
+                f"{options.stall_s:g} s ({partial.received}/{partial.count} chunks)"
+                + (f"; before that, {from_url.problem}" if from_url else ""),
+                "check the broker and that `edge-fleet serve` runs; pull again to resume",
+                code="transfer.failed",
+            )
     finally:
         puller.stop()
     if puller.error is not None:
+        if from_url is not None:
+            raise EdgeAgentError(
+                f"{from_url.problem}; and over MQTT: {puller.error.problem}",
+                puller.error.fix,
+                code=puller.error.code,
+            ) from puller.error.__cause__
         raise puller.error
     chunk_done()
     return puller.stats
+
+
+def _from_urls(
+    partial: PartialTransfer,
+    options: PullOptions,
+    cancel: threading.Event | None,
+    chunk_done: Callable[[], None],
+) -> EdgeAgentError | None:
+    """Download what the release's URLs give; the problem if that fell short.
+
+    The rest comes over MQTT, as for a release with no URL: a mirror that is down, slow
+    or serving other bytes costs the fleet's broadcast, not the deploy. A disk that
+    filled ends the pull (MQTT would fill it the same way).
+
+    Raises:
+        EdgeAgentError: command.cancelled; transfer.failed for a full disk.
+    """
+    fetch = UrlFetch(partial, timeout_s=options.url_timeout_s)
+    if not fetch.wanted:
+        return None
+    fetch.start()
+    try:
+        flowed = _watch(fetch.done, partial, options, cancel, chunk_done, None)
+    finally:
+        fetch.stop()
+    error = fetch.error
+    if flowed and error is None:
+        return None
+    if error is not None and _out_of_space(error):
+        raise error
+    if error is None:
+        error = EdgeAgentError(
+            f"no byte of {partial.chunks.release.name} came from its URL for {options.stall_s:g} s",
+            code="transfer.failed",
+        )
+    log_event(
+        log,
+        logging.WARNING,
+        "url_fetch_failed",
+        model=partial.chunks.release.name,
+        code=error.code,
+        problem=error.problem,
+        missing=partial.count - partial.received,
+    )
+    return error
+
+
+def _watch(
+    done: threading.Event,
+    partial: PartialTransfer,
+    options: PullOptions,
+    cancel: threading.Event | None,
+    chunk_done: Callable[[], None],
+    puller: Puller | None,
+) -> bool:
+    """Wait for `done`, reporting each chunk stored; False after `stall_s` with none.
+
+    A puller whose broadcast flows is no stall, though none of its frames is new: a box
+    that resumes joins a carousel that reaches the chunks it lacks only when it wraps, and
+    that pass, paced to a fleet's slowest box, may outlast `stall_s`.
+
+    Raises:
+        EdgeAgentError: command.cancelled.
+    """
+    last_count, last_change = partial.received, time.monotonic()
+    while not done.wait(0.1):
+        if cancel is not None and cancel.is_set():
+            raise EdgeAgentError("the pull was cancelled", code="command.cancelled")
+        now = time.monotonic()
+        if puller is not None:
+            puller.tick(now)
+        if partial.received != last_count:
+            last_count, last_change = partial.received, now
+            chunk_done()
+            continue
+        alive = max(last_change, puller.flowing_at if puller is not None else 0.0)
+        if now - alive > options.stall_s:
+            return False
+    return True

@@ -136,6 +136,9 @@ class Puller:
         self._lock = threading.RLock()
         self._subs: dict[str, Unsubscribe] = {}
         self._last_rx = clock()
+        self.flowing_at = 0.0
+        """When the last broadcast frame came, new to this puller or not (the pull's stall
+        timer takes a flowing broadcast for progress)."""
         self._rejoins_left = self.options.rejoins
         self._wanted: set[int] = set()
         self._deadline = 0.0
@@ -219,7 +222,7 @@ class Puller:
             # on the reply topic did too, so answers to requests forged in this device's
             # name (one a second) kept a puller whose broadcaster was gone waiting for it,
             # asking nothing, until the pull failed at stall_s.
-            self._last_rx = self.clock()
+            self._last_rx = self.flowing_at = self.clock()
             if stored:
                 # The broadcast flows again: a later outage gets its rejoins too. Kept
                 # spent, a long pull's third gap (a broker restart, a cellular handover)

@@ -1,17 +1,25 @@
 """Files a release names by http(s):// or file:// URL, with Range resume.
 
-The path for very large models, where MQTT carries only the control. Bytes go
-through the same `PartialTransfer` as MQTT chunks: checked chunk by chunk
+The path for very large models, kept on a mirror the boxes reach directly. Bytes
+go through the same `PartialTransfer` as MQTT chunks: checked chunk by chunk
 against the signed release, with the same on-disk bitmap, so an interrupted
 download resumes at the first missing chunk (an HTTP Range request).
+
+The download runs in its own thread and the pull watches it, as it watches the
+MQTT puller: a blocking read cannot be interrupted, and a server that trickles
+a byte every 29 s never trips a socket timeout of 30 s. The pull stops watching
+on a cancel or a stall; from then on the thread writes nothing (each write is
+taken under the lock that `stop` takes), and it ends at its next read.
 """
 
 from __future__ import annotations
 
+import http.client
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -19,30 +27,140 @@ from edge_agent.delivery.chunks import ChunkRef
 from edge_agent.delivery.partial import PartialTransfer
 from edge_agent.errors import EdgeAgentError
 
-Progress = Callable[[], None]
+READ_BLOCK = 64 * 1024
+"""Bytes asked for per read: a stop, or a stall, is seen between two reads."""
+
+NETWORK_ERRORS = (OSError, urllib.error.URLError, http.client.HTTPException, ValueError)
+"""What a download can raise for the network or the server: http.client's IncompleteRead
+and BadStatusLine are no OSError, and a URL urllib cannot parse is a ValueError."""
 
 
-def fetch_url_files(
-    partial: PartialTransfer,
-    *,
-    timeout_s: float = 30.0,
-    cancel: threading.Event | None = None,
-    on_chunk: Progress | None = None,
-) -> None:
-    """Fill in every missing chunk of every file that has a URL.
+class UrlFetch:
+    """Fill in every missing chunk of every file of `partial` that has a URL."""
 
-    Raises:
-        EdgeAgentError: transfer.failed (unreachable, HTTP error), command.cancelled.
-    """
+    def __init__(self, partial: PartialTransfer, *, timeout_s: float = 30.0) -> None:
+        self.partial = partial
+        self.timeout_s = timeout_s
+        self.done = threading.Event()
+        self.error: EdgeAgentError | None = None
+        """Why it ended early: transfer.digest (bytes not the release's) or transfer.failed
+        (the server, the network, or the disk: then `__cause__` is the OSError)."""
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._runs = [run for refs in _by_file(partial) for run in _runs(refs)]
+        self._thread = threading.Thread(target=self._run, name="url-fetch", daemon=True)
+
+    @property
+    def wanted(self) -> bool:
+        """Whether any chunk is to come from a URL."""
+        return bool(self._runs)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop now: nothing is written to the partial after this returns."""
+        with self._lock:
+            self._stopped = True
+        self.done.set()
+
+    def _run(self) -> None:
+        try:
+            for run in self._runs:
+                if not self._fetch_run(run):
+                    return
+        except EdgeAgentError as exc:
+            self.error = exc
+        except Exception as exc:  # the pull reports it: a thread of its own never crashes it
+            self.error = EdgeAgentError(
+                f"downloading {self.partial.chunks.release.name} failed: {exc!r}",
+                "pull again; it resumes",
+                code="transfer.failed",
+            )
+        finally:
+            self.done.set()
+
+    def _fetch_run(self, run: list[ChunkRef]) -> bool:
+        """One request for consecutive chunks; False once stopped."""
+        url = run[0].file.url
+        assert url is not None
+        start = run[0].offset
+        end = run[-1].offset + run[-1].length  # exclusive
+        try:
+            with _opened(url, start, end, self.timeout_s) as read:
+                for ref in run:
+                    data = _read_exactly(read, ref.length)
+                    if not self._write(ref, data):
+                        return False
+            return True
+        except NETWORK_ERRORS as exc:
+            if isinstance(exc, _DiskError):
+                raise EdgeAgentError(
+                    f"cannot store {self.partial.chunks.release.name}: "
+                    f"{exc.cause.strerror or exc.cause}",
+                    "free space on the state disk, then deploy again",
+                    code="transfer.failed",
+                ) from exc.cause  # pull removes the partial when the disk is full
+            raise EdgeAgentError(
+                f"cannot download {url}: {exc}",
+                "check the URL is reachable from this box; the pull resumes where it stopped",
+                code="transfer.failed",
+            ) from None
+
+    def _write(self, ref: ChunkRef, data: bytes) -> bool:
+        with self._lock:
+            if self._stopped:
+                return False
+            try:
+                stored = self.partial.write(ref.index, data)
+            except OSError as exc:
+                raise _DiskError(exc) from exc
+        if not stored and not self.partial.has(ref.index):
+            raise EdgeAgentError(
+                f"chunk {ref.index} of {ref.file.url} does not match the signed release",
+                "the file at that URL is not the one the release was made from",
+                code="transfer.digest",
+            )
+        return True
+
+
+class _DiskError(OSError):
+    """A write to the partial failed: the box's disk, not the server."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.cause = cause
+
+
+Read = Callable[[int], bytes]
+
+
+@contextmanager
+def _opened(url: str, start: int, end: int, timeout_s: float) -> Iterator[Read]:
+    """A reader of bytes [start, end) of `url`: a Range request, or a seek for file://."""
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        with Path(unquote(parts.path)).open("rb") as fh:
+            fh.seek(start)
+            yield fh.read
+        return
+    request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end - 1}"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        if response.status == 200 and start > 0:
+            _skip(response.read1, start)  # the server ignored Range: read past what we have
+        elif response.status not in (200, 206):
+            raise OSError(f"HTTP {response.status}")
+        # read1: one socket read at most each, so a trickle is seen byte by byte, not as
+        # one read of a whole chunk that comes back an hour later.
+        yield response.read1
+
+
+def _by_file(partial: PartialTransfer) -> Iterator[list[ChunkRef]]:
     by_file: dict[str, list[ChunkRef]] = {}
     for ref in partial.chunks.refs:
         if ref.file.url and not partial.has(ref.index):
             by_file.setdefault(ref.file.path, []).append(ref)
-    for refs in by_file.values():
-        url = refs[0].file.url
-        assert url is not None
-        for run in _runs(refs):
-            _fetch_run(partial, url, run, timeout_s, cancel, on_chunk)
+    yield from by_file.values()
 
 
 def _runs(refs: list[ChunkRef]) -> list[list[ChunkRef]]:
@@ -56,72 +174,19 @@ def _runs(refs: list[ChunkRef]) -> list[list[ChunkRef]]:
     return runs
 
 
-def _fetch_run(
-    partial: PartialTransfer,
-    url: str,
-    run: list[ChunkRef],
-    timeout_s: float,
-    cancel: threading.Event | None,
-    on_chunk: Progress | None,
-) -> None:
-    start = run[0].offset
-    end = run[-1].offset + run[-1].length  # exclusive
-    parts = urlsplit(url)
-    try:
-        if parts.scheme == "file":
-            with Path(unquote(parts.path)).open("rb") as fh:
-                fh.seek(start)
-                _consume(partial, fh.read, run, cancel, on_chunk)
-            return
-        request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end - 1}"})
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            if response.status == 200 and start > 0:
-                _skip(response.read, start)  # the server ignored Range: read past what we have
-            elif response.status not in (200, 206):
-                raise OSError(f"HTTP {response.status}")
-            _consume(partial, response.read, run, cancel, on_chunk)
-    except (OSError, urllib.error.URLError) as exc:
-        raise EdgeAgentError(
-            f"cannot download {url}: {exc}",
-            "check the URL is reachable from this box; the pull resumes where it stopped",
-            code="transfer.failed",
-        ) from None
-
-
-def _skip(read: Callable[[int], bytes], count: int) -> None:
+def _skip(read: Read, count: int) -> None:
     while count > 0:
-        block = read(min(count, 1 << 20))
+        block = read(min(count, READ_BLOCK))
         if not block:
             raise OSError("the server closed the connection early")
         count -= len(block)
 
 
-def _consume(
-    partial: PartialTransfer,
-    read: Callable[[int], bytes],
-    run: list[ChunkRef],
-    cancel: threading.Event | None,
-    on_chunk: Progress | None,
-) -> None:
-    for ref in run:
-        if cancel is not None and cancel.is_set():
-            raise EdgeAgentError("the pull was cancelled", code="command.cancelled")
-        data = _read_exactly(read, ref.length)
-        if not partial.write(ref.index, data):
-            raise EdgeAgentError(
-                f"chunk {ref.index} of {ref.file.url} does not match the signed release",
-                "the file at that URL is not the one the release was made from",
-                code="transfer.digest",
-            )
-        if on_chunk is not None:
-            on_chunk()
-
-
-def _read_exactly(read: Callable[[int], bytes], size: int) -> bytes:
+def _read_exactly(read: Read, size: int) -> bytes:
     blocks: list[bytes] = []
     left = size
     while left > 0:
-        block = read(left)
+        block = read(min(left, READ_BLOCK))
         if not block:
             raise OSError(f"short read: {size - left} of {size} bytes")
         blocks.append(block)

@@ -15,16 +15,20 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from edge_agent.comms.base import Message
 from edge_agent.comms.local_broker import LocalBroker
-from edge_agent.delivery.partial import ABANDONED_S
+from edge_agent.delivery.chunks import ChunkMap
+from edge_agent.delivery.partial import ABANDONED_S, PartialTransfer
 from edge_agent.delivery.pull import pull
 from edge_agent.paths import Layout
+from edge_agent.protocol.delivery import Ack, Join, bitmap, decode_frame, encode_bits
 from edge_agent.store.release import save_public_key
 from edge_agent.store.store import ModelStore
 from tests.agent_kit import InProcessAgent, write_config
-from tests.broker import FAST, AfterFrames, Fleet, device_session
+from tests.broker import FAST, TOPICS, AfterFrames, Fleet, device_session
 
 WINDOW = 4  # the broadcast window: at most this many frames are in flight to a device
 REPO = Path(__file__).resolve().parents[2]
@@ -142,3 +146,50 @@ def test_the_agent_sweeps_abandoned_partials_at_start(broker: LocalBroker, tmp_p
         assert (fresh / "m.onnx.part").exists()
     finally:
         agent.close()
+
+
+def test_a_resumed_pull_waits_for_the_carousel_to_wrap(fleet: Fleet, tmp_path: Path) -> None:
+    # Another box is pulling everything, acking each frame 0.2 s late: the carousel goes
+    # at about 20 frames a second. dev-1 resumes lacking only chunk 0, which the carousel
+    # has passed: it sees 51 frames it holds before the wrap brings chunk 0, longer than
+    # its stall_s. Counted as no progress, those frames failed the pull as stalled.
+    release = fleet.signed.release
+    rid = ChunkMap(release).id
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    partial = PartialTransfer(layout.transfers / f"orient-1-{rid}", fleet.signed)
+    data = (fleet.source / release.files[0].path).read_bytes()
+    for ref in partial.chunks.refs[1:]:
+        assert partial.write(ref.index, data[ref.offset : ref.offset + ref.length])
+    partial.sync()
+    partial.close()
+
+    other = device_session(fleet.broker)
+    passed_zero = threading.Event()
+    control = TOPICS.own_control("other", "orient", 1)
+
+    def on_frame(message: Message) -> None:
+        frame = decode_frame(message.payload)
+        if frame is None:
+            return
+        if frame.index >= 2:
+            passed_zero.set()
+        ack = Ack(device_id="other", seq=frame.seq).model_dump_json().encode()
+        threading.Timer(0.2, other.publish, (control, ack), {"qos": 0}).start()
+
+    other.subscribe(TOPICS.chunks("orient", 1), on_frame, qos=0)
+    every = encode_bits(bitmap(fleet.chunks, list(range(fleet.chunks))))
+    join = Join(device_id="other", release_id=rid, chunks=fleet.chunks, missing=every)
+    other.publish(control, join.model_dump_json().encode(), qos=1)
+    device = device_session(fleet.broker)
+    try:
+        assert passed_zero.wait(10.0)
+        options = replace(FAST, stall_s=1.0)
+        result = pull(device, ModelStore(layout), layout, "orient", device_id="dev-1",
+                      trusted_keys=[fleet.key.public_key()], options=options)  # fmt: skip
+    finally:
+        device.stop()
+        other.stop()
+    assert result.installed
+    assert result.stats.resumed == fleet.chunks - 1
+    assert result.stats.stored == 1
+    assert result.stats.duplicates >= 20  # it did wait through the frames it held
