@@ -307,7 +307,7 @@ class ModelOps:
                 precision=weights_precision(manifest),
             )
             job.commit()
-            self.store.install(SignedRelease(release=release), out, move=True)
+            self.store.install(SignedRelease(release=release), out, link=True)
         self._event("calibration_done", name, version, detail=report.mode)
         return {"name": name, "version": version, "report": report.model_dump(mode="json")}
 

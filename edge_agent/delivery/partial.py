@@ -12,7 +12,7 @@ chunk hash and were written; on reopening, every set bit is checked again
 against the bytes on disk (a local read, not a refetch), so a crash between
 the data and the bitmap write, or a torn page after a power cut, costs that
 one chunk and never admits a wrong byte. The whole-file sha256 is checked by
-the store when it takes the files (`ModelStore.install(move=True)` hashes the
+the store when it takes the files (`ModelStore.install(link=True)` hashes the
 bytes it keeps), which is what the runtime then loads.
 """
 
@@ -81,6 +81,21 @@ def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
     return removed
 
 
+def _own(path: Path) -> None:
+    """Give `path` a file of its own if it shares one: the store takes a finished transfer's
+    files by hard link and makes them read-only, and an install that failed or was cut
+    short leaves them so. Written in place, they would change the store's bytes."""
+    try:
+        if path.lstat().st_nlink <= 1:
+            return
+    except FileNotFoundError:
+        return
+    mine = path.with_name(f".{path.name}.own")
+    shutil.copyfile(path, mine)
+    mine.chmod(0o644)
+    mine.replace(path)
+
+
 class PartialTransfer:
     """Open (or resume) the on-disk state of pulling `signed` into `folder`."""
 
@@ -104,6 +119,7 @@ class PartialTransfer:
             for entry in release.files:
                 path = self.files_dir / entry.path
                 path.parent.mkdir(parents=True, exist_ok=True)
+                _own(path)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
                 self._fds[entry.path] = fd
                 if os.fstat(fd).st_size != entry.size:

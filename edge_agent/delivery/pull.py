@@ -179,7 +179,7 @@ def pull(
         files = partial.finish()
         report("install", 0.9)
         commit()
-        store.install(signed, files, trusted_keys=trusted_keys, move=True)
+        store.install(signed, files, trusted_keys=trusted_keys, link=True)
     except EdgeAgentError as exc:
         if exc.code == "transfer.digest":
             # Every chunk kept was checked against its hash, so a whole file that does not

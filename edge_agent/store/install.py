@@ -16,7 +16,7 @@ from edge_agent.store.release import Release, SignedRelease
 from edge_agent.store.verify import RELEASE_FILE
 
 
-def stage(release: Release, source: Path, staging: Path, move: bool) -> None:
+def stage(release: Release, source: Path, staging: Path, link: bool) -> None:
     """Bring every file into `staging/blobs`, hashing the bytes that land there."""
     (staging / "blobs").mkdir()
     for entry in release.files:
@@ -24,8 +24,8 @@ def stage(release: Release, source: Path, staging: Path, move: bool) -> None:
         if staged.exists():
             continue  # the same bytes twice in one release
         src = source / entry.path
-        if move:
-            _move(src, staged)
+        if link:
+            _link(src, staged)
             digest, size = hash_file(staged)
         else:
             digest, size = copy_hashing(src, staged)
@@ -76,14 +76,15 @@ def _intact(blob: Path) -> bool:
     return digest == blob.name
 
 
-def _move(src: Path, dst: Path) -> None:
+def _link(src: Path, dst: Path) -> None:
+    """`dst` as a second name of `src`'s file; a copy where a hard link cannot be made
+    (another file system, or one without hard links)."""
     if src.is_symlink() or not src.is_file():
         raise EdgeAgentError(f"{src} is not a regular file", code="store.path")
     try:
-        src.rename(dst)
-    except OSError:  # another file system: copy, then drop the source as a move would
+        os.link(src, dst)
+    except OSError:
         copy_hashing(src, dst)
-        src.unlink()
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -391,16 +391,19 @@ class ModelStore:
         *,
         trusted_keys: Sequence[Ed25519PublicKey] = (),
         now: datetime | None = None,
-        move: bool = False,
+        link: bool = False,
     ) -> Release:
         """Verify a release and every byte of its files, then add it as a new version.
 
         Args:
             signed: the release; checked with `release.verify` against `trusted_keys`.
             source: folder holding the release's files at their relative paths.
-            move: rename the files out of `source` instead of copying them (a finished
-                transfer on the same file system); they are gone from `source` after.
-                The hash is taken after the move, of the bytes the store keeps.
+            link: take the files by hard link instead of copying them (a finished
+                transfer on the same file system; a copy across). `source` keeps its
+                names, so an install that fails, or a power cut in it, leaves a transfer
+                whole (they were renamed out, and a failure threw away every byte of a
+                complete pull); its owner removes it after. The hash is taken of the
+                bytes the store keeps, after the link.
 
         Returns:
             The installed release. Nothing becomes current: call `activate`.
@@ -410,7 +413,7 @@ class ModelStore:
                 is left in the store.
         """
         with self._updating():
-            return self._install(signed, source, trusted_keys, now, move)
+            return self._install(signed, source, trusted_keys, now, link)
 
     def _install(
         self,
@@ -418,7 +421,7 @@ class ModelStore:
         source: Path,
         trusted_keys: Sequence[Ed25519PublicKey],
         now: datetime | None,
-        move: bool,
+        link: bool,
     ) -> Release:
         name = signed.release.name
         check_paths(signed.release)  # before `state(name)` touches a path built from it
@@ -427,7 +430,7 @@ class ModelStore:
         check_quota(self, release)
         staging = self._staging(f"install-{name}-{release.version}")
         try:
-            stage(release, source, staging, move)
+            stage(release, source, staging, link)
             fault("install.staged")
             publish(signed, staging, self.root / "blobs", self._name_dir(name) / "versions")
         finally:
@@ -465,7 +468,7 @@ class ModelStore:
         *,
         trusted_keys: Sequence[Ed25519PublicKey] = (),
         now: datetime | None = None,
-        move: bool = False,
+        link: bool = False,
     ) -> Release:
         """Install and activate under one lock; a version that fails activation (the gate,
         damaged bytes) is removed again, so a deployment is all or nothing.
@@ -474,7 +477,7 @@ class ModelStore:
             EdgeAgentError: as `install` and `activate`.
         """
         with self._updating():  # one lock for both: nothing slips in between
-            release = self._install(signed, source, trusted_keys, now, move)
+            release = self._install(signed, source, trusted_keys, now, link)
             try:
                 return self._activate(release.name, release.version, gate)
             except EdgeAgentError:

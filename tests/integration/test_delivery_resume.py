@@ -18,11 +18,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from edge_agent.comms.base import Message
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.delivery.partial import ABANDONED_S, PartialTransfer
 from edge_agent.delivery.pull import pull
+from edge_agent.fsio import FAULT_ENV, FAULT_EXIT
 from edge_agent.paths import Layout
 from edge_agent.protocol.delivery import Ack, Join, bitmap, decode_frame, encode_bits
 from edge_agent.store.release import save_public_key
@@ -193,3 +196,56 @@ def test_a_resumed_pull_waits_for_the_carousel_to_wrap(fleet: Fleet, tmp_path: P
     assert result.stats.resumed == fleet.chunks - 1
     assert result.stats.stored == 1
     assert result.stats.duplicates >= 20  # it did wait through the frames it held
+
+
+@pytest.mark.parametrize("step", ["install.staged", "install.blobs"])
+def test_a_power_cut_in_the_install_keeps_the_transfer(
+    fleet: Fleet, tmp_path: Path, step: str
+) -> None:
+    # The store took the finished transfer's files by rename: cut at `step`, they were in
+    # the store's tmp folder (swept by the next update) or its blobs (collected), and the
+    # next pull found its bitmap full and its files empty, and fetched the whole model again.
+    state = tmp_path / "state"
+    pub = tmp_path / "fleet.pub"
+    save_public_key(fleet.key.public_key(), pub)
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD_PLAIN, str(fleet.broker.port), str(state), str(pub)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), FAULT_ENV: step},
+        timeout=60,
+        check=False,
+        capture_output=True,
+    )
+    assert child.returncode == FAULT_EXIT, child.stderr.decode()[-2000:]
+    layout = Layout(cache=state / "cache", state=state)
+    device = device_session(fleet.broker)
+    try:
+        result = pull(device, ModelStore(layout), layout, "orient", device_id="dev-9",
+                      trusted_keys=[fleet.key.public_key()], options=FAST)  # fmt: skip
+    finally:
+        device.stop()
+    assert result.installed
+    assert result.stats.resumed == fleet.chunks  # every chunk kept, re-hashed locally
+    assert result.stats.stored == 0
+    store = ModelStore(layout)
+    store.activate("orient", 1, None)
+    assert store.verify() == []
+    assert list(layout.transfers.iterdir()) == []
+
+
+_CHILD_PLAIN = """
+import sys
+from pathlib import Path
+from edge_agent.delivery.pull import pull
+from edge_agent.paths import Layout
+from edge_agent.store.release import load_public_key
+from edge_agent.store.store import ModelStore
+from tests.broker import FAST
+from edge_agent.comms.session import connect
+from edge_agent.comms.settings import BrokerSettings
+
+port, state, pub = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+layout = Layout(cache=state / "cache", state=state)
+pull(connect(BrokerSettings(port=port)), ModelStore(layout), layout, "orient",
+     device_id="dev-9", trusted_keys=[load_public_key(pub)], options=FAST)
+"""

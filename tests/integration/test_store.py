@@ -412,14 +412,14 @@ def test_a_rotted_blob_is_replaced_for_the_next_version_of_its_bytes(
     assert "sha256" in problems[0]
 
 
-def test_move_takes_a_finished_transfer_without_copying(
+def test_link_takes_a_finished_transfer_without_copying(
     serving: ModelStore, orientation: ResolvedModel, key: Ed25519PrivateKey, tmp_path: Path
 ) -> None:
     folder = ir_folder(orientation, tmp_path / "transfer")
     inode = (folder / "model.bin").stat().st_ino
     signed = release_for("orient", 3, folder, orientation.manifest, key)
-    serving.install(signed, folder, trusted_keys=[key.public_key()], move=True)
-    assert not (folder / "model.bin").exists()
+    serving.install(signed, folder, trusted_keys=[key.public_key()], link=True)
+    assert (folder / "model.bin").stat().st_ino == inode  # the transfer is its owner's
     assert (serving.version_dir("orient", 3) / "model.bin").stat().st_ino == inode
     assert serving.installed("orient", 3) == signed.release
     assert serving.verify() == []
