@@ -61,6 +61,21 @@ def topic_prefix(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
+def mirror_url(text: str) -> str:
+    """argparse type: where a mirror serves a release's files, http(s):// or file://, as the
+    release's `url` takes them (one that a box cannot fetch fails every deploy)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https", "file") or not (parts.netloc or parts.path):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http://, https:// or file:// URL")
+    if parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a file's name is added to the URL's path; it takes no ?query or #"
+        )
+    return text
+
+
 def _one_level(text: str, what: str) -> str:
     """`text` if it can be one topic level, as the agent's config takes ids; else a usage
     error naming `what` it should be."""

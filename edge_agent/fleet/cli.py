@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_agent.arg_types import positive_days, positive_int, topic_prefix
+from edge_agent.arg_types import mirror_url, positive_days, positive_int, topic_prefix
 from edge_agent.comms.cli_args import add_broker_args, broker_settings
 from edge_agent.errors import EdgeAgentError, from_os_error
 from edge_agent.fleet.console_cmd import add_console_verbs
@@ -100,6 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="release lifetime: devices refuse it after this (default: %(default)g)",
     )
+    publish.add_argument(
+        "--url-base",
+        type=mirror_url,
+        metavar="URL",
+        help=(
+            "a mirror that serves the files as URL/<file name>: boxes download them from "
+            "it (HTTP Range, resumed) and take over MQTT whatever it fails to give"
+        ),
+    )
     publish.set_defaults(run=run_publish)
 
     serve = with_broker("serve", "answer repairs and pace broadcasts (run several)")
@@ -171,6 +180,7 @@ def run_publish(args: argparse.Namespace) -> int:
         precision=args.precision,
         chunk_size=args.chunk_kib * 1024,
         lifetime=timedelta(days=args.expires_days),
+        url_base=args.url_base,
     )
     session = connect(broker_settings(args))
     repo = _repo(args)

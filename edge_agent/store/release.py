@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
+from urllib.parse import quote
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -595,12 +596,14 @@ def release_for_file(
     precision: Precision | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     lifetime: timedelta = DEFAULT_LIFETIME,
+    url_base: str | None = None,
 ) -> SignedRelease:
     """A release of a model file and its manifest (beside it as `<stem>.toml`), signed with
     `key` (unsigned when None, for a box's own installs).
 
     An IR's `.xml` brings its `.bin`. The one builder for `edge-fleet publish-model` and
-    `edge-agent models install FILE`.
+    `edge-agent models install FILE`. With `url_base`, each file names the URL of its copy
+    on a mirror: `url_base`/<its path>.
 
     Raises:
         EdgeAgentError: input.not_found, config.invalid, release.invalid.
@@ -633,4 +636,14 @@ def release_for_file(
         chunk_size=chunk_size,
         lifetime=lifetime,
     )
+    if url_base is not None:
+        base = url_base.rstrip("/")
+        release = Release.model_validate(
+            {
+                **release.model_dump(),
+                "files": [
+                    {**f.model_dump(), "url": f"{base}/{quote(f.path)}"} for f in release.files
+                ],
+            }
+        )
     return sign(release, key) if key is not None else SignedRelease(release=release)

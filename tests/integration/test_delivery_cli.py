@@ -7,8 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from edge_agent.catalog.catalog import ResolvedModel, default_models_dir
 from edge_agent.comms.local_broker import LocalBroker
@@ -122,3 +125,55 @@ def test_pull_refuses_a_device_id_no_topic_can_carry(broker: LocalBroker, tmp_pa
         assert len(lines) == 1, pulled.stderr
         assert lines[0].startswith("edge-agent: error:"), lines[0]
         assert "device id" in lines[0]
+
+
+def test_publish_with_a_mirror_and_pull_from_it_with_no_fleet_server(
+    broker: LocalBroker, tmp_path: Path, resolve: Callable[[str], ResolvedModel]
+) -> None:
+    # No `edge-fleet serve` runs: every byte must come from the mirror the release names.
+    model = resolve("text-orientation")
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    shutil.copyfile(model.path, mirror / "orient-v1.onnx")
+    shutil.copyfile(default_models_dir() / "text-orientation.toml", mirror / "orient-v1.toml")
+    asked: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, directory=str(mirror), **kw)
+
+        def log_message(self, format: str, *args: object) -> None:
+            asked.append(self.path)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {**os.environ, "EDGE_FLEET_REPO": str(tmp_path / "repo")}
+    key = tmp_path / "fleet.key"
+    try:
+        assert _run([*FLEET, "keygen", str(key)]).returncode == 0
+        base = f"http://127.0.0.1:{server.server_address[1]}/"
+        published = _run(
+            [*FLEET, "publish-model", str(mirror / "orient-v1.onnx"), "--name", "orient",
+             "--version", "1", "--key", str(key), "--url-base", base,
+             "-h", broker.host, "-p", str(broker.port)],
+            env=env,
+        )  # fmt: skip
+        assert published.returncode == 0, published.stderr
+        pulled = _run(
+            [*AGENT, "--state-dir", str(tmp_path / "state"), "models", "pull", "orient",
+             "--broker", broker.url, "--trusted-key", str(key.with_name("fleet.key.pub")),
+             "--timeout", "20"]
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert pulled.returncode == 0, pulled.stderr
+    assert "orient v1: pulled" in pulled.stdout
+    assert asked
+    assert all(a == "/orient-v1.onnx" for a in asked), asked
+
+    refused = _run([*FLEET, "publish-model", str(mirror / "orient-v1.onnx"), "--version", "2",
+                    "--key", str(key), "--url-base", "ftp://mirror/models"], env=env)  # fmt: skip
+    assert refused.returncode == 2
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert "ftp://mirror/models" in refused.stderr
