@@ -32,6 +32,9 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from edge_agent.delivery.buckets import TokenBuckets
 from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.protocol.delivery import (
@@ -122,7 +125,10 @@ class Broadcast:
         self.options = options or BroadcastOptions()
         self.stats = BroadcastStats()
         self._pullers: dict[str, _Puller] = {}
-        self._demand = [0] * len(chunks)
+        # How many pullers in the window need each chunk. An array, as a join or a drop adds
+        # or takes a whole bitmap: a loop over a 1 GB model's 8,192 chunks took 0.9 ms of
+        # the server's lock per join, 4.5 s for a fleet of 5,000 rejoining after an outage.
+        self._demand = np.zeros(len(chunks), dtype=np.int32)
         self._pos = 0
         self._seq = 1
         self._sent_at: dict[int, float] = {}
@@ -172,9 +178,7 @@ class Broadcast:
         if not left:
             self._name_done(device, now - self.options.done_grace_s)  # said at once
             return
-        for i in range(n):
-            if bit(needed, i):
-                self._demand[i] += 1
+        self._demand += _bits(needed, n)
         self._pullers[device] = _Puller(needed, left, self._seq - 1, now)
         self.stats.joins += 1
         if self._state == "idle":
@@ -251,10 +255,14 @@ class Broadcast:
         (the next call goes on to the chunk after it, and comes back to it a lap later)."""
         n = len(self.chunks)
         index = self._pos
-        for _ in range(n):
-            if self._demand[index] > 0:
-                break
-            index = (index + 1) % n
+        if self._demand[index] <= 0:
+            wanted = self._demand > 0
+            ahead = np.flatnonzero(wanted[index:])
+            behind = np.flatnonzero(wanted[:index])
+            if ahead.size:
+                index += int(ahead[0])
+            elif behind.size:
+                index = int(behind[0])
         data = self.read_chunk(index)
         if data is None:
             self.stats.unreadable += 1
@@ -285,9 +293,7 @@ class Broadcast:
     def _drop(self, device: str) -> None:
         puller = self._pullers.pop(device, None)
         if puller is not None and puller.left:
-            for i in range(len(self.chunks)):
-                if bit(puller.needed, i):
-                    self._demand[i] -= 1
+            self._demand -= _bits(puller.needed, len(self.chunks))
 
     def _name_done(self, device: str, since: float) -> None:
         """Name `device` in `done` once `done_grace_s` has passed `since`, unless it leaves."""
@@ -327,3 +333,8 @@ class Broadcast:
             return None
         news = 0.0 if not self._state_said else max(0.0, self._due[0][0] - now)
         return max(news, self._statuses.wait("", now))
+
+
+def _bits(bitmap: bytearray, n: int) -> npt.NDArray[np.uint8]:
+    """Bit i of `bitmap` (as `bit` reads it) at index i, for the first `n`."""
+    return np.unpackbits(np.frombuffer(bytes(bitmap), dtype=np.uint8), bitorder="little")[:n]

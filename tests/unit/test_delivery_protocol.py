@@ -332,3 +332,43 @@ def test_a_partial_from_an_unset_clock_is_not_taken_for_abandoned(tmp_path: Path
     # And a box whose own clock is unset ages nothing at all.
     assert sweep(root, keep=keep, now=200.0) == []
     assert sorted(root.iterdir()) == sorted([folders["early"], folders["ahead"]])
+
+
+@given(
+    wants=st.lists(st.sets(st.integers(0, 20), min_size=1), min_size=1, max_size=6),
+    leaves=st.sets(st.integers(0, 5)),
+    cut=st.integers(0, 30),
+)
+def test_the_carousel_sends_what_its_pullers_still_need_and_nothing_else(
+    tmp_path_factory: pytest.TempPathFactory, wants: list[set[int]], leaves: set[int], cut: int
+) -> None:
+    # Joins add each puller's bitmap to the count of pullers needing each chunk, and a
+    # leave takes it away (whole arrays since a per-chunk loop cost 0.9 ms a join): a
+    # count off by one sends a chunk nobody needs, forever, or skips one a puller needs.
+    signed, _ = make_release(tmp_path_factory.mktemp("r"), 21 * CHUNK)
+    chunks = ChunkMap(signed.release)
+    sent: list[int] = []
+    cast = Broadcast(
+        chunks, lambda i: b"x", lambda p: sent.append(decode_frame(p).index),  # type: ignore[union-attr]
+        lambda s: None, "s1", BroadcastOptions(window=1000, gather_s=0.0),
+    )  # fmt: skip
+    needs = {f"d{k}": set(want) for k, want in enumerate(wants)}
+    for device, want in needs.items():
+        cast.join(Join(device_id=device, release_id=chunks.id, chunks=21,
+                       missing=encode_bits(bitmap(21, sorted(want)))), 0.0)  # fmt: skip
+    while cast.active and len(sent) < cut:  # part of a pass, one frame at a time
+        before = len(sent)
+        cast._send_next(0.0)
+        index = sent[-1]
+        assert len(sent) == before + 1
+        assert any(index in want for want in needs.values())  # somebody needed it
+        for want in needs.values():
+            want.discard(index)
+    for k in leaves:
+        cast.leave(Leave(device_id=f"d{k}", reason="cancelled"))
+        needs.pop(f"d{k}", None)
+    rest = len(sent)
+    cast.step(0.0)
+    after = sent[rest:]
+    assert len(after) == len(set(after))  # a chunk goes once per pass
+    assert set(after) == set().union(*needs.values())  # exactly what the others lack
