@@ -209,7 +209,24 @@ class AgentService:
             self.pipelines.handles,
             env,
             state=self._birth,
+            wanted=self._recorded_labels,
+            subscribe=lambda topic_filter, handler: self.session.subscribe(
+                topic_filter, handler, qos=1
+            ),
         )
+
+    def _recorded_labels(self) -> dict[str, list[str]]:
+        """The pipelines this agent is to run, and the labels of their event rules, as its
+        record holds them (read raw: it was checked when it was written)."""
+        wanted: dict[str, list[str]] = {}
+        for pipeline, spec in self.records.record.pipelines.items():
+            rules = spec.get("events")
+            wanted[pipeline] = [
+                rule["label"]
+                for rule in (rules if isinstance(rules, list) else [])
+                if isinstance(rule, dict) and isinstance(rule.get("label"), str)
+            ]
+        return wanted
 
     # --- publishing: everything through the outbox ---------------------------------------------
     def _queue(self, topic: str, payload: bytes, priority: Priority, retain: bool = False) -> None:

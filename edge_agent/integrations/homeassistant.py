@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import threading
 import time
@@ -29,8 +30,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edge_agent.comms.base import Message
 from edge_agent.integrations.occupancy import Change, Occupancy, present_labels
+from edge_agent.logs import log_event
 from edge_agent.protocol.agent import AgentEvent, DetectionEvent
+
+log = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes], None]
 """Publish one retained message (QoS 1); an empty payload deletes."""
@@ -112,9 +117,24 @@ def _topic(d: Discovery, component: str, unique: str) -> str:
     return f"{d.prefix}/{component}/{d.node_id}/{unique}/config"
 
 
+def pair_id(pipeline: str, label: str) -> str:
+    """One id for a (pipeline, label) pair, never another pair's.
+
+    Joined by '_' alone, ids that hold a '_' of their own are ambiguous: pipeline
+    `front_door` with label `person` and pipeline `front` with label `door_person` were one
+    entity, each pipeline's state overwriting the other's. Such a pair takes a digest of
+    both; a pair with no '_' in either id keeps the id it always had.
+    """
+    a, b = object_id(pipeline), object_id(label)
+    if "_" not in a and "_" not in b:
+        return f"{a}_{b}"
+    digest = hashlib.sha256(json.dumps([pipeline, label]).encode()).hexdigest()[:6]
+    return f"{a}_{b}_{digest}"
+
+
 def occupancy_config(d: Discovery, pipeline: str, label: str) -> tuple[str, dict[str, Any]]:
     """The occupancy binary_sensor of one pipeline and label."""
-    unique = f"{object_id(pipeline)}_{object_id(label)}_occupancy"
+    unique = f"{pair_id(pipeline, label)}_occupancy"
     payload = _common(d, f"{pipeline} {label}", unique) | {
         "device_class": "occupancy",
         "state_topic": occupancy_topic(d, pipeline, label),
@@ -174,6 +194,16 @@ def pipeline_configs(
     return [*configs, fps_config(d, pipeline), latency_config(d, pipeline)]
 
 
+def config_filter(d: Discovery) -> str:
+    """Every discovery config of this node, whatever its component and object id."""
+    return f"{d.prefix}/+/{d.node_id}/+/config"
+
+
+def occupancy_filter(d: Discovery) -> str:
+    """Every retained occupancy state of this box."""
+    return f"{d.occupancy_root}/+/+"
+
+
 def encode(payload: Mapping[str, Any]) -> bytes:
     """A discovery payload as compact JSON."""
     return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
@@ -181,6 +211,9 @@ def encode(payload: Mapping[str, Any]) -> bytes:
 
 RunningLabels = Callable[[], Mapping[str, Sequence[str]]]
 """The running pipelines and the labels their event rules watch."""
+
+Subscribe = Callable[[str, Callable[[Message], None]], object]
+"""Subscribe a handler to a topic filter, kept across reconnects (the agent's session)."""
 
 
 class HomeAssistant:
@@ -191,6 +224,12 @@ class HomeAssistant:
         publish: Publishes one retained message (the service's outbox).
         running: The running pipelines and their rule labels.
         labels: Labels watched on every pipeline besides its rules' labels.
+        wanted: The pipelines the agent is to run (its record), running yet or not, and
+            their rule labels: their entities are kept while they start.
+        subscribe: With it, the retained discovery configs and occupancy states of this
+            node that belong to none of those pipelines are cleared at each connect: a
+            label taken out of the config, a rule edited while the agent was down, or a
+            pipeline removed then, left entities that only a hand in HA could remove.
         min_score: Results below this do not occupy.
         hold_s: Seconds a label seen in results keeps its pair occupied.
         clock: Monotonic seconds, injectable.
@@ -205,10 +244,17 @@ class HomeAssistant:
         min_score: float = 0.5,
         hold_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        wanted: RunningLabels | None = None,
+        subscribe: Subscribe | None = None,
     ) -> None:
         self.discovery = discovery
         self._publish = publish
         self._running = running
+        self._wanted = wanted or (lambda: {})
+        self._subscribe = subscribe
+        self._subscribed = False
+        self.swept = 0
+        """Retained topics of entities nobody runs, cleared since the start."""
         self._labels = tuple(labels)
         self._min_score = min_score
         self._clock = clock
@@ -244,9 +290,45 @@ class HomeAssistant:
                 self._publish(occupancy_topic(self.discovery, pipeline, label), b"")
 
     def on_connected(self) -> None:
-        """(Re)announce every running pipeline: a broker without persistence forgot them."""
+        """(Re)announce every running pipeline: a broker without persistence forgot them.
+        Then, once, subscribe to what the broker retains for this node: it sends it again
+        at every connect, and `_sweep` clears what is no one's."""
         for pipeline, rule_labels in self._running().items():
             self.announce(pipeline, rule_labels)
+        if self._subscribe is not None and not self._subscribed:
+            self._subscribed = True
+            self._subscribe(config_filter(self.discovery), self._sweep)
+            self._subscribe(occupancy_filter(self.discovery), self._sweep)
+
+    def _kept(self, sources: Sequence[Mapping[str, Sequence[str]]]) -> set[str]:
+        """The retained topics that belong: the configs and states of every pipeline that
+        runs, or is to run (restored after a restart, it may not have started yet)."""
+        pipelines: dict[str, set[str]] = {}
+        for source in sources:
+            for pipeline, rule_labels in source.items():
+                pipelines.setdefault(pipeline, set()).update(rule_labels)
+        kept: set[str] = set()
+        for pipeline, watched in pipelines.items():
+            labels = {*self._labels, *watched, *self._occupancy.labels(pipeline)}
+            kept.update(topic for topic, _ in pipeline_configs(self.discovery, pipeline, labels))
+            kept.update(occupancy_topic(self.discovery, pipeline, label) for label in labels)
+        return kept
+
+    def _sweep(self, message: Message) -> None:
+        # Only what the broker held when the subscription was made (or remade, at a
+        # reconnect) comes flagged retained: a live publish, this agent's own included,
+        # does not, and an empty payload is a clear already done.
+        if not message.retain or not message.payload:
+            return
+        # Asked before the lock, as `on_connected` and `on_event` ask: the pipelines' own
+        # lock is taken while they call `on_event`, which takes this one.
+        sources = (self._wanted(), self._running())
+        with self._lock:
+            if message.topic in self._kept(sources):
+                return
+            self._publish(message.topic, b"")
+            self.swept += 1
+        log_event(log, logging.INFO, "homeassistant_entity_swept", topic=message.topic)
 
     def on_event(self, event: AgentEvent | DetectionEvent) -> None:
         """Follow pipelines starting and stopping, and tracked objects coming and going."""

@@ -15,7 +15,14 @@ from typing import Any
 from edge_agent import __version__
 from edge_agent.config.agent import IntegrationsConfig
 from edge_agent.integrations import journald
-from edge_agent.integrations.homeassistant import Discovery, HomeAssistant, Publish, object_id
+from edge_agent.integrations.homeassistant import (
+    Discovery,
+    HomeAssistant,
+    Publish,
+    RunningLabels,
+    Subscribe,
+    object_id,
+)
 from edge_agent.integrations.prometheus import PrometheusExporter
 from edge_agent.logs import error_text, log_event
 from edge_agent.pipelines.runner import PipelineHandle
@@ -47,6 +54,9 @@ class Integrations:
         journal_socket: The journal's socket (tests point it elsewhere).
         state: The agent's state as its birth says it, for the metrics telemetry lacks
             (pipelines not running, models' devices, trust).
+        wanted: The pipelines the agent is to run and their rule labels (its record).
+        subscribe: The agent's session's subscribe, for Home Assistant's sweep of what the
+            broker retains for entities no pipeline has any more.
     """
 
     def __init__(
@@ -59,6 +69,8 @@ class Integrations:
         env: Mapping[str, str],
         journal_socket: str = journald.JOURNAL_SOCKET,
         state: Callable[[], State] | None = None,
+        wanted: RunningLabels | None = None,
+        subscribe: Subscribe | None = None,
     ) -> None:
         self._running = running
         self._state = state
@@ -84,6 +96,8 @@ class Integrations:
                 labels=ha.labels,
                 min_score=ha.min_score,
                 hold_s=ha.off_delay_s,
+                wanted=wanted,
+                subscribe=subscribe,
             )
         self.prometheus: PrometheusExporter | None = None
         prom = config.prometheus

@@ -114,6 +114,9 @@ class Sub:
         self.proc.stdout.close()
 
 
+STALE_ENTITY = "homeassistant/binary_sensor/dock-1/gone_person_occupancy/config"
+
+
 def box_pub(
     port: int, user: str, topic: str, payload: str, *flags: str, password: str | None = None
 ) -> str:
@@ -205,6 +208,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             broker.fleet_port, "dock-1", username="fleet", password=PASSWORDS["fleet"]
         )
         stack.callback(console.close)
+        # An entity an earlier run of dock-1 left retained: the agent clears it at connect.
+        assert REFUSED not in box_pub(broker.port, "dock-1", STALE_ENTITY, "{}", "-r")
         config = write_config(
             folder / "dock-1.toml",
             port=broker.port,
@@ -294,6 +299,12 @@ def test_a_box_reads_no_other_boxs_answers_results_or_group(site: Site) -> None:
     assert set(spy.delivered()) == {"edge/v1/releases/orient/1", "edge/v1/releases/orient/latest"}
     # Results, HA discovery and occupancy were all the box's to write.
     assert site.agent.service.session.rejected == 0
+    # And its own entity configs to read back: the one an earlier run left came to it, and
+    # its clear was not refused (above). (A mosquitto_sub as dock-1 to look would take over
+    # the agent's session: the broker names clients by user.)
+    ha = site.agent.service.integrations.homeassistant
+    assert ha is not None
+    assert ha.swept == 1
 
 
 def test_a_box_can_replace_neither_a_release_nor_another_boxs_state(site: Site) -> None:

@@ -88,6 +88,60 @@ def test_discovery_is_retained_where_ha_looks_and_withdrawal_clears_it(
     assert retained(broker, "homeassistant/#", f"edge/v1/{DEVICE}/occupancy/#") == {}
 
 
+def test_entities_no_pipeline_has_any_more_are_cleared_at_connect(
+    broker: LocalBroker, client: MqttSession
+) -> None:
+    # Left retained by an earlier run: `gone` was removed while the agent was down, and
+    # `dock` watched `bicycle` then. `yard` is in the agent's record but has not started:
+    # its entities stay. They were left for good, for a hand in HA to remove.
+    discovery = Discovery(
+        prefix="homeassistant",
+        node_id=DEVICE,
+        device_id=DEVICE,
+        sw_version="test",
+        state_topic=f"edge/v1/{DEVICE}/state",
+        telemetry_topic=f"edge/v1/{DEVICE}/telemetry",
+        occupancy_root=f"edge/v1/{DEVICE}/occupancy",
+    )
+    stale = {
+        f"homeassistant/binary_sensor/{DEVICE}/gone_person_occupancy/config": b"{}",
+        f"homeassistant/sensor/{DEVICE}/gone_fps/config": b"{}",
+        f"edge/v1/{DEVICE}/occupancy/gone/person": b"ON",
+        f"homeassistant/binary_sensor/{DEVICE}/dock_bicycle_occupancy/config": b"{}",
+        f"edge/v1/{DEVICE}/occupancy/dock/bicycle": b"ON",
+    }
+    kept = {
+        f"homeassistant/binary_sensor/{DEVICE}/yard_car_occupancy/config": b"{}",
+        f"homeassistant/sensor/{DEVICE}/yard_fps/config": b"{}",
+        f"edge/v1/{DEVICE}/occupancy/yard/person": b"OFF",
+        # Another box's, under the same prefix: never this one's to touch.
+        "homeassistant/binary_sensor/dock-8/gone_person_occupancy/config": b"{}",
+    }
+    for topic, payload in {**stale, **kept}.items():
+        client.publish(topic, payload, qos=1, retain=True)
+    assert client.flush(5.0)
+
+    agent = connect(BrokerSettings(host=broker.host, port=broker.port))
+    try:
+        ha = HomeAssistant(
+            discovery,
+            lambda topic, payload: agent.publish(topic, payload, qos=1, retain=True),
+            lambda: {"dock": ["car"]},
+            wanted=lambda: {"dock": ["car"], "yard": ["car"]},
+            subscribe=lambda topic_filter, handler: agent.subscribe(topic_filter, handler),
+        )
+        ha.on_connected()
+        _wait(lambda: ha.swept >= len(stale), 10, "the stale entities to be cleared")
+        assert agent.flush(5.0)
+        found = retained(broker, "homeassistant/#", f"edge/v1/{DEVICE}/occupancy/#")
+    finally:
+        agent.stop(2.0)
+    assert ha.swept == len(stale)
+    assert not set(stale) & set(found), found
+    assert set(kept) <= set(found)
+    assert f"homeassistant/binary_sensor/{DEVICE}/dock_car_occupancy/config" in found
+
+
 def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -132,6 +186,14 @@ def test_the_agent_drives_home_assistant_and_prometheus_from_a_real_pipeline(
     client.subscribe(f"edge/v1/{DEVICE}/occupancy/#", record)
     client.subscribe(f"edge/v1/{DEVICE}/events", record)
 
+    # Left by an earlier run whose config watched `bicycle` too: the agent clears it.
+    client.publish(
+        f"homeassistant/binary_sensor/{DEVICE}/walk_bicycle_occupancy/config",
+        b"{}",
+        qos=1,
+        retain=True,
+    )
+    assert client.flush(5.0)
     service = AgentService(config, {})
     stop = threading.Event()
     runner = threading.Thread(target=service.run, args=(stop,), daemon=True)

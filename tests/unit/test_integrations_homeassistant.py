@@ -244,3 +244,16 @@ def test_failures_release_tracked_occupancy(kind: str) -> None:
     ha.on_event(_detection("update", "1", "person"))
     ha.on_event(_event(kind, "dock"))
     assert sent.on(occupancy_topic(D, "dock", "person"))[-1] == b"OFF"
+
+
+def test_two_pairs_that_split_an_underscore_differently_are_two_entities() -> None:
+    # "front_door" + "person" and "front" + "door_person" were one unique_id and one config
+    # topic: each pipeline's entity overwrote the other's, and one state showed for both.
+    a = pipeline_configs(D, "front_door", ["person"])[0]
+    b = pipeline_configs(D, "front", ["door_person"])[0]
+    assert a[0] != b[0]
+    assert a[1]["unique_id"] != b[1]["unique_id"]
+    assert a[1]["state_topic"] != b[1]["state_topic"]
+    # A pair with no '_' in either keeps the id it always had: no entity of a fleet moves.
+    (topic, _), *_ = pipeline_configs(D, "dock", ["person"])
+    assert topic.endswith("/dock_person_occupancy/config")
