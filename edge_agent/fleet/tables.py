@@ -283,7 +283,12 @@ def results_table(title: str, results: Iterable[DeviceResult]) -> Table:
             outcome, version, code = "[green]ok[/]", str(entry.result.get("version", "-")), ""
             swapped = entry.result.get("pipelines_swapped") or []
             detail = "activated" if entry.result.get("activated") else "installed"
-            detail += f", swapped {', '.join(map(str, swapped))}" if swapped else ""
+            if not isinstance(swapped, list):
+                # A box's answer, not ours: a number in it ended the console after the
+                # deploy had run, and a string was listed letter by letter.
+                detail += ", swapped: malformed"
+            elif swapped:
+                detail += f", swapped {', '.join(map(str, swapped))}"
         elif entry.outcome == "error" and entry.answer and entry.answer.error:
             outcome, version, code = "[red]error[/]", "-", entry.answer.error.code
             detail = entry.answer.error.message

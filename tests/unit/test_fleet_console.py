@@ -722,3 +722,24 @@ def test_a_command_started_without_a_final_answer_is_said_to_be_maybe_running() 
     # One that never started is what it was: no answer, so check the agent.
     with pytest.raises(NoAnswerError, match=r"no answer from b within 0\.3 s"):
         DeviceConsole(console, TOPICS, "b", follow=False).request("ping", {}, timeout=0.3)
+
+
+def test_a_deploy_answer_with_a_malformed_swap_list_is_shown_not_fatal() -> None:
+    # A box answered `"pipelines_swapped": 3`: joining it ended `edge-fleet deploy` in a
+    # traceback after the deploy had run, and a string was listed letter by letter.
+    def answered(swapped: object) -> DeviceResult:
+        result = {"version": 2, "activated": True, "pipelines_swapped": swapped}
+        done = msg.Response(id="c", status="ok", device_id="a", ts=NOW, result=result)
+        return DeviceResult("a", "ok", done)
+
+    shown = {}
+    for swapped in (3, "cam", {"cam": 1}, None, [], ["cam", "door"]):
+        out = Console(file=io.StringIO(), width=200, color_system=None)
+        out.print(results_table("deploy", [answered(swapped)]))
+        shown[repr(swapped)] = out.file.getvalue()  # type: ignore[attr-defined]
+    for malformed in ("3", "'cam'", "{'cam': 1}"):
+        assert "activated, swapped: malformed" in shown[malformed], shown[malformed]
+    for unswapped in ("None", "[]"):
+        assert "activated " in shown[unswapped].replace("│", " ")
+        assert "swapped" not in shown[unswapped]
+    assert "activated, swapped cam, door" in shown["['cam', 'door']"]
