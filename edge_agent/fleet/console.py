@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from edge_agent.comms.base import Communicator, Message, last_refusal, refusals
 from edge_agent.config_files import drop_unknown_fields
 from edge_agent.errors import CODES, EdgeAgentError
+from edge_agent.fleet import clock
 from edge_agent.logs import log_event
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
@@ -383,7 +384,7 @@ class DeviceConsole:
         if not state.online:
             # The will is made at connect, so its ts is when the lost connection began (by
             # the box's clock), not when it was lost.
-            began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.ts))
+            began = clock.calendar(state.ts) or "an unknown time"
             return f" ({self.device} is offline; its last connection began at {began})"
         return ""
 

@@ -8,6 +8,7 @@ behaviour matters (a clean stop), the same service on a thread elsewhere.
 from __future__ import annotations
 
 import json
+import math
 import queue
 import re
 import subprocess
@@ -393,3 +394,19 @@ def test_cmd_says_when_the_boxs_clock_is_far_off(broker: LocalBroker) -> None:
                 ], err
     finally:
         skewed.stop()
+
+
+@pytest.mark.parametrize("ts", [math.inf, math.nan, 1e300, -1e300])
+def test_a_box_whose_will_has_a_bad_timestamp_is_said_offline_at_an_unknown_time(
+    broker: LocalBroker, ts: float
+) -> None:
+    # The hint for an offline box dates its will's ts by the local calendar: Infinity, NaN
+    # or a year past 9999 ended `cmd` and `deploy --to` in a traceback instead of it.
+    box = "odd-box"
+    mosquitto_pub(broker, f"{PREFIX}/{box}/state", {"online": False, "seq": 1, "ts": ts}, True)
+    verbs = [["cmd", box, "ping"], ["deploy", "m", "1", "--to", box]]
+    for verb in verbs if ts == math.inf else verbs[:1]:
+        done = fleet_cli(broker, *verb, "--timeout", "1")
+        assert done.returncode == 124, done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"({box} is offline; its last connection began at an unknown time)" in done.stderr
