@@ -95,7 +95,7 @@ class CommandError(EdgeAgentError):
     """The device answered with an error; `answer` is that answer as it came."""
 
     def __init__(self, kind: str, answer: msg.Response) -> None:
-        body = answer.error or msg.ErrorBody(code="internal", message="failed without a reason")
+        body = error_of(answer)
         where = f" (field {body.field})" if body.field else ""
         # A newer agent may send a code this console does not know: kept in `answer`.
         super().__init__(
@@ -104,6 +104,12 @@ class CommandError(EdgeAgentError):
         )
         self.answer = answer
         self.body = body
+
+
+def error_of(answer: msg.Response) -> msg.ErrorBody:
+    """What an error answer says failed. One sent without its body (a box's bug) is said
+    `internal`: read for its body, it passed for ok in `cmd` and for silence in `deploy`."""
+    return answer.error or msg.ErrorBody(code="internal", message="failed without a reason")
 
 
 def new_command(kind: str, args: dict[str, Any] | None, timeout: float) -> msg.Command:

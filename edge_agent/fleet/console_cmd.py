@@ -42,7 +42,7 @@ from edge_agent.comms.session import MqttSession, connect
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import clock, tables
-from edge_agent.fleet.console import DeviceConsole, NoAnswerError
+from edge_agent.fleet.console import DeviceConsole, NoAnswerError, error_of
 from edge_agent.fleet.roster import DeviceResult, Outcome, Roster, send_group, unsettled
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics
@@ -348,8 +348,8 @@ def run_cmd(args: argparse.Namespace) -> int:
         console.close()
         session.stop()
     _print_json(answer.model_dump(mode="json", exclude_none=True))
-    if answer.error is not None:
-        error = answer.error  # the box's words, for the operator's terminal
+    if answer.status == "error":
+        error = error_of(answer)  # the box's words, for the operator's terminal
         where = f" (field {tables.printable(error.field)})" if error.field else ""
         _error_line(
             f"{args.device}: {args.type} failed{where}: {tables.printable(error.message)}",

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from edge_agent.fleet import clock
+from edge_agent.fleet.console import error_of
 from edge_agent.fleet.roster import DeviceRecord, DeviceResult
 from edge_agent.fleet.trouble import all_flags, device_flags, in_trouble, pipeline_flags
 
@@ -289,9 +290,9 @@ def results_table(title: str, results: Iterable[DeviceResult]) -> Table:
                 detail += ", swapped: malformed"
             elif swapped:
                 detail += f", swapped {', '.join(map(str, swapped))}"
-        elif entry.outcome == "error" and entry.answer and entry.answer.error:
-            outcome, version, code = "[red]error[/]", "-", entry.answer.error.code
-            detail = entry.answer.error.message
+        elif entry.outcome == "error" and entry.answer is not None:
+            error = error_of(entry.answer)
+            outcome, version, code, detail = "[red]error[/]", "-", error.code, error.message
         else:
             outcome, version, code = "[yellow]timeout[/]", "-", "command.timeout"
             last = entry.progress

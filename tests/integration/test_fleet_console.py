@@ -410,3 +410,46 @@ def test_a_box_whose_will_has_a_bad_timestamp_is_said_offline_at_an_unknown_time
         assert done.returncode == 124, done.stderr
         assert "Traceback" not in done.stderr
         assert f"({box} is offline; its last connection began at an unknown time)" in done.stderr
+
+
+def fleet_spawn(broker: LocalBroker, *args: str) -> subprocess.Popen[str]:
+    """`fleet_cli`, started: the test answers as a box meanwhile."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "edge_agent.fleet.cli", args[0], "-p", str(broker.port), *args[1:]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def row_of(table: str, device: str) -> list[str]:
+    """The cells of `device`'s row in a printed table (its title may name it too)."""
+    return next(cells(line) for line in table.splitlines() if line.startswith(f"│ {device} "))
+
+
+def answer(box: MqttSession, name: str, command: bytes, status: str, **fields: Any) -> None:
+    """`box` answers `command` as `name`, with `fields` (progress, result, error) as they are."""
+    sent = json.loads(command)
+    body = {"id": sent["id"], "status": status, "device_id": name, "ts": time.time(), **fields}
+    box.publish(f"{PREFIX}/{name}/resp", json.dumps(body).encode(), qos=1)
+
+
+def test_an_error_answer_without_its_body_is_an_error(broker: LocalBroker) -> None:
+    # `cmd` tested the body, not the status: it printed the answer and exited 0; `deploy`
+    # showed the box as silent ("timeout, no answer") and exited 1 for it.
+    box = "terse-box"
+    session, commands = hand_made_box(broker, box)
+    try:
+        asking = fleet_spawn(broker, "cmd", box, "ping", "--timeout", "20")
+        answer(session, box, commands.get(timeout=20), "error")
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 1, err
+        assert json.loads(out)["status"] == "error"
+        assert err.strip().splitlines()[-1] == (
+            f"edge-fleet: error: {box}: ping failed: failed without a reason [internal]"
+        )
+        asking = fleet_spawn(broker, "deploy", "m", "1", "--to", box, "--timeout", "20")
+        answer(session, box, commands.get(timeout=20), "error")
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 1, err
+        assert row_of(out, box) == [box, "error", "-", "internal", "failed without a reason"], out
+    finally:
+        session.stop()
