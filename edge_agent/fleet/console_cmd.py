@@ -376,10 +376,14 @@ def _say_skew(device: str, skew: float) -> None:
 def _version(text: str) -> int | None:
     if text == "latest":
         return None
-    if text.isdigit() and int(text) >= 1:
+    # ASCII digits only, and no more than int() reads (0: no limit): isdigit() takes '²',
+    # and int() refused it, and 5,000 digits, with a traceback.
+    most = sys.get_int_max_str_digits() or len(text)
+    digits = text.isascii() and text.isdigit() and len(text) <= most
+    if digits and int(text) >= 1:
         return int(text)
     raise EdgeAgentError(
-        f"version {text!r} is not a number >= 1 or `latest`",
+        f"version {tables.short(text, 24)!r} is not a number >= 1 or `latest`",
         "e.g. edge-fleet deploy person-det 3 --to dock-7",
         code="input.invalid",
     )
