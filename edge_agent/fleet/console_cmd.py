@@ -527,7 +527,12 @@ def run_watch(args: argparse.Namespace) -> int:
     try:
         roster, settled = _roster(session, topics, args.wait, telemetry=True)  # it keeps listening
         if args.once is not None:
-            stop.wait(args.once)
+            # Looked at while waiting: a loss is dated when it came, not when the wait ended.
+            ends = time.monotonic() + args.once
+            while not stop.wait(min(0.5, max(0.0, ends - time.monotonic()))):
+                link.lost_at()
+                if time.monotonic() >= ends:
+                    break
             records = roster.snapshot()
             if args.json:
                 _print_json(tables.watch_json(records))
@@ -568,7 +573,9 @@ class _Link:
     def __init__(self, session: MqttSession) -> None:
         self._session = session
         self._lost: float | None = None
-        self._was_up = False
+        # Up as it comes from connect(): begun False, a loss was noticed only after a look
+        # taken while up, and `watch --once` takes its first after its wait.
+        self._was_up = session.connected.is_set()
 
     def lost_at(self) -> float | None:
         """When it went down (console clock), or None while it is up (or not up yet)."""

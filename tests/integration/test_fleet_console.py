@@ -453,3 +453,29 @@ def test_an_error_answer_without_its_body_is_an_error(broker: LocalBroker) -> No
         assert row_of(out, box) == [box, "error", "-", "internal", "failed without a reason"], out
     finally:
         session.stop()
+
+
+def test_watch_once_says_the_link_was_lost_during_its_wait(broker: LocalBroker) -> None:
+    # The link's loss was noticed only by a look taken while it was up, and `--once`
+    # looked first after the wait: a broker gone meanwhile passed for a quiet fleet, exit 0.
+    mosquitto_pub(broker, f"{PREFIX}/dock-1/state", {"online": True, "seq": 1, "ts": 1.0}, True)
+    echoes: queue.Queue[str] = queue.Queue()
+    spy = connect(BrokerSettings(port=broker.port))
+    try:
+        spy.subscribe(f"{PREFIX}/fleet/console/+", lambda m: echoes.put(m.topic), qos=0)
+        time.sleep(0.5)  # subscribed before watch connects: its echo must not pass unseen
+        watching = fleet_spawn(broker, "watch", "--once", "4")
+        echoes.get(timeout=20)  # watch has its states and is waiting
+    finally:
+        spy.stop()
+    broker.stop()
+    stopped = time.time()
+    out, err = watching.communicate(timeout=30)
+    assert watching.returncode == 124, err
+    assert "lost the broker during the watch" in err
+    # Dated when it went (the console looks twice a second), not when the wait ended.
+    said = re.search(r"this console lost the broker at (\d\d:\d\d:\d\d)", out)
+    assert said is not None, out
+    near = {time.strftime("%H:%M:%S", time.localtime(stopped + d)) for d in (-1, 0, 1, 2)}
+    assert said.group(1) in near, (said.group(1), near)
+    assert "dock-1" in out
