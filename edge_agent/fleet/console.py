@@ -55,6 +55,8 @@ class NoAnswerError(EdgeAgentError):
         started: msg.Response | None = None,
         command_id: str = "",
     ) -> None:
+        self.started = started
+        """Its last progress answer, else its accepted; None when it never answered."""
         if started is None:
             super().__init__(
                 f"{kind}: no answer from {device} within {timeout:g} s{hint}",

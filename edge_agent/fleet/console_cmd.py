@@ -411,7 +411,11 @@ def run_deploy(args: argparse.Namespace) -> int:
                 results = [DeviceResult(args.to, outcome, answer)]
             except NoAnswerError as exc:
                 print(f"edge-fleet: {exc}", file=sys.stderr, flush=True)
-                results = [DeviceResult(args.to, "timeout")]
+                # Shown as "no answer", a box that was running it passed for one that never
+                # heard of it.
+                started = exc.started
+                progress = started.progress if started is not None else None
+                results = [DeviceResult(args.to, "timeout", None, progress, started is not None)]
             finally:
                 console.close()
         else:
@@ -463,7 +467,7 @@ def run_deploy(args: argparse.Namespace) -> int:
         _print_json(tables.results_json(results))
     else:
         title = f"deploy {args.name} {args.version} to {where}"
-        Console(soft_wrap=True).print(tables.results_table(title, results))
+        _table_console().print(tables.results_table(title, results))
     outcomes = {r.outcome for r in results}
     if "error" in outcomes:
         return EXIT_FAILED

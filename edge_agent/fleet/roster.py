@@ -268,6 +268,8 @@ class DeviceResult:
     """The final answer (ok or error); None on timeout."""
     progress: msg.Progress | None = None
     """The last progress it reported."""
+    started: bool = False
+    """It answered accepted or progress: without a final answer, it may still be running."""
 
     @property
     def result(self) -> dict[str, Any]:
@@ -326,6 +328,7 @@ def send_group(
             except queue.Empty:
                 continue
             entry = results.setdefault(answer.device_id, DeviceResult(answer.device_id, "timeout"))
+            entry.started = entry.started or answer.status in ("accepted", "progress")
             if answer.status == "progress":
                 entry.progress = answer.progress
             elif answer.status in ("ok", "error"):

@@ -295,17 +295,29 @@ def results_table(title: str, results: Iterable[DeviceResult]) -> Table:
             outcome, version, code, detail = "[red]error[/]", "-", error.code, error.message
         else:
             outcome, version, code = "[yellow]timeout[/]", "-", "command.timeout"
-            last = entry.progress
-            detail = f"no answer; last {last.stage} {last.fraction:.0%}" if last else "no answer"
+            detail = said_when_ended(entry, "the wait")
         table.add_row(cell(entry.device), outcome, cell(version), cell(code), cell(detail))
     return table
 
 
+def said_when_ended(entry: DeviceResult, ended: str) -> str:
+    """How far a device without a final answer had got when `ended` (the wait) ended: one
+    that had started may still be running the command."""
+    last = entry.progress
+    if last is not None:
+        return f"in progress at {last.stage} {last.fraction:.0%} when {ended} ended"
+    return f"accepted, no progress when {ended} ended" if entry.started else "no answer"
+
+
 def results_json(results: Iterable[DeviceResult]) -> dict[str, Any]:
+    """Each device's outcome and final answer; without one, whether it had started and its
+    last progress (as the table's detail)."""
     return {
         r.device: {
             "outcome": r.outcome,
             "answer": r.answer.model_dump(mode="json", exclude_none=True) if r.answer else None,
+            "started": r.started,
+            "progress": r.progress.model_dump(mode="json") if r.progress else None,
         }
         for r in results
     }

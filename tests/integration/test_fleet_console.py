@@ -479,3 +479,41 @@ def test_watch_once_says_the_link_was_lost_during_its_wait(broker: LocalBroker) 
     near = {time.strftime("%H:%M:%S", time.localtime(stopped + d)) for d in (-1, 0, 1, 2)}
     assert said.group(1) in near, (said.group(1), near)
     assert "dock-1" in out
+
+
+def test_deploy_to_a_box_that_had_not_finished_says_it_was_in_progress(
+    broker: LocalBroker,
+) -> None:
+    # It was shown as "no answer", as a box that never heard of the deploy: the operator
+    # sent it again, or went looking for an agent that was running it.
+    box = "slow-box"
+    session, commands = hand_made_box(broker, box)
+    try:
+        for said, detail in (
+            ([("progress", {"stage": "pull", "fraction": 0.8})], "in progress at pull 80%"),
+            ([], "accepted, no progress"),
+        ):
+            asking = fleet_spawn(broker, "deploy", "m", "1", "--to", box, "--timeout", "2")
+            command = commands.get(timeout=20)
+            answer(session, box, command, "accepted")
+            for status, progress in said:
+                answer(session, box, command, status, progress=progress)
+            out, err = asking.communicate(timeout=30)
+            assert asking.returncode == 124, err
+            assert row_of(out, box) == [
+                box, "timeout", "-", "command.timeout", f"{detail} when the wait ended"
+            ], out  # fmt: skip
+            asking = fleet_spawn(
+                broker, "deploy", "m", "1", "--to", box, "--timeout", "2", "--json"
+            )
+            command = commands.get(timeout=20)
+            answer(session, box, command, "accepted")
+            for status, progress in said:
+                answer(session, box, command, status, progress=progress)
+            out, err = asking.communicate(timeout=30)
+            assert json.loads(out)[box] == {
+                "outcome": "timeout", "answer": None, "started": True,
+                "progress": said[0][1] if said else None,
+            }  # fmt: skip
+    finally:
+        session.stop()
