@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 class Interrupted(Exception):  # noqa: N818 (a signal, not an error)
     """The caller's stop event was set while waiting for an answer."""
 
+    def __init__(self, kind: str = "", started: msg.Response | None = None) -> None:
+        super().__init__(kind)
+        self.started = started
+        """As `NoAnswerError.started`: how far the device had said it got."""
+
 
 class NoAnswerError(EdgeAgentError):
     """No final answer came in time. The command expired with the wait, so a box that had
@@ -337,7 +342,7 @@ class DeviceConsole:
             deadline = time.monotonic() + timeout
             while True:
                 if stop is not None and stop.is_set():
-                    raise Interrupted(kind)
+                    raise Interrupted(kind, started)
                 if refusals(self.comm) > refused:
                     raise RefusedError(kind, topic, last_refusal(self.comm))
                 left = deadline - time.monotonic()

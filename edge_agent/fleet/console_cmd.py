@@ -4,7 +4,8 @@
   on stdout, progress on stderr. Exit 0 ok, 1 an error answer, 2 usage or no broker,
   124 no answer in time (the command expires with the wait), 130 Ctrl-C.
 - `deploy NAME VERSION --to DEVICE | --group G`: deploy_model to one device, or one group
-  command answered by every online member; a per-device table, non-zero if any failed.
+  command answered by every online member; a per-device table, non-zero if any failed;
+  Ctrl-C (SIGTERM) while it waits: the table so far, exit 130 (143).
 - `status`: every device's retained state (the seq rule applied), as a table or --json.
 - `watch`: a live table of state, FPS, end-to-end p95, outbox depth and last seen, from
   telemetry; Ctrl-C ends it; `--once S` prints one snapshot after S seconds.
@@ -42,7 +43,7 @@ from edge_agent.comms.session import MqttSession, connect
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import clock, tables
-from edge_agent.fleet.console import DeviceConsole, NoAnswerError, error_of
+from edge_agent.fleet.console import DeviceConsole, Interrupted, NoAnswerError, error_of
 from edge_agent.fleet.roster import DeviceResult, Outcome, Roster, send_group, unsettled
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics
@@ -389,6 +390,30 @@ def _version(text: str) -> int | None:
     )
 
 
+class _Stop:
+    """While held, SIGINT and SIGTERM set `event` rather than end the process: a deploy
+    stopped while it waited printed none of the answers it had gathered. `signum` is the
+    first that came (0: none)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum = 0
+        self._before: dict[int, Any] = {}
+
+    def _set(self, signum: int, _frame: object) -> None:
+        self.signum = self.signum or signum
+        self.event.set()
+
+    def __enter__(self) -> _Stop:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._before[signum] = signal.signal(signum, self._set)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, handler in self._before.items():
+            signal.signal(signum, handler)
+
+
 def run_deploy(args: argparse.Namespace) -> int:
     deploy_args = {
         "name": args.name,
@@ -396,26 +421,31 @@ def run_deploy(args: argparse.Namespace) -> int:
         "activate": not args.no_activate,
     }
     bars = Bars(Console(stderr=True))
+    stop = _Stop()
     session, topics = _session(args)
     try:
         if args.to:
             console = DeviceConsole(session, topics, args.to, follow=False)
             try:
-                answer = console.request(
-                    "deploy_model",
-                    deploy_args,
-                    timeout=args.timeout,
-                    on_progress=lambda progress: bars.update(args.to, progress),
-                )
+                with stop:
+                    answer = console.request(
+                        "deploy_model",
+                        deploy_args,
+                        timeout=args.timeout,
+                        on_progress=lambda progress: bars.update(args.to, progress),
+                        stop=stop.event,
+                    )
                 outcome: Outcome = "ok" if answer.status == "ok" else "error"
                 results = [DeviceResult(args.to, outcome, answer)]
-            except NoAnswerError as exc:
-                print(f"edge-fleet: {exc}", file=sys.stderr, flush=True)
+            except (NoAnswerError, Interrupted) as exc:
+                if isinstance(exc, NoAnswerError):
+                    print(f"edge-fleet: {exc}", file=sys.stderr, flush=True)
                 # Shown as "no answer", a box that was running it passed for one that never
                 # heard of it.
                 started = exc.started
                 progress = started.progress if started is not None else None
-                results = [DeviceResult(args.to, "timeout", None, progress, started is not None)]
+                outcome = "timeout" if isinstance(exc, NoAnswerError) else "interrupted"
+                results = [DeviceResult(args.to, outcome, None, progress, started is not None)]
             finally:
                 console.close()
         else:
@@ -448,16 +478,18 @@ def run_deploy(args: argparse.Namespace) -> int:
                 if answer.progress is not None:
                     bars.update(answer.device_id, answer.progress)
 
-            found = send_group(
-                session,
-                topics,
-                args.group,
-                "deploy_model",
-                deploy_args,
-                members,
-                timeout=args.timeout,
-                on_answer=shown,
-            )
+            with stop:
+                found = send_group(
+                    session,
+                    topics,
+                    args.group,
+                    "deploy_model",
+                    deploy_args,
+                    members,
+                    timeout=args.timeout,
+                    on_answer=shown,
+                    stop=stop.event,
+                )
             results = [found[d] for d in sorted(found)]
     finally:
         bars.close()
@@ -468,6 +500,17 @@ def run_deploy(args: argparse.Namespace) -> int:
     else:
         title = f"deploy {args.name} {args.version} to {where}"
         _table_console().print(tables.results_table(title, results))
+    if stop.signum:
+        unanswered = [r.device for r in results if r.outcome == "interrupted"]
+        which = ", ".join(unanswered) if len(unanswered) <= 5 else f"{len(unanswered)} devices"
+        print(
+            f"edge-fleet: deploy_model stopped before every answer came: "
+            f"{tables.printable(which)} may still run it (it expires {args.timeout:g} s after "
+            "it was sent); see `edge-fleet status`",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + stop.signum
     outcomes = {r.outcome for r in results}
     if "error" in outcomes:
         return EXIT_FAILED

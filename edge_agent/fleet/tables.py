@@ -293,20 +293,23 @@ def results_table(title: str, results: Iterable[DeviceResult]) -> Table:
         elif entry.outcome == "error" and entry.answer is not None:
             error = error_of(entry.answer)
             outcome, version, code, detail = "[red]error[/]", "-", error.code, error.message
+        elif entry.outcome == "interrupted":
+            outcome, version, code = "[yellow]interrupted[/]", "-", ""
+            detail = unfinished(entry, "when stopped")
         else:
             outcome, version, code = "[yellow]timeout[/]", "-", "command.timeout"
-            detail = said_when_ended(entry, "the wait")
+            detail = unfinished(entry, "when the wait ended")
         table.add_row(cell(entry.device), outcome, cell(version), cell(code), cell(detail))
     return table
 
 
-def said_when_ended(entry: DeviceResult, ended: str) -> str:
-    """How far a device without a final answer had got when `ended` (the wait) ended: one
-    that had started may still be running the command."""
+def unfinished(entry: DeviceResult, when: str) -> str:
+    """How far a device without a final answer had got `when` the console stopped waiting:
+    one that had started may still be running the command."""
     last = entry.progress
     if last is not None:
-        return f"in progress at {last.stage} {last.fraction:.0%} when {ended} ended"
-    return f"accepted, no progress when {ended} ended" if entry.started else "no answer"
+        return f"in progress at {last.stage} {last.fraction:.0%} {when}"
+    return f"accepted, no progress {when}" if entry.started else "no answer"
 
 
 def results_json(results: Iterable[DeviceResult]) -> dict[str, Any]:

@@ -11,8 +11,10 @@ import json
 import math
 import queue
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,14 +278,18 @@ def test_a_box_on_a_newer_edge_agent_is_seen_and_answered(broker: LocalBroker) -
     assert "Response.trace" in err
 
 
-def hand_made_box(broker: LocalBroker, box: str) -> tuple[MqttSession, queue.Queue[bytes]]:
-    """A session standing in for `box`, and the commands sent to it; returned once it is
-    subscribed (its own probe came back), so none sent after is missed."""
+def hand_made_box(
+    broker: LocalBroker, box: str, topic: str = ""
+) -> tuple[MqttSession, queue.Queue[bytes]]:
+    """A session standing in for `box`, and the commands sent to it (on `topic`, its own
+    cmd topic by default); returned once it is subscribed (its own probe came back), so
+    none sent after is missed."""
+    topic = topic or f"{PREFIX}/{box}/cmd"
     commands: queue.Queue[bytes] = queue.Queue()
     session = connect(BrokerSettings(port=broker.port))
-    session.subscribe(f"{PREFIX}/{box}/cmd", lambda m: commands.put(m.payload), qos=1)
+    session.subscribe(topic, lambda m: commands.put(m.payload), qos=1)
     while True:
-        session.publish(f"{PREFIX}/{box}/cmd", b"probe", qos=1)
+        session.publish(topic, b"probe", qos=1)
         try:
             if commands.get(timeout=0.5) == b"probe":
                 return session, commands
@@ -517,3 +523,44 @@ def test_deploy_to_a_box_that_had_not_finished_says_it_was_in_progress(
             }  # fmt: skip
     finally:
         session.stop()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_group_deploy_stopped_prints_what_it_gathered(broker: LocalBroker, signum: int) -> None:
+    # Ctrl-C ended it with no table: box-a's ok, box-b's progress, gone with the wait.
+    for box in ("box-a", "box-b"):
+        body = {"online": True, "seq": 1, "ts": time.time(), "group": "docks"}
+        mosquitto_pub(broker, f"{PREFIX}/{box}/state", body, retain=True)
+    boxes, commands = hand_made_box(broker, "box-a", f"{PREFIX}/group/docks/cmd")
+    said: queue.Queue[str] = queue.Queue()
+    try:
+        with fleet_spawn(
+            broker, "deploy", "m", "1", "--group", "docks", "--timeout", "60"
+        ) as asking:
+            command = commands.get(timeout=20)
+            answer(boxes, "box-a", command, "ok", result={"version": 1, "activated": True})
+            answer(boxes, "box-b", command, "accepted")
+            answer(boxes, "box-b", command, "progress", progress={"stage": "pull", "fraction": 0.5})
+
+            def read() -> None:
+                for line in asking.stderr or []:
+                    said.put(line)
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            while said.get(timeout=20).strip() != "box-b: pull 50%":
+                pass  # the console has every answer sent: what a stop must not lose
+            asking.send_signal(signum)
+            asking.wait(timeout=30)
+            reader.join(timeout=30)
+            out = asking.stdout.read() if asking.stdout else ""
+    finally:
+        boxes.stop()
+    err = "".join(said.queue)
+    assert asking.returncode == 128 + signum, err
+    assert "Traceback" not in err
+    assert row_of(out, "box-a") == ["box-a", "ok", "1", "", "activated"], out
+    assert row_of(out, "box-b") == [
+        "box-b", "interrupted", "-", "", "in progress at pull 50% when stopped"
+    ], out  # fmt: skip
+    assert "edge-fleet: deploy_model stopped before every answer came: box-b may" in err
