@@ -44,7 +44,14 @@ from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import clock, tables
 from edge_agent.fleet.console import DeviceConsole, Interrupted, NoAnswerError, error_of
-from edge_agent.fleet.roster import DeviceResult, Outcome, Roster, send_group, unsettled
+from edge_agent.fleet.roster import (
+    DeviceRecord,
+    DeviceResult,
+    Outcome,
+    Roster,
+    send_group,
+    unsettled,
+)
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics
 
@@ -597,11 +604,7 @@ def run_watch(args: argparse.Namespace) -> int:
         if out.is_terminal:
 
             def screen() -> Table:
-                # A screenful of devices: the table's title, header, rules and caption
-                # take 8 lines; a device with several pipelines takes a line each.
-                return tables.watch_table(
-                    roster.snapshot(), limit=max(5, out.height - 8), offline_since=link.lost_at()
-                )
+                return screenful(out, roster.snapshot(), link.lost_at())
 
             with Live(screen(), console=out, auto_refresh=False) as live:
                 while not stop.wait(0.5):
@@ -611,6 +614,23 @@ def run_watch(args: argparse.Namespace) -> int:
     finally:
         session.stop()
     return 0
+
+
+def screenful(out: Console, records: list[DeviceRecord], offline_since: float | None) -> Table:
+    """`watch`'s table cut to the terminal's height, its caption included.
+
+    Measured as drawn: a device takes a row per pipeline, and a cell or the caption may
+    wrap on a narrow terminal. Cut by a guess at the lines around the rows, 16 boxes of
+    three cameras drew 48 rows on 24 lines, and the caption (what is hidden, a lost
+    link) was what fell off the screen's foot.
+    """
+    rows = max(1, out.height - 7)  # title, header, 3 rules, 2 caption lines: mostly one pass
+    while True:
+        table = tables.watch_table(records, limit=rows, offline_since=offline_since)
+        drawn = len(out.render_lines(table, pad=False))
+        if drawn <= out.height or rows <= 1:
+            return table
+        rows = max(1, rows - (drawn - out.height))
 
 
 class _Link:

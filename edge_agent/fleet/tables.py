@@ -165,6 +165,13 @@ def pipeline_figures(record: DeviceRecord) -> dict[str, dict[str, Any]]:
     return figures
 
 
+def _height(record: DeviceRecord) -> int:
+    """The rows `record` takes in `watch_table`: one per pipeline, one if it has none."""
+    named = {p.id for p in record.state.pipelines} if record.state else set()
+    named.update(record.telemetry.pipelines if record.telemetry else ())
+    return max(1, len(named))
+
+
 def watch_json(records: Iterable[DeviceRecord], now: float | None = None) -> list[dict[str, Any]]:
     """`last_seen` is the console's clock when `last_seen_from` is `arrival`; `device_clock`
     is the box's own (for an offline box heard of only retained: when it connected)."""
@@ -194,7 +201,8 @@ def watch_table(
     limit: int | None = None,
     offline_since: float | None = None,
 ) -> Table:
-    """The fleet as a table; past `limit` devices, those in trouble first, the rest counted.
+    """The fleet as a table; past `limit` rows, devices in trouble first, those that do not
+    fit whole counted. A device takes a row per pipeline.
 
     A terminal shows a screenful: at 5,000 boxes sorted by name, an offline one was
     thousands of rows below it (and building every row took 3 s, twice a second).
@@ -204,9 +212,13 @@ def watch_table(
     now = time.time() if now is None else now
     records = list(records)
     hidden: list[DeviceRecord] = []
-    if limit is not None and len(records) > limit:
+    if limit is not None and sum(map(_height, records)) > limit:
         ordered = sorted(records, key=lambda r: (not in_trouble(r, now), r.device))
-        records, hidden = ordered[:limit], ordered[limit:]
+        used = fit = 0
+        while fit < len(ordered) and used + _height(ordered[fit]) <= limit:
+            used += _height(ordered[fit])
+            fit += 1
+        records, hidden = ordered[:fit], ordered[fit:]
     notes = []
     if offline_since is not None:
         lost = time.strftime("%H:%M:%S", time.localtime(offline_since))

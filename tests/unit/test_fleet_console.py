@@ -19,7 +19,7 @@ from edge_agent.comms.fake import FakeBroker
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet.clock import skew_of_answer
 from edge_agent.fleet.console import DeviceConsole, NoAnswerError
-from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg
+from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg, screenful
 from edge_agent.fleet.roster import DeviceResult, Roster, send_group
 from edge_agent.fleet.tables import (
     age,
@@ -746,3 +746,24 @@ def test_a_deploy_answer_with_a_malformed_swap_list_is_shown_not_fatal() -> None
         assert "activated " in shown[unswapped].replace("│", " ")
         assert "swapped" not in shown[unswapped]
     assert "activated, swapped cam, door" in shown["['cam', 'door']"]
+
+
+def test_a_live_watch_fits_the_terminal_caption_and_all() -> None:
+    # Cut by devices, not lines: 16 boxes of three cameras drew 48 rows on a 24-line
+    # terminal, and the caption (how many are hidden, a lost link) fell off its foot.
+    roster = Roster(TOPICS, now=Clock())
+    cams = [running("cam"), running("door"), running("yard")]
+    for i in range(40):
+        roster.on_state(birth(f"box-{i:02d}", NOW - 60, live=False, pipelines=cams))
+    roster.on_state(birth("box-gone", NOW - 60, live=False, online=False, pipelines=cams))
+    for width, height in ((200, 24), (200, 12), (70, 30)):
+        out = Console(file=io.StringIO(), width=width, height=height, color_system=None)
+        out.print(screenful(out, roster.snapshot(), offline_since=NOW))
+        lines = out.file.getvalue().splitlines()  # type: ignore[attr-defined]
+        shown = "\n".join(lines)
+        assert len(lines) <= height, (width, height, shown)
+        assert "box-gone" in shown  # in trouble: first
+        assert "lost the broker" in shown
+        assert "more not shown" in shown.replace("\n", " ")
+        # Every row it has room for is used: at most one device's rows are left unused.
+        assert len(lines) >= height - len(cams), (width, height, shown)
