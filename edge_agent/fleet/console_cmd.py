@@ -52,6 +52,7 @@ from edge_agent.fleet.roster import (
     send_group,
     unsettled,
 )
+from edge_agent.fleet.trouble import in_trouble
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics
 
@@ -77,9 +78,11 @@ def add_console_verbs(verbs: Any) -> None:
             help=f"longest wait for the broker's retained states (default {SETTLE_S:g} s)",
         )
 
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+    def verb(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
         # -h is the broker host, as in mosquitto_sub: help is --help only.
-        sub: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, add_help=False)
+        sub: argparse.ArgumentParser = verbs.add_parser(
+            name, help=help_text, description=description, add_help=False
+        )
         sub.add_argument("--help", action="help", help="show this help and exit")
         add_broker_args(sub)
         sub.add_argument("--prefix", type=topic_prefix, default=DEFAULT_PREFIX, help="topic prefix")
@@ -130,7 +133,14 @@ def add_console_verbs(verbs: Any) -> None:
     wait_flag(status)
     status.set_defaults(run=run_status)
 
-    watch = verb("watch", "a live table of every device's state, FPS, p95 and outbox")
+    watch = verb(
+        "watch",
+        "a live table of every device's state, FPS, p95 and outbox",
+        "On a terminal, a live screenful, devices in trouble first. Piped or logged, the "
+        "whole table once, then, at most every 2 s, a line counting the fleet and the rows "
+        "of the devices whose standing changed: came, went online or offline, a pipeline's "
+        "status, in trouble or out of it (not their figures, which move every interval).",
+    )
     watch.add_argument(
         "--once", type=positive_float, metavar="S", help="one snapshot after S seconds"
     )
@@ -708,17 +718,62 @@ def run_forget(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else 0
 
 
+def _standing(record: DeviceRecord, now: float) -> tuple[Any, ...]:
+    """What a piped watch prints a device again for: online or not, its pipelines'
+    statuses, in trouble or not; not its figures, which move every interval."""
+    statuses = tuple((p.id, p.status) for p in record.state.pipelines) if record.state else ()
+    return record.online, statuses, in_trouble(record, now)
+
+
 def _snapshots(
     out: Console, roster: Roster, stop: threading.Event, link: _Link, every_s: float = 2.0
 ) -> None:
-    """Not a terminal (a pipe, a log): a snapshot when something changed, at most every 2 s,
-    and one when this console's link goes down (nothing changes after it)."""
+    """Not a terminal (a pipe, a log): the whole table once, then, at most every 2 s, a
+    line counting the fleet and the rows of the devices whose standing changed (came,
+    went online or offline, a pipeline's status, in trouble or out of it); and a line when
+    this console's link goes down or comes back. The whole table every time was up to
+    5,000 rows every 2 s, and a change in it was not to be found."""
+    held: dict[str, tuple[Any, ...]] | None = None
     lost: float | None = None
     while not stop.is_set():
         changed = roster.changed.wait(0.5)
         now_lost = link.lost_at()
-        if changed or now_lost != lost:
-            roster.changed.clear()
-            lost = now_lost
-            out.print(tables.watch_table(roster.snapshot(), offline_since=lost))
-            stop.wait(every_s)
+        if not changed and now_lost == lost:
+            continue
+        roster.changed.clear()
+        now = time.time()
+        records = roster.snapshot()
+        standing = {r.device: _standing(r, now) for r in records}
+        if held is None:
+            out.print(tables.watch_table(records, now, offline_since=now_lost))
+        else:
+            moved = [r for r in records if held.get(r.device) != standing[r.device]]
+            gone = sorted(set(held) - set(standing))
+            if moved or gone or now_lost != lost:
+                out.print(_fleet_line(records, now, now_lost, gone), markup=False)
+            if moved:
+                out.print(tables.watch_table(moved, now, offline_since=now_lost))
+        held, lost = standing, now_lost
+        stop.wait(every_s)
+
+
+def _clock_time(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))  # the console's clock: in range
+
+
+def _fleet_line(
+    records: list[DeviceRecord], now: float, lost: float | None, gone: list[str]
+) -> str:
+    """'12:00:02 3 devices: 2 online, 1 offline, 1 in trouble (offline, failing or flagged)'."""
+    online = sum(r.online for r in records)
+    trouble = sum(in_trouble(r, now) for r in records)
+    line = (
+        f"{_clock_time(now)} {len(records)} devices: "
+        f"{online} online, {len(records) - online} offline, {trouble} in trouble (offline, "
+        "failing or flagged)"
+    )
+    if gone:
+        line += f"; forgotten: {tables.printable(', '.join(gone))}"
+    if lost is not None:
+        line += f"; this console lost the broker at {_clock_time(lost)}"
+    return line

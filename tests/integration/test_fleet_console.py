@@ -564,3 +564,45 @@ def test_a_group_deploy_stopped_prints_what_it_gathered(broker: LocalBroker, sig
         "box-b", "interrupted", "-", "", "in progress at pull 50% when stopped"
     ], out  # fmt: skip
     assert "edge-fleet: deploy_model stopped before every answer came: box-b may" in err
+
+
+def test_a_piped_watch_prints_the_fleet_once_then_what_changed(broker: LocalBroker) -> None:
+    # Into a log, the whole table every 2 s: 5,000 rows each time, a change not to be found.
+    cam = [{"id": "cam", "model": "m", "status": "running"}]
+    for box in ("box-a", "box-b", "box-c"):
+        body = {"online": True, "seq": 1, "ts": time.time(), "pipelines": cam}
+        mosquitto_pub(broker, f"{PREFIX}/{box}/state", body, retain=True)
+    printed: queue.Queue[str] = queue.Queue()
+
+    def table() -> str:
+        """The lines printed up to the next table's foot."""
+        lines = [printed.get(timeout=20)]
+        while not lines[-1].startswith("└"):
+            lines.append(printed.get(timeout=20))
+        return "".join(lines)
+
+    with fleet_spawn(broker, "watch") as watching:
+
+        def read() -> None:
+            for line in watching.stdout or []:
+                printed.put(line)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        first = table()
+        assert all(f"│ {box} " in first for box in ("box-a", "box-b", "box-c")), first
+        # New figures from box-a change nothing it stands on; box-b going offline does.
+        mosquitto_pub(broker, f"{PREFIX}/box-a/telemetry", _telemetry(time.time()), False)
+        time.sleep(3)  # past the 2 s between prints: box-a's figures have had their chance
+        body = {"online": False, "seq": 1, "ts": time.time(), "pipelines": cam}
+        mosquitto_pub(broker, f"{PREFIX}/box-b/state", body, retain=True)
+        then = table()
+        watching.send_signal(signal.SIGINT)
+        watching.wait(timeout=30)
+        reader.join(timeout=30)
+        err = watching.stderr.read() if watching.stderr else ""
+    assert watching.returncode == 0, err
+    assert "3 devices: 2 online, 1 offline" in then, then
+    assert "│ box-b " in then, then
+    assert "│ box-a " not in then, then
+    assert "│ box-c " not in then, then
