@@ -12,6 +12,7 @@ it. Pure: times in, seconds out; the caller reads the clock.
 from __future__ import annotations
 
 import math
+import time
 
 CLOCK_TOLERANCE_S = 300.0
 """A skew past this is flagged: NTP keeps a box within a second, a wrong timezone or a
@@ -54,6 +55,15 @@ def skew_of_answer(ts: float, sent: float, arrived: float) -> float:
     if ts < sent:
         return ts - sent
     return 0.0
+
+
+def calendar(ts: float) -> str | None:
+    """`ts` as the console's local date and time, or None when it is no time the calendar
+    holds: a box's Infinity, NaN or 1e300 raised out of `time.localtime`."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def off(skew: float | None) -> bool:

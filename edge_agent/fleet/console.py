@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from edge_agent.comms.base import Communicator, Message, last_refusal, refusals
 from edge_agent.config_files import drop_unknown_fields
 from edge_agent.errors import CODES, EdgeAgentError
+from edge_agent.fleet import clock
 from edge_agent.logs import log_event
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
@@ -37,6 +38,11 @@ log = logging.getLogger(__name__)
 
 class Interrupted(Exception):  # noqa: N818 (a signal, not an error)
     """The caller's stop event was set while waiting for an answer."""
+
+    def __init__(self, kind: str = "", started: msg.Response | None = None) -> None:
+        super().__init__(kind)
+        self.started = started
+        """As `NoAnswerError.started`: how far the device had said it got."""
 
 
 class NoAnswerError(EdgeAgentError):
@@ -54,6 +60,8 @@ class NoAnswerError(EdgeAgentError):
         started: msg.Response | None = None,
         command_id: str = "",
     ) -> None:
+        self.started = started
+        """Its last progress answer, else its accepted; None when it never answered."""
         if started is None:
             super().__init__(
                 f"{kind}: no answer from {device} within {timeout:g} s{hint}",
@@ -94,7 +102,7 @@ class CommandError(EdgeAgentError):
     """The device answered with an error; `answer` is that answer as it came."""
 
     def __init__(self, kind: str, answer: msg.Response) -> None:
-        body = answer.error or msg.ErrorBody(code="internal", message="failed without a reason")
+        body = error_of(answer)
         where = f" (field {body.field})" if body.field else ""
         # A newer agent may send a code this console does not know: kept in `answer`.
         super().__init__(
@@ -103,6 +111,12 @@ class CommandError(EdgeAgentError):
         )
         self.answer = answer
         self.body = body
+
+
+def error_of(answer: msg.Response) -> msg.ErrorBody:
+    """What an error answer says failed. One sent without its body (a box's bug) is said
+    `internal`: read for its body, it passed for ok in `cmd` and for silence in `deploy`."""
+    return answer.error or msg.ErrorBody(code="internal", message="failed without a reason")
 
 
 def new_command(kind: str, args: dict[str, Any] | None, timeout: float) -> msg.Command:
@@ -328,7 +342,7 @@ class DeviceConsole:
             deadline = time.monotonic() + timeout
             while True:
                 if stop is not None and stop.is_set():
-                    raise Interrupted(kind)
+                    raise Interrupted(kind, started)
                 if refusals(self.comm) > refused:
                     raise RefusedError(kind, topic, last_refusal(self.comm))
                 left = deadline - time.monotonic()
@@ -383,7 +397,7 @@ class DeviceConsole:
         if not state.online:
             # The will is made at connect, so its ts is when the lost connection began (by
             # the box's clock), not when it was lost.
-            began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.ts))
+            began = clock.calendar(state.ts) or "an unknown time"
             return f" ({self.device} is offline; its last connection began at {began})"
         return ""
 

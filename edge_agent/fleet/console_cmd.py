@@ -4,7 +4,8 @@
   on stdout, progress on stderr. Exit 0 ok, 1 an error answer, 2 usage or no broker,
   124 no answer in time (the command expires with the wait), 130 Ctrl-C.
 - `deploy NAME VERSION --to DEVICE | --group G`: deploy_model to one device, or one group
-  command answered by every online member; a per-device table, non-zero if any failed.
+  command answered by every online member; a per-device table, non-zero if any failed;
+  Ctrl-C (SIGTERM) while it waits: the table so far, exit 130 (143).
 - `status`: every device's retained state (the seq rule applied), as a table or --json.
 - `watch`: a live table of state, FPS, end-to-end p95, outbox depth and last seen, from
   telemetry; Ctrl-C ends it; `--once S` prints one snapshot after S seconds.
@@ -42,8 +43,16 @@ from edge_agent.comms.session import MqttSession, connect
 from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import clock, tables
-from edge_agent.fleet.console import DeviceConsole, NoAnswerError
-from edge_agent.fleet.roster import DeviceResult, Outcome, Roster, send_group, unsettled
+from edge_agent.fleet.console import DeviceConsole, Interrupted, NoAnswerError, error_of
+from edge_agent.fleet.roster import (
+    DeviceRecord,
+    DeviceResult,
+    Outcome,
+    Roster,
+    send_group,
+    unsettled,
+)
+from edge_agent.fleet.trouble import in_trouble
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics
 
@@ -69,9 +78,11 @@ def add_console_verbs(verbs: Any) -> None:
             help=f"longest wait for the broker's retained states (default {SETTLE_S:g} s)",
         )
 
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+    def verb(name: str, help_text: str, description: str | None = None) -> argparse.ArgumentParser:
         # -h is the broker host, as in mosquitto_sub: help is --help only.
-        sub: argparse.ArgumentParser = verbs.add_parser(name, help=help_text, add_help=False)
+        sub: argparse.ArgumentParser = verbs.add_parser(
+            name, help=help_text, description=description, add_help=False
+        )
         sub.add_argument("--help", action="help", help="show this help and exit")
         add_broker_args(sub)
         sub.add_argument("--prefix", type=topic_prefix, default=DEFAULT_PREFIX, help="topic prefix")
@@ -122,7 +133,14 @@ def add_console_verbs(verbs: Any) -> None:
     wait_flag(status)
     status.set_defaults(run=run_status)
 
-    watch = verb("watch", "a live table of every device's state, FPS, p95 and outbox")
+    watch = verb(
+        "watch",
+        "a live table of every device's state, FPS, p95 and outbox",
+        "On a terminal, a live screenful, devices in trouble first. Piped or logged, the "
+        "whole table once, then, at most every 2 s, a line counting the fleet and the rows "
+        "of the devices whose standing changed: came, went online or offline, a pipeline's "
+        "status, in trouble or out of it (not their figures, which move every interval).",
+    )
     watch.add_argument(
         "--once", type=positive_float, metavar="S", help="one snapshot after S seconds"
     )
@@ -348,8 +366,8 @@ def run_cmd(args: argparse.Namespace) -> int:
         console.close()
         session.stop()
     _print_json(answer.model_dump(mode="json", exclude_none=True))
-    if answer.error is not None:
-        error = answer.error  # the box's words, for the operator's terminal
+    if answer.status == "error":
+        error = error_of(answer)  # the box's words, for the operator's terminal
         where = f" (field {tables.printable(error.field)})" if error.field else ""
         _error_line(
             f"{args.device}: {args.type} failed{where}: {tables.printable(error.message)}",
@@ -376,13 +394,41 @@ def _say_skew(device: str, skew: float) -> None:
 def _version(text: str) -> int | None:
     if text == "latest":
         return None
-    if text.isdigit() and int(text) >= 1:
+    # ASCII digits only, and no more than int() reads (0: no limit): isdigit() takes '²',
+    # and int() refused it, and 5,000 digits, with a traceback.
+    most = sys.get_int_max_str_digits() or len(text)
+    digits = text.isascii() and text.isdigit() and len(text) <= most
+    if digits and int(text) >= 1:
         return int(text)
     raise EdgeAgentError(
-        f"version {text!r} is not a number >= 1 or `latest`",
+        f"version {tables.short(text, 24)!r} is not a number >= 1 or `latest`",
         "e.g. edge-fleet deploy person-det 3 --to dock-7",
         code="input.invalid",
     )
+
+
+class _Stop:
+    """While held, SIGINT and SIGTERM set `event` rather than end the process: a deploy
+    stopped while it waited printed none of the answers it had gathered. `signum` is the
+    first that came (0: none)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum = 0
+        self._before: dict[int, Any] = {}
+
+    def _set(self, signum: int, _frame: object) -> None:
+        self.signum = self.signum or signum
+        self.event.set()
+
+    def __enter__(self) -> _Stop:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._before[signum] = signal.signal(signum, self._set)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for signum, handler in self._before.items():
+            signal.signal(signum, handler)
 
 
 def run_deploy(args: argparse.Namespace) -> int:
@@ -392,22 +438,31 @@ def run_deploy(args: argparse.Namespace) -> int:
         "activate": not args.no_activate,
     }
     bars = Bars(Console(stderr=True))
+    stop = _Stop()
     session, topics = _session(args)
     try:
         if args.to:
             console = DeviceConsole(session, topics, args.to, follow=False)
             try:
-                answer = console.request(
-                    "deploy_model",
-                    deploy_args,
-                    timeout=args.timeout,
-                    on_progress=lambda progress: bars.update(args.to, progress),
-                )
+                with stop:
+                    answer = console.request(
+                        "deploy_model",
+                        deploy_args,
+                        timeout=args.timeout,
+                        on_progress=lambda progress: bars.update(args.to, progress),
+                        stop=stop.event,
+                    )
                 outcome: Outcome = "ok" if answer.status == "ok" else "error"
                 results = [DeviceResult(args.to, outcome, answer)]
-            except NoAnswerError as exc:
-                print(f"edge-fleet: {exc}", file=sys.stderr, flush=True)
-                results = [DeviceResult(args.to, "timeout")]
+            except (NoAnswerError, Interrupted) as exc:
+                if isinstance(exc, NoAnswerError):
+                    print(f"edge-fleet: {exc}", file=sys.stderr, flush=True)
+                # Shown as "no answer", a box that was running it passed for one that never
+                # heard of it.
+                started = exc.started
+                progress = started.progress if started is not None else None
+                outcome = "timeout" if isinstance(exc, NoAnswerError) else "interrupted"
+                results = [DeviceResult(args.to, outcome, None, progress, started is not None)]
             finally:
                 console.close()
         else:
@@ -440,16 +495,18 @@ def run_deploy(args: argparse.Namespace) -> int:
                 if answer.progress is not None:
                     bars.update(answer.device_id, answer.progress)
 
-            found = send_group(
-                session,
-                topics,
-                args.group,
-                "deploy_model",
-                deploy_args,
-                members,
-                timeout=args.timeout,
-                on_answer=shown,
-            )
+            with stop:
+                found = send_group(
+                    session,
+                    topics,
+                    args.group,
+                    "deploy_model",
+                    deploy_args,
+                    members,
+                    timeout=args.timeout,
+                    on_answer=shown,
+                    stop=stop.event,
+                )
             results = [found[d] for d in sorted(found)]
     finally:
         bars.close()
@@ -459,7 +516,18 @@ def run_deploy(args: argparse.Namespace) -> int:
         _print_json(tables.results_json(results))
     else:
         title = f"deploy {args.name} {args.version} to {where}"
-        Console(soft_wrap=True).print(tables.results_table(title, results))
+        _table_console().print(tables.results_table(title, results))
+    if stop.signum:
+        unanswered = [r.device for r in results if r.outcome == "interrupted"]
+        which = ", ".join(unanswered) if len(unanswered) <= 5 else f"{len(unanswered)} devices"
+        print(
+            f"edge-fleet: deploy_model stopped before every answer came: "
+            f"{tables.printable(which)} may still run it (it expires {args.timeout:g} s after "
+            "it was sent); see `edge-fleet status`",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + stop.signum
     outcomes = {r.outcome for r in results}
     if "error" in outcomes:
         return EXIT_FAILED
@@ -523,7 +591,12 @@ def run_watch(args: argparse.Namespace) -> int:
     try:
         roster, settled = _roster(session, topics, args.wait, telemetry=True)  # it keeps listening
         if args.once is not None:
-            stop.wait(args.once)
+            # Looked at while waiting: a loss is dated when it came, not when the wait ended.
+            ends = time.monotonic() + args.once
+            while not stop.wait(min(0.5, max(0.0, ends - time.monotonic()))):
+                link.lost_at()
+                if time.monotonic() >= ends:
+                    break
             records = roster.snapshot()
             if args.json:
                 _print_json(tables.watch_json(records))
@@ -541,11 +614,7 @@ def run_watch(args: argparse.Namespace) -> int:
         if out.is_terminal:
 
             def screen() -> Table:
-                # A screenful of devices: the table's title, header, rules and caption
-                # take 8 lines; a device with several pipelines takes a line each.
-                return tables.watch_table(
-                    roster.snapshot(), limit=max(5, out.height - 8), offline_since=link.lost_at()
-                )
+                return screenful(out, roster.snapshot(), link.lost_at())
 
             with Live(screen(), console=out, auto_refresh=False) as live:
                 while not stop.wait(0.5):
@@ -557,6 +626,23 @@ def run_watch(args: argparse.Namespace) -> int:
     return 0
 
 
+def screenful(out: Console, records: list[DeviceRecord], offline_since: float | None) -> Table:
+    """`watch`'s table cut to the terminal's height, its caption included.
+
+    Measured as drawn: a device takes a row per pipeline, and a cell or the caption may
+    wrap on a narrow terminal. Cut by a guess at the lines around the rows, 16 boxes of
+    three cameras drew 48 rows on 24 lines, and the caption (what is hidden, a lost
+    link) was what fell off the screen's foot.
+    """
+    rows = max(1, out.height - 7)  # title, header, 3 rules, 2 caption lines: mostly one pass
+    while True:
+        table = tables.watch_table(records, limit=rows, offline_since=offline_since)
+        drawn = len(out.render_lines(table, pad=False))
+        if drawn <= out.height or rows <= 1:
+            return table
+        rows = max(1, rows - (drawn - out.height))
+
+
 class _Link:
     """When this console's own link to the broker went down, while it is down: the
     roster then stops changing, and a watch showed the fleet as it was, all green."""
@@ -564,7 +650,9 @@ class _Link:
     def __init__(self, session: MqttSession) -> None:
         self._session = session
         self._lost: float | None = None
-        self._was_up = False
+        # Up as it comes from connect(): begun False, a loss was noticed only after a look
+        # taken while up, and `watch --once` takes its first after its wait.
+        self._was_up = session.connected.is_set()
 
     def lost_at(self) -> float | None:
         """When it went down (console clock), or None while it is up (or not up yet)."""
@@ -630,17 +718,62 @@ def run_forget(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else 0
 
 
+def _standing(record: DeviceRecord, now: float) -> tuple[Any, ...]:
+    """What a piped watch prints a device again for: online or not, its pipelines'
+    statuses, in trouble or not; not its figures, which move every interval."""
+    statuses = tuple((p.id, p.status) for p in record.state.pipelines) if record.state else ()
+    return record.online, statuses, in_trouble(record, now)
+
+
 def _snapshots(
     out: Console, roster: Roster, stop: threading.Event, link: _Link, every_s: float = 2.0
 ) -> None:
-    """Not a terminal (a pipe, a log): a snapshot when something changed, at most every 2 s,
-    and one when this console's link goes down (nothing changes after it)."""
+    """Not a terminal (a pipe, a log): the whole table once, then, at most every 2 s, a
+    line counting the fleet and the rows of the devices whose standing changed (came,
+    went online or offline, a pipeline's status, in trouble or out of it); and a line when
+    this console's link goes down or comes back. The whole table every time was up to
+    5,000 rows every 2 s, and a change in it was not to be found."""
+    held: dict[str, tuple[Any, ...]] | None = None
     lost: float | None = None
     while not stop.is_set():
         changed = roster.changed.wait(0.5)
         now_lost = link.lost_at()
-        if changed or now_lost != lost:
-            roster.changed.clear()
-            lost = now_lost
-            out.print(tables.watch_table(roster.snapshot(), offline_since=lost))
-            stop.wait(every_s)
+        if not changed and now_lost == lost:
+            continue
+        roster.changed.clear()
+        now = time.time()
+        records = roster.snapshot()
+        standing = {r.device: _standing(r, now) for r in records}
+        if held is None:
+            out.print(tables.watch_table(records, now, offline_since=now_lost))
+        else:
+            moved = [r for r in records if held.get(r.device) != standing[r.device]]
+            gone = sorted(set(held) - set(standing))
+            if moved or gone or now_lost != lost:
+                out.print(_fleet_line(records, now, now_lost, gone), markup=False)
+            if moved:
+                out.print(tables.watch_table(moved, now, offline_since=now_lost))
+        held, lost = standing, now_lost
+        stop.wait(every_s)
+
+
+def _clock_time(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))  # the console's clock: in range
+
+
+def _fleet_line(
+    records: list[DeviceRecord], now: float, lost: float | None, gone: list[str]
+) -> str:
+    """'12:00:02 3 devices: 2 online, 1 offline, 1 in trouble (offline, failing or flagged)'."""
+    online = sum(r.online for r in records)
+    trouble = sum(in_trouble(r, now) for r in records)
+    line = (
+        f"{_clock_time(now)} {len(records)} devices: "
+        f"{online} online, {len(records) - online} offline, {trouble} in trouble (offline, "
+        "failing or flagged)"
+    )
+    if gone:
+        line += f"; forgotten: {tables.printable(', '.join(gone))}"
+    if lost is not None:
+        line += f"; this console lost the broker at {_clock_time(lost)}"
+    return line

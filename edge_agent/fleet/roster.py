@@ -27,7 +27,6 @@ from typing import Any, Literal
 from edge_agent.comms.base import Communicator, Message, Unsubscribe, last_refusal, refusals
 from edge_agent.fleet import clock
 from edge_agent.fleet.console import (
-    Interrupted,
     RefusedError,
     Replies,
     expiry_seconds,
@@ -255,7 +254,7 @@ def unsettled(comm: Communicator, topics: Topics, timeout: float = 5.0) -> Unset
         undo()
 
 
-Outcome = Literal["ok", "error", "timeout"]
+Outcome = Literal["ok", "error", "timeout", "interrupted"]
 
 
 @dataclass
@@ -265,9 +264,11 @@ class DeviceResult:
     device: str
     outcome: Outcome
     answer: msg.Response | None = None
-    """The final answer (ok or error); None on timeout."""
+    """The final answer (ok or error); None on timeout or interrupted."""
     progress: msg.Progress | None = None
     """The last progress it reported."""
+    started: bool = False
+    """It answered accepted or progress: without a final answer, it may still be running."""
 
     @property
     def result(self) -> dict[str, Any]:
@@ -292,10 +293,11 @@ def send_group(
     """Send one command to `group` and wait for the final answer of every member.
 
     Devices outside `members` that answer too (one came online meanwhile) are included.
-    An answer counts for the device whose `resp` topic it came on (see `Replies`).
+    An answer counts for the device whose `resp` topic it came on (see `Replies`). When
+    `stop` is set first, what came is returned, the devices still waited for
+    `interrupted`: raised instead, the answers gathered went unshown (Ctrl-C).
 
     Raises:
-        Interrupted: `stop` was set before every answer came.
         RefusedError: the broker refused the group command (MQTT 5): no member got it.
     """
     results = {device: DeviceResult(device, "timeout") for device in members}
@@ -315,7 +317,10 @@ def send_group(
         deadline = time.monotonic() + timeout
         while any(r.answer is None for r in results.values()):
             if stop is not None and stop.is_set():
-                raise Interrupted(kind)
+                for entry in results.values():
+                    if entry.answer is None:
+                        entry.outcome = "interrupted"
+                break
             if refusals(comm) > refused:
                 raise RefusedError(kind, topic, last_refusal(comm))
             left = deadline - time.monotonic()
@@ -326,6 +331,7 @@ def send_group(
             except queue.Empty:
                 continue
             entry = results.setdefault(answer.device_id, DeviceResult(answer.device_id, "timeout"))
+            entry.started = entry.started or answer.status in ("accepted", "progress")
             if answer.status == "progress":
                 entry.progress = answer.progress
             elif answer.status in ("ok", "error"):

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from edge_agent.fleet import clock
+from edge_agent.fleet.console import error_of
 from edge_agent.fleet.roster import DeviceRecord, DeviceResult
 from edge_agent.fleet.trouble import all_flags, device_flags, in_trouble, pipeline_flags
 
@@ -164,6 +165,13 @@ def pipeline_figures(record: DeviceRecord) -> dict[str, dict[str, Any]]:
     return figures
 
 
+def _height(record: DeviceRecord) -> int:
+    """The rows `record` takes in `watch_table`: one per pipeline, one if it has none."""
+    named = {p.id for p in record.state.pipelines} if record.state else set()
+    named.update(record.telemetry.pipelines if record.telemetry else ())
+    return max(1, len(named))
+
+
 def watch_json(records: Iterable[DeviceRecord], now: float | None = None) -> list[dict[str, Any]]:
     """`last_seen` is the console's clock when `last_seen_from` is `arrival`; `device_clock`
     is the box's own (for an offline box heard of only retained: when it connected)."""
@@ -193,7 +201,8 @@ def watch_table(
     limit: int | None = None,
     offline_since: float | None = None,
 ) -> Table:
-    """The fleet as a table; past `limit` devices, those in trouble first, the rest counted.
+    """The fleet as a table; past `limit` rows, devices in trouble first, those that do not
+    fit whole counted. A device takes a row per pipeline.
 
     A terminal shows a screenful: at 5,000 boxes sorted by name, an offline one was
     thousands of rows below it (and building every row took 3 s, twice a second).
@@ -203,9 +212,13 @@ def watch_table(
     now = time.time() if now is None else now
     records = list(records)
     hidden: list[DeviceRecord] = []
-    if limit is not None and len(records) > limit:
+    if limit is not None and sum(map(_height, records)) > limit:
         ordered = sorted(records, key=lambda r: (not in_trouble(r, now), r.device))
-        records, hidden = ordered[:limit], ordered[limit:]
+        used = fit = 0
+        while fit < len(ordered) and used + _height(ordered[fit]) <= limit:
+            used += _height(ordered[fit])
+            fit += 1
+        records, hidden = ordered[:fit], ordered[fit:]
     notes = []
     if offline_since is not None:
         lost = time.strftime("%H:%M:%S", time.localtime(offline_since))
@@ -283,23 +296,43 @@ def results_table(title: str, results: Iterable[DeviceResult]) -> Table:
             outcome, version, code = "[green]ok[/]", str(entry.result.get("version", "-")), ""
             swapped = entry.result.get("pipelines_swapped") or []
             detail = "activated" if entry.result.get("activated") else "installed"
-            detail += f", swapped {', '.join(map(str, swapped))}" if swapped else ""
-        elif entry.outcome == "error" and entry.answer and entry.answer.error:
-            outcome, version, code = "[red]error[/]", "-", entry.answer.error.code
-            detail = entry.answer.error.message
+            if not isinstance(swapped, list):
+                # A box's answer, not ours: a number in it ended the console after the
+                # deploy had run, and a string was listed letter by letter.
+                detail += ", swapped: malformed"
+            elif swapped:
+                detail += f", swapped {', '.join(map(str, swapped))}"
+        elif entry.outcome == "error" and entry.answer is not None:
+            error = error_of(entry.answer)
+            outcome, version, code, detail = "[red]error[/]", "-", error.code, error.message
+        elif entry.outcome == "interrupted":
+            outcome, version, code = "[yellow]interrupted[/]", "-", ""
+            detail = unfinished(entry, "when stopped")
         else:
             outcome, version, code = "[yellow]timeout[/]", "-", "command.timeout"
-            last = entry.progress
-            detail = f"no answer; last {last.stage} {last.fraction:.0%}" if last else "no answer"
+            detail = unfinished(entry, "when the wait ended")
         table.add_row(cell(entry.device), outcome, cell(version), cell(code), cell(detail))
     return table
 
 
+def unfinished(entry: DeviceResult, when: str) -> str:
+    """How far a device without a final answer had got `when` the console stopped waiting:
+    one that had started may still be running the command."""
+    last = entry.progress
+    if last is not None:
+        return f"in progress at {last.stage} {last.fraction:.0%} {when}"
+    return f"accepted, no progress {when}" if entry.started else "no answer"
+
+
 def results_json(results: Iterable[DeviceResult]) -> dict[str, Any]:
+    """Each device's outcome and final answer; without one, whether it had started and its
+    last progress (as the table's detail)."""
     return {
         r.device: {
             "outcome": r.outcome,
             "answer": r.answer.model_dump(mode="json", exclude_none=True) if r.answer else None,
+            "started": r.started,
+            "progress": r.progress.model_dump(mode="json") if r.progress else None,
         }
         for r in results
     }

@@ -188,6 +188,9 @@ FLEET_FLAGS: list[tuple[list[str], str]] = [
     (["cmd", "dev-1", "x" * 65, "--no-check"], "1 to 64 characters"),
     (["deploy", "m", "1", "--to", "#"], "is not a device id"),
     (["deploy", "m", "1", "--group", "docks/+"], "is not a group name"),
+    # isdigit() takes a superscript two, and int() of 5,000 digits raises: tracebacks.
+    (["deploy", "m", "²", "--to", "d"], "version '²' is not a number"),
+    (["deploy", "m", "1" * 5000, "--to", "d"], "is not a number >= 1"),
     # Taken in silence: tables every 2 s, forever, into a JSON reader.
     (["watch", "--json"], "needs --once"),
     (["publish-model", "m.onnx", "--version", "0", "--key", "k.pem"], "--version"),

@@ -8,10 +8,13 @@ behaviour matters (a clean stop), the same service on a thread elsewhere.
 from __future__ import annotations
 
 import json
+import math
 import queue
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,14 +278,18 @@ def test_a_box_on_a_newer_edge_agent_is_seen_and_answered(broker: LocalBroker) -
     assert "Response.trace" in err
 
 
-def hand_made_box(broker: LocalBroker, box: str) -> tuple[MqttSession, queue.Queue[bytes]]:
-    """A session standing in for `box`, and the commands sent to it; returned once it is
-    subscribed (its own probe came back), so none sent after is missed."""
+def hand_made_box(
+    broker: LocalBroker, box: str, topic: str = ""
+) -> tuple[MqttSession, queue.Queue[bytes]]:
+    """A session standing in for `box`, and the commands sent to it (on `topic`, its own
+    cmd topic by default); returned once it is subscribed (its own probe came back), so
+    none sent after is missed."""
+    topic = topic or f"{PREFIX}/{box}/cmd"
     commands: queue.Queue[bytes] = queue.Queue()
     session = connect(BrokerSettings(port=broker.port))
-    session.subscribe(f"{PREFIX}/{box}/cmd", lambda m: commands.put(m.payload), qos=1)
+    session.subscribe(topic, lambda m: commands.put(m.payload), qos=1)
     while True:
-        session.publish(f"{PREFIX}/{box}/cmd", b"probe", qos=1)
+        session.publish(topic, b"probe", qos=1)
         try:
             if commands.get(timeout=0.5) == b"probe":
                 return session, commands
@@ -393,3 +400,209 @@ def test_cmd_says_when_the_boxs_clock_is_far_off(broker: LocalBroker) -> None:
                 ], err
     finally:
         skewed.stop()
+
+
+@pytest.mark.parametrize("ts", [math.inf, math.nan, 1e300, -1e300])
+def test_a_box_whose_will_has_a_bad_timestamp_is_said_offline_at_an_unknown_time(
+    broker: LocalBroker, ts: float
+) -> None:
+    # The hint for an offline box dates its will's ts by the local calendar: Infinity, NaN
+    # or a year past 9999 ended `cmd` and `deploy --to` in a traceback instead of it.
+    box = "odd-box"
+    mosquitto_pub(broker, f"{PREFIX}/{box}/state", {"online": False, "seq": 1, "ts": ts}, True)
+    verbs = [["cmd", box, "ping"], ["deploy", "m", "1", "--to", box]]
+    for verb in verbs if ts == math.inf else verbs[:1]:
+        done = fleet_cli(broker, *verb, "--timeout", "1")
+        assert done.returncode == 124, done.stderr
+        assert "Traceback" not in done.stderr
+        assert f"({box} is offline; its last connection began at an unknown time)" in done.stderr
+
+
+def fleet_spawn(broker: LocalBroker, *args: str) -> subprocess.Popen[str]:
+    """`fleet_cli`, started: the test answers as a box meanwhile."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "edge_agent.fleet.cli", args[0], "-p", str(broker.port), *args[1:]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def row_of(table: str, device: str) -> list[str]:
+    """The cells of `device`'s row in a printed table (its title may name it too)."""
+    return next(cells(line) for line in table.splitlines() if line.startswith(f"│ {device} "))
+
+
+def answer(box: MqttSession, name: str, command: bytes, status: str, **fields: Any) -> None:
+    """`box` answers `command` as `name`, with `fields` (progress, result, error) as they are."""
+    sent = json.loads(command)
+    body = {"id": sent["id"], "status": status, "device_id": name, "ts": time.time(), **fields}
+    box.publish(f"{PREFIX}/{name}/resp", json.dumps(body).encode(), qos=1)
+
+
+def test_an_error_answer_without_its_body_is_an_error(broker: LocalBroker) -> None:
+    # `cmd` tested the body, not the status: it printed the answer and exited 0; `deploy`
+    # showed the box as silent ("timeout, no answer") and exited 1 for it.
+    box = "terse-box"
+    session, commands = hand_made_box(broker, box)
+    try:
+        asking = fleet_spawn(broker, "cmd", box, "ping", "--timeout", "20")
+        answer(session, box, commands.get(timeout=20), "error")
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 1, err
+        assert json.loads(out)["status"] == "error"
+        assert err.strip().splitlines()[-1] == (
+            f"edge-fleet: error: {box}: ping failed: failed without a reason [internal]"
+        )
+        asking = fleet_spawn(broker, "deploy", "m", "1", "--to", box, "--timeout", "20")
+        answer(session, box, commands.get(timeout=20), "error")
+        out, err = asking.communicate(timeout=30)
+        assert asking.returncode == 1, err
+        assert row_of(out, box) == [box, "error", "-", "internal", "failed without a reason"], out
+    finally:
+        session.stop()
+
+
+def test_watch_once_says_the_link_was_lost_during_its_wait(broker: LocalBroker) -> None:
+    # The link's loss was noticed only by a look taken while it was up, and `--once`
+    # looked first after the wait: a broker gone meanwhile passed for a quiet fleet, exit 0.
+    mosquitto_pub(broker, f"{PREFIX}/dock-1/state", {"online": True, "seq": 1, "ts": 1.0}, True)
+    echoes: queue.Queue[str] = queue.Queue()
+    spy = connect(BrokerSettings(port=broker.port))
+    try:
+        spy.subscribe(f"{PREFIX}/fleet/console/+", lambda m: echoes.put(m.topic), qos=0)
+        time.sleep(0.5)  # subscribed before watch connects: its echo must not pass unseen
+        watching = fleet_spawn(broker, "watch", "--once", "4")
+        echoes.get(timeout=20)  # watch has its states and is waiting
+    finally:
+        spy.stop()
+    broker.stop()
+    stopped = time.time()
+    out, err = watching.communicate(timeout=30)
+    assert watching.returncode == 124, err
+    assert "lost the broker during the watch" in err
+    # Dated when it went (the console looks twice a second), not when the wait ended.
+    said = re.search(r"this console lost the broker at (\d\d:\d\d:\d\d)", out)
+    assert said is not None, out
+    near = {time.strftime("%H:%M:%S", time.localtime(stopped + d)) for d in (-1, 0, 1, 2)}
+    assert said.group(1) in near, (said.group(1), near)
+    assert "dock-1" in out
+
+
+def test_deploy_to_a_box_that_had_not_finished_says_it_was_in_progress(
+    broker: LocalBroker,
+) -> None:
+    # It was shown as "no answer", as a box that never heard of the deploy: the operator
+    # sent it again, or went looking for an agent that was running it.
+    box = "slow-box"
+    session, commands = hand_made_box(broker, box)
+    try:
+        for said, detail in (
+            ([("progress", {"stage": "pull", "fraction": 0.8})], "in progress at pull 80%"),
+            ([], "accepted, no progress"),
+        ):
+            asking = fleet_spawn(broker, "deploy", "m", "1", "--to", box, "--timeout", "2")
+            command = commands.get(timeout=20)
+            answer(session, box, command, "accepted")
+            for status, progress in said:
+                answer(session, box, command, status, progress=progress)
+            out, err = asking.communicate(timeout=30)
+            assert asking.returncode == 124, err
+            assert row_of(out, box) == [
+                box, "timeout", "-", "command.timeout", f"{detail} when the wait ended"
+            ], out  # fmt: skip
+            asking = fleet_spawn(
+                broker, "deploy", "m", "1", "--to", box, "--timeout", "2", "--json"
+            )
+            command = commands.get(timeout=20)
+            answer(session, box, command, "accepted")
+            for status, progress in said:
+                answer(session, box, command, status, progress=progress)
+            out, err = asking.communicate(timeout=30)
+            assert json.loads(out)[box] == {
+                "outcome": "timeout", "answer": None, "started": True,
+                "progress": said[0][1] if said else None,
+            }  # fmt: skip
+    finally:
+        session.stop()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_group_deploy_stopped_prints_what_it_gathered(broker: LocalBroker, signum: int) -> None:
+    # Ctrl-C ended it with no table: box-a's ok, box-b's progress, gone with the wait.
+    for box in ("box-a", "box-b"):
+        body = {"online": True, "seq": 1, "ts": time.time(), "group": "docks"}
+        mosquitto_pub(broker, f"{PREFIX}/{box}/state", body, retain=True)
+    boxes, commands = hand_made_box(broker, "box-a", f"{PREFIX}/group/docks/cmd")
+    said: queue.Queue[str] = queue.Queue()
+    try:
+        with fleet_spawn(
+            broker, "deploy", "m", "1", "--group", "docks", "--timeout", "60"
+        ) as asking:
+            command = commands.get(timeout=20)
+            answer(boxes, "box-a", command, "ok", result={"version": 1, "activated": True})
+            answer(boxes, "box-b", command, "accepted")
+            answer(boxes, "box-b", command, "progress", progress={"stage": "pull", "fraction": 0.5})
+
+            def read() -> None:
+                for line in asking.stderr or []:
+                    said.put(line)
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            while said.get(timeout=20).strip() != "box-b: pull 50%":
+                pass  # the console has every answer sent: what a stop must not lose
+            asking.send_signal(signum)
+            asking.wait(timeout=30)
+            reader.join(timeout=30)
+            out = asking.stdout.read() if asking.stdout else ""
+    finally:
+        boxes.stop()
+    err = "".join(said.queue)
+    assert asking.returncode == 128 + signum, err
+    assert "Traceback" not in err
+    assert row_of(out, "box-a") == ["box-a", "ok", "1", "", "activated"], out
+    assert row_of(out, "box-b") == [
+        "box-b", "interrupted", "-", "", "in progress at pull 50% when stopped"
+    ], out  # fmt: skip
+    assert "edge-fleet: deploy_model stopped before every answer came: box-b may" in err
+
+
+def test_a_piped_watch_prints_the_fleet_once_then_what_changed(broker: LocalBroker) -> None:
+    # Into a log, the whole table every 2 s: 5,000 rows each time, a change not to be found.
+    cam = [{"id": "cam", "model": "m", "status": "running"}]
+    for box in ("box-a", "box-b", "box-c"):
+        body = {"online": True, "seq": 1, "ts": time.time(), "pipelines": cam}
+        mosquitto_pub(broker, f"{PREFIX}/{box}/state", body, retain=True)
+    printed: queue.Queue[str] = queue.Queue()
+
+    def table() -> str:
+        """The lines printed up to the next table's foot."""
+        lines = [printed.get(timeout=20)]
+        while not lines[-1].startswith("└"):
+            lines.append(printed.get(timeout=20))
+        return "".join(lines)
+
+    with fleet_spawn(broker, "watch") as watching:
+
+        def read() -> None:
+            for line in watching.stdout or []:
+                printed.put(line)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        first = table()
+        assert all(f"│ {box} " in first for box in ("box-a", "box-b", "box-c")), first
+        # New figures from box-a change nothing it stands on; box-b going offline does.
+        mosquitto_pub(broker, f"{PREFIX}/box-a/telemetry", _telemetry(time.time()), False)
+        time.sleep(3)  # past the 2 s between prints: box-a's figures have had their chance
+        body = {"online": False, "seq": 1, "ts": time.time(), "pipelines": cam}
+        mosquitto_pub(broker, f"{PREFIX}/box-b/state", body, retain=True)
+        then = table()
+        watching.send_signal(signal.SIGINT)
+        watching.wait(timeout=30)
+        reader.join(timeout=30)
+        err = watching.stderr.read() if watching.stderr else ""
+    assert watching.returncode == 0, err
+    assert "3 devices: 2 online, 1 offline" in then, then
+    assert "│ box-b " in then, then
+    assert "│ box-a " not in then, then
+    assert "│ box-c " not in then, then
