@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -82,18 +83,26 @@ def sweep(root: Path, keep: Path, now: float | None = None) -> list[Path]:
 
 
 def _own(path: Path) -> None:
-    """Give `path` a file of its own if it shares one: the store takes a finished transfer's
-    files by hard link and makes them read-only, and an install that failed or was cut
-    short leaves them so. Written in place, they would change the store's bytes."""
+    """Give `path` a file of its own, writable, if it shares one: the store takes a finished
+    transfer's files by hard link and makes them read-only, and an install that failed or
+    was cut short leaves them so. Written in place, they would change the store's bytes;
+    and opened for writing by the agent's user, a read-only one failed every resume."""
     try:
-        if path.lstat().st_nlink <= 1:
-            return
+        found = path.lstat()
     except FileNotFoundError:
         return
+    if found.st_nlink <= 1:
+        if not found.st_mode & stat.S_IWUSR:
+            path.chmod(0o644)  # its own inode (a cut between the store's chmod and rename)
+        return
     mine = path.with_name(f".{path.name}.own")
-    shutil.copyfile(path, mine)
-    mine.chmod(0o644)
-    mine.replace(path)
+    try:
+        shutil.copyfile(path, mine)
+        mine.chmod(0o644)
+        mine.replace(path)
+    except BaseException:
+        mine.unlink(missing_ok=True)  # a half copy on a full disk is no use to anyone
+        raise
 
 
 class PartialTransfer:
@@ -125,13 +134,15 @@ class PartialTransfer:
                 if os.fstat(fd).st_size != entry.size:
                     os.ftruncate(fd, entry.size)  # sparse: no disk used until written
             self._bitmap_fd = os.open(folder / _BITMAP, os.O_RDWR | os.O_CREAT, 0o644)
+            nbytes = (len(self.chunks) + 7) // 8
+            raw = os.pread(self._bitmap_fd, nbytes, 0)
+            self.bits = bytearray(raw.ljust(nbytes, b"\0"))
+            self.resumed = self._recheck()
         except BaseException:
-            self.close()  # a pull that retries every minute leaked a descriptor per file
+            # A pull that retries every minute (an EIO from a failing card, a full disk)
+            # leaked a descriptor per file each time.
+            self.close()
             raise
-        nbytes = (len(self.chunks) + 7) // 8
-        raw = os.pread(self._bitmap_fd, nbytes, 0)
-        self.bits = bytearray(raw.ljust(nbytes, b"\0"))
-        self.resumed = self._recheck()
         self.received = sum(1 for i in range(len(self.chunks)) if bit(self.bits, i))
 
     def _recheck(self) -> int:

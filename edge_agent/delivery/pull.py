@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -213,18 +214,28 @@ def _open_partial(folder: Path, signed: SignedRelease) -> PartialTransfer:
     try:
         return PartialTransfer(folder, signed)
     except OSError as exc:
-        raise EdgeAgentError(
+        error = EdgeAgentError(
             f"cannot keep the transfer of {signed.release.name} in {folder}: {exc.strerror or exc}",
             "check the state disk is mounted read-write and has room, then deploy again",
             code="transfer.failed",
-        ) from exc
+        )
+        error.__cause__ = exc
+        if _out_of_space(error):
+            shutil.rmtree(folder, ignore_errors=True)  # as a transfer that fills the disk
+            raise EdgeAgentError(
+                error.problem,
+                "free space on the state disk, then deploy again (the partial transfer "
+                "was removed, so that the disk is not left full)",
+                code=error.code,
+            ) from exc
+        raise error from exc
 
 
 def _check_room(release: Release, folder: Path, store_root: Path, keep_free_bytes: int) -> None:
     """Refuse a pull the disks cannot take, before any of it is transferred.
 
     The transfer needs what it has yet to receive (its files are sparse: a resumed one holds
-    some blocks already); the store then renames the files in, on the same file system, and
+    some blocks already); the store then links the files in, on the same file system, and
     copies them across to another.
 
     Raises:
@@ -232,7 +243,10 @@ def _check_room(release: Release, folder: Path, store_root: Path, keep_free_byte
     """
     transfers = _existing(folder)
     try:
-        held = sum(f.stat().st_blocks * 512 for f in (folder / "files").rglob("*") if f.is_file())
+        # A file that shares the store's inode (an install of it that failed) is copied
+        # before it is written: held by the store, not by the transfer.
+        found = [f.stat() for f in (folder / "files").rglob("*") if f.is_file()]
+        held = sum(f.st_blocks * 512 for f in found if f.st_nlink == 1)
     except OSError:
         held = 0
     needs = [(transfers, max(0, release.total_size - held))]

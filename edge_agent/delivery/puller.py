@@ -137,8 +137,11 @@ class Puller:
         self._subs: dict[str, Unsubscribe] = {}
         self._last_rx = clock()
         self.flowing_at = 0.0
-        """When the last broadcast frame came, new to this puller or not (the pull's stall
-        timer takes a flowing broadcast for progress)."""
+        """When the last broadcast frame came, new to this puller or not, within a lap of
+        the last one it stored (the pull's stall timer takes a flowing broadcast for
+        progress)."""
+        self._dry = 0
+        """Broadcast frames in a row that brought nothing this puller lacks."""
         self._rejoins_left = self.options.rejoins
         self._wanted: set[int] = set()
         self._deadline = 0.0
@@ -222,6 +225,13 @@ class Puller:
             # on the reply topic did too, so answers to requests forged in this device's
             # name (one a second) kept a puller whose broadcaster was gone waiting for it,
             # asking nothing, until the pull failed at stall_s.
+            self._dry = 0 if stored else self._dry + 1
+            if self._dry > self.partial.count:
+                # A whole lap and none of what it asked for: the broadcaster does not count
+                # it (dropped from the window behind a flaky link, its join refused), and
+                # would carry others' chunks past it for as long as the fleet joins. Taken
+                # as silence: it rejoins, then repairs, and the pull's stall timer runs.
+                return
             self._last_rx = self.flowing_at = self.clock()
             if stored:
                 # The broadcast flows again: a later outage gets its rejoins too. Kept
@@ -324,6 +334,7 @@ class Puller:
 
     def _join(self) -> None:
         self.state = "broadcast"
+        self._dry = 0  # a lap from this join
         self._last_rx = self.clock()
         join = Join(
             device_id=self.device_id,

@@ -9,18 +9,24 @@ The download runs in its own thread and the pull watches it, as it watches the
 MQTT puller: a blocking read cannot be interrupted, and a server that trickles
 a byte every 29 s never trips a socket timeout of 30 s. The pull stops watching
 on a cancel or a stall; from then on the thread writes nothing (each write is
-taken under the lock that `stop` takes), and it ends at its next read.
+taken under the lock that `stop` takes), and it ends at its next read, which a
+silent server holds for `timeout_s` at most (a socket timeout).
+
+A file:// URL is read as the agent's user reads any file: a release that names one is
+signed by the fleet's key, whose holder decides what the box runs anyway, and what it
+reads is checked chunk by chunk and never leaves the box.
 """
 
 from __future__ import annotations
 
 import http.client
+import os
+import stat
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from edge_agent.delivery.chunks import ChunkRef
@@ -87,12 +93,14 @@ class UrlFetch:
         start = run[0].offset
         end = run[-1].offset + run[-1].length  # exclusive
         try:
-            with _opened(url, start, end, self.timeout_s) as read:
+            with _opened(url, start, end, self.timeout_s, self._halted) as read:
                 for ref in run:
                     data = _read_exactly(read, ref.length)
                     if not self._write(ref, data):
                         return False
             return True
+        except _Stopped:
+            return False
         except NETWORK_ERRORS as exc:
             if isinstance(exc, _DiskError):
                 raise EdgeAgentError(
@@ -106,6 +114,9 @@ class UrlFetch:
                 "check the URL is reachable from this box; the pull resumes where it stopped",
                 code="transfer.failed",
             ) from None
+
+    def _halted(self) -> bool:
+        return self._stopped
 
     def _write(self, ref: ChunkRef, data: bytes) -> bool:
         with self._lock:
@@ -124,6 +135,10 @@ class UrlFetch:
         return True
 
 
+class _Stopped(Exception):  # noqa: N818 (a stop, not an error)
+    """The pull stopped watching: the download ends at this read."""
+
+
 class _DiskError(OSError):
     """A write to the partial failed: the box's disk, not the server."""
 
@@ -136,23 +151,45 @@ Read = Callable[[int], bytes]
 
 
 @contextmanager
-def _opened(url: str, start: int, end: int, timeout_s: float) -> Iterator[Read]:
-    """A reader of bytes [start, end) of `url`: a Range request, or a seek for file://."""
+def _opened(
+    url: str, start: int, end: int, timeout_s: float, halted: Callable[[], bool]
+) -> Iterator[Read]:
+    """A reader of bytes [start, end) of `url`: a Range request, or a seek for file://.
+
+    Every read first asks `halted`: a stopped download ends at its next read (within
+    `timeout_s` of a silent server), not at the end of a chunk that trickles for days or
+    of a prefix a server that ignores Range sends whole.
+    """
     parts = urlsplit(url)
     if parts.scheme == "file":
-        with Path(unquote(parts.path)).open("rb") as fh:
+        # Not blocking, and a regular file only: a FIFO's open never returns, and no stop
+        # could end the thread waiting in it.
+        fd = os.open(unquote(parts.path), os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{parts.path} is not a regular file")
             fh.seek(start)
-            yield fh.read
+            yield _guarded(fh.read, halted)
         return
     request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end - 1}"})
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        if response.status == 200 and start > 0:
-            _skip(response.read1, start)  # the server ignored Range: read past what we have
-        elif response.status not in (200, 206):
-            raise OSError(f"HTTP {response.status}")
         # read1: one socket read at most each, so a trickle is seen byte by byte, not as
         # one read of a whole chunk that comes back an hour later.
-        yield response.read1
+        read = _guarded(response.read1, halted)
+        if response.status == 200 and start > 0:
+            _skip(read, start)  # the server ignored Range: read past what we have
+        elif response.status not in (200, 206):
+            raise OSError(f"HTTP {response.status}")
+        yield read
+
+
+def _guarded(read: Read, halted: Callable[[], bool]) -> Read:
+    def guarded(size: int) -> bytes:
+        if halted():
+            raise _Stopped
+        return read(size)
+
+    return guarded
 
 
 def _by_file(partial: PartialTransfer) -> Iterator[list[ChunkRef]]:

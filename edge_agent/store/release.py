@@ -88,7 +88,8 @@ class ReleaseFile(_Strict):
         default=None,
         pattern=_URL,
         description=(
-            "Optional http(s):// or file:// URL for large files; MQTT then carries only control."
+            "Optional http(s):// or file:// URL of a mirror's copy, for large files; the box "
+            "downloads from it first, and MQTT carries what it fails to give."
         ),
     )
 

@@ -677,7 +677,10 @@ class ModelStore:
         log_event(log, logging.INFO, "model_removed", model=name, version=version)
 
     def _collect_blobs(self) -> None:
-        """Delete blobs no version links to (a link count of 1 is the blob alone)."""
+        """Delete blobs no version links to (a link count of 1 is the blob alone). A transfer
+        whose install failed may hold one more link: that blob goes once the transfer does
+        (the next pull of its name, or its sweep), not before, so the transfer's bytes stay
+        whole for a resume."""
         blobs = self.root / "blobs"
         if not blobs.is_dir():
             return

@@ -11,6 +11,8 @@ wire twice are counted: at most the broadcast window was in flight.
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +27,7 @@ from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.delivery.partial import ABANDONED_S, PartialTransfer
 from edge_agent.delivery.pull import pull
+from edge_agent.errors import EdgeAgentError
 from edge_agent.fsio import FAULT_ENV, FAULT_EXIT
 from edge_agent.paths import Layout
 from edge_agent.protocol.delivery import Ack, Join, bitmap, decode_frame, encode_bits
@@ -249,3 +252,54 @@ layout = Layout(cache=state / "cache", state=state)
 pull(connect(BrokerSettings(port=port)), ModelStore(layout), layout, "orient",
      device_id="dev-9", trusted_keys=[load_public_key(pub)], options=FAST)
 """
+
+
+def test_a_full_disk_while_a_failed_install_is_taken_back_removes_the_transfer(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # As an install cut after its blobs went into the store: the transfer's file is the
+    # store's read-only inode. The next pull copies it for itself, and the disk fills half
+    # way: the half copy stayed, and the transfer with it, holding the disk full.
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    release = fleet.signed.release
+    folder = layout.transfers / f"orient-1-{ChunkMap(release).id}"
+    partial = PartialTransfer(folder, fleet.signed)
+    data = (fleet.source / release.files[0].path).read_bytes()
+    for ref in partial.chunks.refs:
+        assert partial.write(ref.index, data[ref.offset : ref.offset + ref.length])
+    partial.close()
+    blobs = layout.store / "blobs"
+    blobs.mkdir(parents=True)
+    taken = folder / "files" / release.files[0].path
+    os.link(taken, blobs / release.files[0].sha256)
+    taken.chmod(0o444)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as tests/disk_kit.py does
+    resource.setrlimit(resource.RLIMIT_FSIZE, (len(data) // 2, hard))
+    device = device_session(fleet.broker)
+    try:
+        with pytest.raises(EdgeAgentError) as caught:
+            pull(device, ModelStore(layout), layout, "orient", device_id="dev-1",
+                 trusted_keys=[fleet.key.public_key()], options=FAST)  # fmt: skip
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+        device.stop()
+    assert caught.value.code == "transfer.failed"
+    assert "free space" in caught.value.fix
+    assert not folder.exists()
+
+
+def test_a_transfer_file_left_read_only_is_made_writable_again(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # A cut between the store's chmod of the linked file and its rename into the store left
+    # the transfer's file read-only, with no other link: every resume by the agent's own
+    # user (not root) was refused it, until the transfer was swept 14 days later.
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    folder = layout.transfers / f"orient-1-{ChunkMap(fleet.signed.release).id}"
+    PartialTransfer(folder, fleet.signed).close()
+    taken = folder / "files" / fleet.signed.release.files[0].path
+    taken.chmod(0o444)
+    PartialTransfer(folder, fleet.signed).close()
+    assert taken.stat().st_mode & 0o200

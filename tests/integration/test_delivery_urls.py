@@ -8,11 +8,13 @@ release over MQTT, which takes over whatever the URL did not give.
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,6 +25,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.comms.session import Will, connect
+from edge_agent.delivery.chunks import ChunkMap
+from edge_agent.delivery.partial import PartialTransfer
 from edge_agent.delivery.pull import PullOptions, PullResult, pull
 from edge_agent.delivery.puller import PullerOptions
 from edge_agent.errors import EdgeAgentError
@@ -62,7 +66,7 @@ def _handler(mirror: Mirror) -> type[BaseHTTPRequestHandler]:
             ranged = self.headers.get("Range", "")
             mirror.requests.append(ranged)
             start, end = 0, len(mirror.body) - 1
-            if ranged.startswith("bytes="):
+            if ranged.startswith("bytes=") and mirror.mode != "ignore-range":
                 first, _, last = ranged[6:].partition("-")
                 start, end = int(first), int(last or end)
             body = mirror.body[start : end + 1]
@@ -72,7 +76,7 @@ def _handler(mirror: Mirror) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(b"20000\r\n" + body[: 128 * 1024] + b"\r\nzz\r\n")
                 return
-            self.send_response(206)
+            self.send_response(200 if mirror.mode == "ignore-range" else 206)
             self.send_header("Content-Range", f"bytes {start}-{end}/{len(mirror.body)}")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -105,17 +109,17 @@ class UrlFleet:
         return sum(len(f.chunks) for f in self.signed.release.files)
 
 
-@pytest.fixture
-def url_fleet(
-    broker: LocalBroker, tmp_path: Path, resolve: Callable[[str], ResolvedModel]
+@contextmanager
+def _fleet(
+    broker: LocalBroker,
+    tmp_path: Path,
+    resolve: Callable[[str], ResolvedModel],
+    url: str,
+    mirror: Mirror,
 ) -> Iterator[UrlFleet]:
+    """text-orientation published as `orient` v1 with its file at `url`, served over MQTT
+    by a fleet server too."""
     model = resolve("text-orientation")
-    mirror = Mirror(body=model.path.read_bytes())
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(mirror))
-    server.daemon_threads = True
-    serving = threading.Thread(target=server.serve_forever, daemon=True)
-    serving.start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/{model.path.name}"
     release = build_release(
         name="orient",
         version=1,
@@ -144,6 +148,23 @@ def url_fleet(
         stop.set()
         runner.join(5.0)
         session.stop()
+
+
+@pytest.fixture
+def url_fleet(
+    broker: LocalBroker, tmp_path: Path, resolve: Callable[[str], ResolvedModel]
+) -> Iterator[UrlFleet]:
+    model = resolve("text-orientation")
+    mirror = Mirror(body=model.path.read_bytes())
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(mirror))
+    server.daemon_threads = True
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{model.path.name}"
+    try:
+        with _fleet(broker, tmp_path, resolve, url, mirror) as fleet:
+            yield fleet
+    finally:
         server.shutdown()
         server.server_close()
 
@@ -199,6 +220,48 @@ def test_a_cancel_stops_a_download_that_trickles(url_fleet: UrlFleet, tmp_path: 
         _pull(url_fleet, layout, cancel)
     assert caught.value.code == "command.cancelled"
     assert time.monotonic() - started < 1.5  # within a tick of the cancel, not a stall_s
+    # And the download ends with it, at its next read: it read on to the end of its chunk
+    # (a byte every 29 s makes that 44 days), one thread and socket per cancelled pull.
+    deadline = time.monotonic() + 2.0
+    while _downloading() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _downloading()
+
+
+def _downloading() -> bool:
+    return any(t.name == "url-fetch" for t in threading.enumerate())
+
+
+def test_a_resume_from_a_mirror_that_ignores_range(url_fleet: UrlFleet, tmp_path: Path) -> None:
+    # The first 10 chunks are held; the mirror answers the Range request with the whole
+    # file (200): the download reads past what is held, and takes the rest from there.
+    url_fleet.mirror.mode = "ignore-range"
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    rid = ChunkMap(url_fleet.signed.release).id
+    partial = PartialTransfer(layout.transfers / f"orient-1-{rid}", url_fleet.signed)
+    for ref in partial.chunks.refs[:10]:
+        assert partial.write(ref.index, url_fleet.mirror.body[ref.offset : ref.offset + ref.length])
+    partial.close()
+    result = _pull(url_fleet, layout)
+    assert result.installed
+    assert result.stats.frames == 0  # all from the mirror
+    assert url_fleet.mirror.requests == [
+        f"bytes={10 * 128 * 1024}-{len(url_fleet.mirror.body) - 1}"
+    ]
+
+
+def test_a_file_url_naming_a_fifo_is_left_for_mqtt(
+    broker: LocalBroker, tmp_path: Path, resolve: Callable[[str], ResolvedModel]
+) -> None:
+    # Opened blocking, a FIFO's open never returned: no stop could end that thread.
+    fifo = tmp_path / "model.fifo"
+    os.mkfifo(fifo)
+    with _fleet(broker, tmp_path, resolve, fifo.as_uri(), Mirror(body=b"")) as fleet:
+        layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+        result = _pull(fleet, layout)
+    assert result.installed
+    assert result.stats.stored == fleet.chunks  # all of it over MQTT
+    assert not _downloading()
 
 
 def test_a_mirror_serving_other_bytes_keeps_the_good_chunks(

@@ -3,6 +3,7 @@ whole pull with loss over the in-memory FakeBroker (the fake that ships with com
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from edge_agent.comms.base import Message, topic_matches
 from edge_agent.comms.fake import FakeBroker
+from edge_agent.delivery import partial as partial_module
 from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
 from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.delivery.partial import ABANDONED_S, PartialTransfer, sweep
@@ -372,3 +374,63 @@ def test_the_carousel_sends_what_its_pullers_still_need_and_nothing_else(
     after = sent[rest:]
     assert len(after) == len(set(after))  # a chunk goes once per pass
     assert set(after) == set().union(*needs.values())  # exactly what the others lack
+
+
+def test_a_broadcast_that_flows_past_a_puller_it_does_not_count_is_taken_for_silence(
+    tmp_path: Path,
+) -> None:
+    # dev-1 lacks chunk 0; the broadcast carries 1-3 for boxes still in its window, lap
+    # after lap, never 0: dev-1 was dropped from the window behind a flaky link, or its
+    # join refused. Each frame kept it waiting for the broadcast, for as long as the fleet
+    # kept joining. After one dry lap it rejoins, and after its rejoins it repairs.
+    signed, folder = make_release(tmp_path, 4 * CHUNK)
+    data = (folder / "m.onnx").read_bytes()
+    partial = PartialTransfer(tmp_path / "pull", signed)
+    for ref in partial.chunks.refs[1:]:
+        partial.write(ref.index, data[ref.offset : ref.offset + ref.length])
+    now = [0.0]
+    options = PullerOptions(idle_s=0.5, rejoins=2)
+    puller = Puller(FakeBroker().connect(), Topics(), "dev-1", partial, clock=lambda: now[0],
+                    options=options)  # fmt: skip
+    puller.start()
+    seq = 0
+    while puller.state == "broadcast" and now[0] < 30.0:
+        now[0] += 0.05
+        seq += 1
+        i = 1 + seq % 3
+        ref = partial.chunks.refs[i]
+        frame = Frame(partial.chunks.id, i, data[ref.offset : ref.offset + ref.length], seq=seq)
+        puller.on_frame(Message(topic="chunks", payload=frame.encode()))
+        puller.tick(now[0])
+    assert puller.state == "repair", (puller.state, puller.stats)
+    assert puller.stats.rejoins == 2
+    assert puller.flowing_at < now[0] - options.idle_s  # the pull's stall timer runs again
+    puller.stop()
+    partial.close()
+
+
+def test_a_partial_that_cannot_be_read_leaks_no_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failing SD card (EIO on every read), faked as this machine has none: each retried
+    # pull leaked the descriptors of the partial's files and bitmap.
+    signed, _ = make_release(tmp_path, 4 * CHUNK)
+    PartialTransfer(tmp_path / "t", signed).close()
+
+    monkeypatch.setattr(partial_module, "os", _FailingOs())
+    before = len(list(Path("/proc/self/fd").iterdir()))
+    for _ in range(5):
+        with pytest.raises(OSError, match="Input/output"):
+            PartialTransfer(tmp_path / "t", signed)
+    assert len(list(Path("/proc/self/fd").iterdir())) == before
+
+
+class _FailingOs:
+    """`os` as the partial module sees it, with every pread failing as a dying card's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    @staticmethod
+    def pread(*_args: object) -> bytes:
+        raise OSError(errno.EIO, "Input/output error")
