@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from rich.table import Table
 from edge_agent.comms.base import Handler, Message
 from edge_agent.comms.fake import FakeBroker
 from edge_agent.errors import EdgeAgentError
+from edge_agent.fleet import clock
 from edge_agent.fleet.clock import skew_of_answer
 from edge_agent.fleet.console import DeviceConsole, NoAnswerError
 from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg, screenful
@@ -767,3 +769,12 @@ def test_a_live_watch_fits_the_terminal_caption_and_all() -> None:
         assert "more not shown" in shown.replace("\n", " ")
         # Every row it has room for is used: at most one device's rows are left unused.
         assert len(lines) >= height - len(cams), (width, height, shown)
+
+
+@pytest.mark.parametrize("ts", [math.inf, -math.inf, math.nan, 1e300, -1e300, 1e18])
+def test_a_time_no_calendar_holds_is_none_not_a_traceback(ts: float) -> None:
+    assert clock.calendar(ts) is None
+
+
+def test_a_time_the_calendar_holds_is_the_local_date_and_time() -> None:
+    assert clock.calendar(0.0) == time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(0.0))
