@@ -94,18 +94,27 @@ pull(session, ModelStore(layout), layout, "orient", device_id="dev-9",
 """
 
 
-def test_puller_killed_mid_transfer_resumes(fleet: Fleet, tmp_path: Path) -> None:
+def _pull_in_a_child(
+    fleet: Fleet, tmp_path: Path, script: str, env: dict[str, str] | None = None
+) -> tuple[Path, subprocess.CompletedProcess[bytes]]:
+    """Run `script` (a pull of orient as dev-9) in its own process; its state folder and
+    how it ended."""
     state = tmp_path / "state"
     pub = tmp_path / "fleet.pub"
     save_public_key(fleet.key.public_key(), pub)
     child = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(fleet.broker.port), str(state), str(pub)],
+        [sys.executable, "-c", script, str(fleet.broker.port), str(state), str(pub)],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
         timeout=60,
         check=False,
         capture_output=True,
     )
+    return state, child
+
+
+def test_puller_killed_mid_transfer_resumes(fleet: Fleet, tmp_path: Path) -> None:
+    state, child = _pull_in_a_child(fleet, tmp_path, _CHILD)
     assert child.returncode == -9, child.stderr.decode()[-2000:]
     layout = Layout(cache=state / "cache", state=state)
     device = device_session(fleet.broker)
@@ -208,17 +217,7 @@ def test_a_power_cut_in_the_install_keeps_the_transfer(
     # The store took the finished transfer's files by rename: cut at `step`, they were in
     # the store's tmp folder (swept by the next update) or its blobs (collected), and the
     # next pull found its bitmap full and its files empty, and fetched the whole model again.
-    state = tmp_path / "state"
-    pub = tmp_path / "fleet.pub"
-    save_public_key(fleet.key.public_key(), pub)
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD_PLAIN, str(fleet.broker.port), str(state), str(pub)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), FAULT_ENV: step},
-        timeout=60,
-        check=False,
-        capture_output=True,
-    )
+    state, child = _pull_in_a_child(fleet, tmp_path, _CHILD_PLAIN, {FAULT_ENV: step})
     assert child.returncode == FAULT_EXIT, child.stderr.decode()[-2000:]
     layout = Layout(cache=state / "cache", state=state)
     device = device_session(fleet.broker)

@@ -28,6 +28,15 @@ from edge_agent.config.agent import AgentConfig
 from edge_agent.integrations.homeassistant import Discovery, HomeAssistant
 
 DEVICE = "dock-7"
+DISCOVERY = Discovery(
+    prefix="homeassistant",
+    node_id=DEVICE,
+    device_id=DEVICE,
+    sw_version="test",
+    state_topic=f"edge/v1/{DEVICE}/state",
+    telemetry_topic=f"edge/v1/{DEVICE}/telemetry",
+    occupancy_root=f"edge/v1/{DEVICE}/occupancy",
+)
 
 
 def retained(broker: LocalBroker, *topics: str, wait_s: float = 1.0) -> dict[str, bytes]:
@@ -59,15 +68,7 @@ def test_discovery_is_retained_where_ha_looks_and_withdrawal_clears_it(
     def publish(topic: str, payload: bytes) -> None:
         client.publish(topic, payload, qos=1, retain=True)
 
-    discovery = Discovery(
-        prefix="homeassistant",
-        node_id=DEVICE,
-        device_id=DEVICE,
-        sw_version="test",
-        state_topic=f"edge/v1/{DEVICE}/state",
-        telemetry_topic=f"edge/v1/{DEVICE}/telemetry",
-        occupancy_root=f"edge/v1/{DEVICE}/occupancy",
-    )
+    discovery = DISCOVERY
     ha = HomeAssistant(discovery, publish, lambda: {"dock": ["car"]})
     ha.on_connected()
     ha.on_result("dock", [{"kind": "detection", "label": "car", "score": 0.9}])
@@ -94,15 +95,7 @@ def test_entities_no_pipeline_has_any_more_are_cleared_at_connect(
     # Left retained by an earlier run: `gone` was removed while the agent was down, and
     # `dock` watched `bicycle` then. `yard` is in the agent's record but has not started:
     # its entities stay. They were left for good, for a hand in HA to remove.
-    discovery = Discovery(
-        prefix="homeassistant",
-        node_id=DEVICE,
-        device_id=DEVICE,
-        sw_version="test",
-        state_topic=f"edge/v1/{DEVICE}/state",
-        telemetry_topic=f"edge/v1/{DEVICE}/telemetry",
-        occupancy_root=f"edge/v1/{DEVICE}/occupancy",
-    )
+    discovery = DISCOVERY
     stale = {
         f"homeassistant/binary_sensor/{DEVICE}/gone_person_occupancy/config": b"{}",
         f"homeassistant/sensor/{DEVICE}/gone_fps/config": b"{}",
