@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +26,11 @@ from edge_agent.outbox import Outbox, Priority
 from tests.agent_kit import PREFIX, AgentProcess, InProcessAgent, Watcher, write_config
 
 DEVICE = "outage-dev"
-OUTAGE_S = 30.0
-"""As long as the issue asks; the agent's reconnect backoff is capped at 1 s here, so
-the length only adds buffered telemetry, not behaviour, but it is the figure promised."""
+OUTAGE_S = float(os.environ.get("EDGE_AGENT_TEST_OUTAGE_S", "12"))
+"""12 s in the suite; `EDGE_AGENT_TEST_OUTAGE_S=30` runs the 30 s the issue names. The
+agent's reconnect backoff is capped at 1 s here, so the length only adds buffered results
+and telemetry, not behaviour (tools/soak_agent.py holds outages of any length), and the
+30 s cost 18 s of the suite's 15 minutes."""
 BACKLOG = 20_000
 """Results an outage left: enough that draining them takes a while, even on loopback."""
 
