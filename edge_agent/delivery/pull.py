@@ -190,12 +190,7 @@ def pull(
             # Kept for a resume, it held the disk at 100% (the outbox and the store on it)
             # until a deploy of that name or ABANDONED_S, 14 days.
             partial.discard()
-            raise EdgeAgentError(
-                exc.problem,
-                "free space on the state disk, then deploy again (the partial transfer "
-                "was removed, so that the disk is not left full)",
-                code=exc.code,
-            ) from exc
+            raise _removed_for_room(exc) from exc
         raise
     finally:
         partial.close()  # idempotent; an unexpected error must not leak a descriptor per file
@@ -222,13 +217,18 @@ def _open_partial(folder: Path, signed: SignedRelease) -> PartialTransfer:
         error.__cause__ = exc
         if _out_of_space(error):
             shutil.rmtree(folder, ignore_errors=True)  # as a transfer that fills the disk
-            raise EdgeAgentError(
-                error.problem,
-                "free space on the state disk, then deploy again (the partial transfer "
-                "was removed, so that the disk is not left full)",
-                code=error.code,
-            ) from exc
+            raise _removed_for_room(error) from exc
         raise error from exc
+
+
+def _removed_for_room(exc: EdgeAgentError) -> EdgeAgentError:
+    """`exc` once its partial transfer was removed for a full disk, saying so in its fix."""
+    return EdgeAgentError(
+        exc.problem,
+        "free space on the state disk, then deploy again (the partial transfer was removed, "
+        "so that the disk is not left full)",
+        code=exc.code,
+    )
 
 
 def _check_room(release: Release, folder: Path, store_root: Path, keep_free_bytes: int) -> None:
