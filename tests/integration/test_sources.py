@@ -261,14 +261,15 @@ def test_stream_survives_server_restart(server: MjpegServer) -> None:
         assert all(a.ts < b.ts for a, b in itertools.pairwise(frames))
 
         server.stop()
-        wait_for(lambda: source.status == "reconnecting", 5, "status reconnecting")
+        # Listeners hear of a change just after `status` shows it: wait for what they heard.
+        wait_for(lambda: len(states.names()) >= 2, 5, "status reconnecting")
         assert states.names()[:2] == ["live", "reconnecting"]
 
         server.start()
         wait_for(lambda: source.reconnects >= 1, 10, "a reconnect")
         read_frames(source, 3)
         assert source.status == "live"
-        assert states.names()[-1] == "live"
+        wait_for(lambda: states.names()[-1] == "live", 5, "listener told live")
     finally:
         source.close()
 
@@ -414,8 +415,10 @@ def test_stalled_stream_counts_as_loss(server: MjpegServer) -> None:
     try:
         read_frames(source, 3)
         server.stalled.set()
-        wait_for(lambda: source.status == "reconnecting", 4, "stall detected")
-        assert "sent nothing for 1 s" in states.seen[-1][1]
+        # The listener is told after `status` changes, on the reader's thread: wait for it.
+        wait_for(lambda: "reconnecting" in states.names(), 4, "stall detected")
+        detail = next(d for s, d in states.seen if s == "reconnecting")
+        assert "sent nothing for 1 s" in detail
         server.stalled.clear()
         wait_for(lambda: source.reconnects >= 1, 8, "a reconnect after the stall")
         read_frames(source, 2)
