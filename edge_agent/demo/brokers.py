@@ -59,7 +59,12 @@ class EmbeddedAmqtt:
             },
         }
         self._loop = asyncio.new_event_loop()
-        self._broker = Broker(config, loop=self._loop)
+        # Made on the loop's own thread, with the loop set there: Broker() makes the future
+        # that tells its broadcast loop to stop on the thread's current loop, and one made
+        # here, on another loop, never woke it. Every shutdown then waited out amqtt's 5 s
+        # timeout, and logged a traceback, after the demo had finished.
+        self._make = lambda: Broker(config, loop=self._loop)
+        self._broker: Any = None
         self._ready = threading.Event()
         self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="amqtt", daemon=True)
@@ -67,6 +72,7 @@ class EmbeddedAmqtt:
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
+            self._broker = self._make()
             self._loop.run_until_complete(self._broker.start())
         except BaseException as exc:  # reported by start() on the caller's thread
             self._failed = exc
@@ -89,7 +95,7 @@ class EmbeddedAmqtt:
         )
 
     def close(self) -> None:
-        if not self._thread.is_alive():
+        if not self._thread.is_alive() or self._broker is None:
             return
         future = asyncio.run_coroutine_threadsafe(self._broker.shutdown(), self._loop)
         with contextlib.suppress(Exception):

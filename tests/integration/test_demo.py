@@ -8,8 +8,10 @@ itself with a summary when the video ends, or on Ctrl-C with exit 130.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from edge_agent.comms.local_broker import LocalBroker
+from edge_agent.demo.brokers import EmbeddedAmqtt
 
 TIMEOUT_S = 90.0
 
@@ -129,3 +134,20 @@ def test_ctrl_c_stops_the_demo_with_a_summary_and_exit_130(broker: LocalBroker) 
     assert summary["interrupted"] is True
     assert 0 < summary["results"] < summary["video_frames"] == 3000
     assert "Traceback" not in "".join(stderr)
+
+
+def test_the_embedded_broker_stops_at_once_and_cleanly(caplog: pytest.LogCaptureFixture) -> None:
+    # amqtt's broadcast loop waits on a future Broker() makes on the current thread's loop.
+    # Made on the caller's thread, it never woke: every demo on the embedded broker ended
+    # with amqtt's 5 s shutdown timeout, and a traceback in its log, after the summary was due.
+    broker = EmbeddedAmqtt()
+    broker.start()
+    with caplog.at_level(logging.INFO, logger="amqtt"):
+        broker.close()
+    # The listener is closed with it.
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((broker.host, broker.port), timeout=2.0).close()
+    assert "Broker closed" in caplog.text
+    assert "Failed to cleanly shutdown" not in caplog.text
+    assert "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
