@@ -97,9 +97,11 @@ def test_demo_on_the_embedded_broker_runs_on_mqtt_3_1_1() -> None:
 
 
 def test_ctrl_c_stops_the_demo_with_a_summary_and_exit_130(broker: LocalBroker) -> None:
-    # A long video, so the pipeline is still running when the signal comes.
+    # A video long enough that the pipeline still runs when the signal comes, a second after
+    # it started (600 frames take 4 s at this box's 150 FPS), and no longer: the demo builds
+    # it first, 3,000 frames took 8 s.
     child = subprocess.Popen(
-        _command(broker, 3000),
+        _command(broker, 600),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -132,7 +134,7 @@ def test_ctrl_c_stops_the_demo_with_a_summary_and_exit_130(broker: LocalBroker) 
     assert took < 15.0
     summary = _summary(stdout)
     assert summary["interrupted"] is True
-    assert 0 < summary["results"] < summary["video_frames"] == 3000
+    assert 0 < summary["results"] < summary["video_frames"] == 600
     assert "Traceback" not in "".join(stderr)
 
 
