@@ -63,7 +63,8 @@ class EmbeddedAmqtt:
         # that tells its broadcast loop to stop on the thread's current loop, and one made
         # here, on another loop, never woke it. Every shutdown then waited out amqtt's 5 s
         # timeout, and logged a traceback, after the demo had finished.
-        self._make = lambda: Broker(config, loop=self._loop)
+        self._broker_type: Any = Broker
+        self._config = config
         self._broker: Any = None
         self._ready = threading.Event()
         self._failed: BaseException | None = None
@@ -72,7 +73,7 @@ class EmbeddedAmqtt:
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._broker = self._make()
+            self._broker = self._broker_type(self._config, loop=self._loop)
             self._loop.run_until_complete(self._broker.start())
         except BaseException as exc:  # reported by start() on the caller's thread
             self._failed = exc
