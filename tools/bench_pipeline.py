@@ -129,7 +129,7 @@ def measure(
 
     say("  decode only")
     ms[DECODE].attempt(lambda: decode_only(video), say)
-    say("  precisions (edge-agent bench --time 0.05)")
+    say("  precisions (a short edge-agent bench)")
     for name, target, backend in (
         (PIPE_ON, MODEL, "openvino"),
         (TEXT_OV, ORT_MODEL, "openvino"),

@@ -214,10 +214,9 @@ def _open_partial(folder: Path, signed: SignedRelease) -> PartialTransfer:
             "check the state disk is mounted read-write and has room, then deploy again",
             code="transfer.failed",
         )
-        error.__cause__ = exc
-        if _out_of_space(error):
+        if _no_room(exc):
             shutil.rmtree(folder, ignore_errors=True)  # as a transfer that fills the disk
-            raise _removed_for_room(error) from exc
+            error = _removed_for_room(error)
         raise error from exc
 
 
@@ -280,12 +279,12 @@ def _mb(size: int) -> str:
 def _out_of_space(exc: EdgeAgentError) -> bool:
     """Whether a pull failed for a disk with no room (or a file it may not grow): no resume
     can finish there."""
-    cause = exc.__cause__
-    return isinstance(cause, OSError) and cause.errno in (
-        errno.ENOSPC,
-        errno.EDQUOT,
-        errno.EFBIG,
-    )
+    return _no_room(exc.__cause__)
+
+
+def _no_room(exc: BaseException | None) -> bool:
+    """Whether `exc` is the disk refusing to grow a file."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _activate(

@@ -63,9 +63,9 @@ class EmbeddedAmqtt:
         # that tells its broadcast loop to stop on the thread's current loop, and one made
         # here, on another loop, never woke it. Every shutdown then waited out amqtt's 5 s
         # timeout, and logged a traceback, after the demo had finished.
-        self._broker_type: Any = Broker
+        self._make = Broker
         self._config = config
-        self._broker: Any = None
+        self._broker: Broker | None = None
         self._ready = threading.Event()
         self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="amqtt", daemon=True)
@@ -73,8 +73,8 @@ class EmbeddedAmqtt:
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._broker = self._broker_type(self._config, loop=self._loop)
-            self._loop.run_until_complete(self._broker.start())
+            self._broker = broker = self._make(self._config, loop=self._loop)
+            self._loop.run_until_complete(broker.start())
         except BaseException as exc:  # reported by start() on the caller's thread
             self._failed = exc
             self._ready.set()
