@@ -313,8 +313,11 @@ class Bars:
             self._progress = None
 
 
-def _session(args: argparse.Namespace) -> tuple[MqttSession, Topics]:
-    return connect(broker_settings(args)), Topics(args.prefix)
+def _session(args: argparse.Namespace, roster: Roster | None = None) -> tuple[MqttSession, Topics]:
+    """The console's session; one that follows `roster` tells it of every (re)connect, so
+    the states the broker does not send again after a reconnect show as unknown."""
+    hook = roster.on_connected if roster is not None else None
+    return connect(broker_settings(args), on_connected=hook), Topics(args.prefix)
 
 
 def _finite(data: Any) -> Any:
@@ -439,7 +442,8 @@ def run_deploy(args: argparse.Namespace) -> int:
     }
     bars = Bars(Console(stderr=True))
     stop = _Stop()
-    session, topics = _session(args)
+    roster = None if args.to else Roster(Topics(args.prefix))
+    session, topics = _session(args, roster)
     try:
         if args.to:
             console = DeviceConsole(session, topics, args.to, follow=False)
@@ -466,7 +470,7 @@ def run_deploy(args: argparse.Namespace) -> int:
             finally:
                 console.close()
         else:
-            roster = Roster(topics)
+            assert roster is not None  # made for a group, before the session
             roster.follow(session)
             not_known = unsettled(session, topics, args.wait)
             if not_known is not None:
@@ -535,16 +539,20 @@ def run_deploy(args: argparse.Namespace) -> int:
 
 
 # --- status and watch -------------------------------------------------------------------------
-def _roster(
-    session: MqttSession, topics: Topics, wait: float, *, telemetry: bool
-) -> tuple[Roster, bool]:
-    """The roster, and whether every retained state came within `wait` (else it says so)."""
-    roster = Roster(topics)
-    roster.follow(session, telemetry=telemetry)
-    not_known = unsettled(session, topics, wait)
+def _roster(args: argparse.Namespace, *, telemetry: bool) -> tuple[MqttSession, Roster, bool]:
+    """A session following the fleet's roster, and whether every retained state came
+    within `--wait` (else it says so). The caller stops the session."""
+    roster = Roster(Topics(args.prefix))
+    session, topics = _session(args, roster)
+    try:
+        roster.follow(session, telemetry=telemetry)
+        not_known = unsettled(session, topics, args.wait)
+    except BaseException:
+        session.stop()
+        raise
     if not_known is not None:
         print(f"edge-fleet: {not_known.why}: states may be missing", file=sys.stderr)
-    return roster, not_known is None
+    return session, roster, not_known is None
 
 
 PIPE_WIDTH = 240
@@ -558,9 +566,9 @@ def _table_console() -> Console:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    session, topics = _session(args)
+    session, roster, settled = _roster(args, telemetry=False)
+    topics = roster.topics
     try:
-        roster, settled = _roster(session, topics, args.wait, telemetry=False)
         records = roster.snapshot()
     finally:
         session.stop()
@@ -585,11 +593,10 @@ def run_watch(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    session, topics = _session(args)
+    session, roster, settled = _roster(args, telemetry=True)  # it keeps listening
     out = _table_console()
     link = _Link(session)
     try:
-        roster, settled = _roster(session, topics, args.wait, telemetry=True)  # it keeps listening
         if args.once is not None:
             # Looked at while waiting: a loss is dated when it came, not when the wait ended.
             ends = time.monotonic() + args.once
@@ -671,11 +678,11 @@ def run_forget(args: argparse.Namespace) -> int:
     Only a device the broker holds a state for is cleared (its id then names a real
     topic), and not one that says it is online, unless --force.
     """
-    session, topics = _session(args)
+    session, roster, settled = _roster(args, telemetry=False)
+    topics = roster.topics
     failed = False
     cleared: list[str] = []
     try:
-        roster, settled = _roster(session, topics, args.wait, telemetry=False)
         known = {record.device: record for record in roster.snapshot()}
         refused_before = session.rejected  # the roster's own echo may be refused, too
         for device in dict.fromkeys(args.devices):
@@ -719,10 +726,10 @@ def run_forget(args: argparse.Namespace) -> int:
 
 
 def _standing(record: DeviceRecord, now: float) -> tuple[Any, ...]:
-    """What a piped watch prints a device again for: online or not, its pipelines'
-    statuses, in trouble or not; not its figures, which move every interval."""
+    """What a piped watch prints a device again for: online or not, unknown or not, its
+    pipelines' statuses, in trouble or not; not its figures, which move every interval."""
     statuses = tuple((p.id, p.status) for p in record.state.pipelines) if record.state else ()
-    return record.online, statuses, in_trouble(record, now)
+    return record.online, record.unknown, statuses, in_trouble(record, now)
 
 
 def _snapshots(
@@ -764,14 +771,16 @@ def _clock_time(ts: float) -> str:
 def _fleet_line(
     records: list[DeviceRecord], now: float, lost: float | None, gone: list[str]
 ) -> str:
-    """'12:00:02 3 devices: 2 online, 1 offline, 1 in trouble (offline, failing or flagged)'."""
+    """'12:00:02 3 devices: 2 online, 1 offline, 1 in trouble (offline, failing or flagged)';
+    `, N unknown` after offline when some are (see `DeviceRecord.stale_since`)."""
     online = sum(r.online for r in records)
+    unknown = sum(r.unknown for r in records)
+    offline = len(records) - online - unknown
+    line = f"{_clock_time(now)} {len(records)} devices: {online} online, {offline} offline"
+    if unknown:
+        line += f", {unknown} unknown"
     trouble = sum(in_trouble(r, now) for r in records)
-    line = (
-        f"{_clock_time(now)} {len(records)} devices: "
-        f"{online} online, {len(records) - online} offline, {trouble} in trouble (offline, "
-        "failing or flagged)"
-    )
+    line += f", {trouble} in trouble (offline, failing or flagged)"
     if gone:
         line += f"; forgotten: {tables.printable(', '.join(gone))}"
     if lost is not None:

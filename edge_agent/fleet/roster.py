@@ -10,6 +10,13 @@ console's clock, which dates what a box's own `ts` cannot (a will is made at the
 connect; a clock a year ahead makes everything look fresh), and estimates each box's
 clock skew from it (fleet/clock.py).
 
+When the console's own link comes back, the broker sends every retained state again, and
+only those: a device whose state it no longer holds (a broker restarted without
+persistence, a state cleared while the console was away) is not sent, and its old state
+showed as current. So every state held at the reconnect waits to be confirmed by one that
+arrives again, retained or live; those still waiting once the retained burst is over are
+marked (`DeviceRecord.stale_since`) until a state of theirs comes. See `on_connected`.
+
 `send_group` sends one command on `<prefix>/group/<group>/cmd` and gathers the
 answers of every member from `<prefix>/+/resp`, matched by the command's id.
 """
@@ -69,10 +76,21 @@ class DeviceRecord:
     counts every drop ever, so only its rise says the box is dropping now."""
     skew_s: float | None = None
     """Box clock minus console clock, as far as its messages tell (see fleet.clock)."""
+    stale_since: float | None = None
+    """When this console reconnected and the broker did not send this device's state again
+    (console clock): the state held is the last known, not the current one. None while it
+    holds, and again once a state of the device arrives."""
+
+    @property
+    def unknown(self) -> bool:
+        """Whether the state held is no longer vouched for (see `stale_since`)."""
+        return self.stale_since is not None
 
     @property
     def online(self) -> bool:
-        return self.state is not None and self.state.online
+        """Its state says online, and is still the broker's: an unknown one is not online,
+        or a group command counted it in and waited for its answer."""
+        return self.state is not None and self.state.online and not self.unknown
 
     @property
     def last_heard(self) -> float | None:
@@ -110,6 +128,19 @@ def accept_telemetry(held: DeviceRecord | None, new: msg.Telemetry) -> bool:
     return arrived is not None and held.telemetry.ts - arrived > clock.CLOCK_TOLERANCE_S
 
 
+SETTLE_MAX_S = 10.0
+"""After a reconnect, how long the roster waits for its echo before it takes the retained
+burst as over all the same. The echo comes back in milliseconds behind the burst, but it
+is QoS 0 (at a higher QoS it could pass the states), and a session whose handlers fall
+behind drops QoS 0 (`dispatch_limit_bytes`); an ACL may refuse it. Without this, one lost
+echo left every state after a reconnect unchecked for good."""
+
+
+def echo_topic(topics: Topics) -> str:
+    """A topic of this console's own, to send itself an echo on (see `unsettled`)."""
+    return topics.device("fleet", f"console/{uuid.uuid4().hex}")
+
+
 class Roster:
     """Every device's latest state (by the seq rule) and telemetry; safe across threads.
 
@@ -126,6 +157,73 @@ class Roster:
         self._records: dict[str, DeviceRecord] = {}
         self.ignored_stale = 0
         self.ignored_older_telemetry = 0
+        # Since the last reconnect: the devices whose state has not arrived again, which
+        # link that was (a later one makes an earlier one's echo and timer moot), and what
+        # undoes its echo subscription and timer.
+        self._unconfirmed: set[str] = set()
+        self._link = 0
+        self._reconnected_at = 0.0
+        self._echo: tuple[Unsubscribe, threading.Timer] | None = None
+
+    def on_connected(self, comm: Communicator) -> None:
+        """To be called on every connect of the session the roster follows, before that
+        link's messages are handled: `MqttSession`'s `on_connected` is, on the thread that
+        then hands over the messages.
+
+        Every state held then awaits a state of its device on the new link. MQTT says no
+        end to the retained messages a (re)subscription brings, so the roster sends itself
+        an echo, as `unsettled` does: subscribed after the session resubscribed every filter
+        and published after that, it comes back behind the retained states, and a device
+        still waiting then has no state on the broker (`stale_since`). A device whose
+        retained state does come is never marked: it arrives before the echo. A settle
+        window instead would have to guess how long 5,000 states take, and flap past it.
+        A fresh console holds nothing at its first connect: there is nothing to mark.
+        """
+        with self._lock:
+            self._link += 1
+            link = self._link
+            self._reconnected_at = self._now()
+            self._unconfirmed = {d for d, r in self._records.items() if r.state is not None}
+            pending = bool(self._unconfirmed)
+            previous, self._echo = self._echo, None
+        self._let_go(previous)
+        if not pending:
+            return
+        echo = echo_topic(self.topics)
+        timer = threading.Timer(SETTLE_MAX_S, self._settle, args=(link,))
+        timer.daemon = True
+        # At the QoS of the states it follows: a QoS 1 echo could pass them.
+        undo = comm.subscribe(echo, lambda _message: self._settle(link), qos=FANIN_QOS)
+        with self._lock:
+            current = link == self._link
+            if current:
+                self._echo = (undo, timer)
+        if not current:  # the link went and came back meanwhile: that one checks
+            self._let_go((undo, timer))
+            return
+        timer.start()
+        comm.publish(echo, b"", qos=1)
+
+    def _settle(self, link: int) -> None:
+        """The retained states of `link` have all come: mark the devices still waiting."""
+        with self._lock:
+            if link != self._link or self._echo is None:
+                return  # a later link's, or settled already
+            for device in self._unconfirmed:
+                record = self._records.get(device)
+                if record is not None and record.stale_since is None:
+                    self._records[device] = replace(record, stale_since=self._reconnected_at)
+            self._unconfirmed.clear()
+            done, self._echo = self._echo, None
+        self._let_go(done)
+        self.changed.set()
+
+    @staticmethod
+    def _let_go(echo: tuple[Unsubscribe, threading.Timer] | None) -> None:
+        if echo is not None:
+            undo, timer = echo
+            timer.cancel()
+            undo()
 
     def follow(self, comm: Communicator, *, telemetry: bool = False) -> list[Unsubscribe]:
         """Subscribe to every device's state (and telemetry), at QoS 0 (`FANIN_QOS`)."""
@@ -147,6 +245,7 @@ class Roster:
         if not message.payload:  # a cleared retained state: the device was decommissioned
             with self._lock:
                 self._records.pop(device, None)
+                self._unconfirmed.discard(device)
             self.changed.set()
             return
         state = parse(msg.State, message.payload)
@@ -167,8 +266,14 @@ class Roster:
                 live_birth=live and state.online,
             )
             record = held or DeviceRecord(device, None, None)
+            # Only a state taken confirms one: an older seq than held is no news of it.
+            self._unconfirmed.discard(device)
             self._records[device] = replace(
-                record, state=state, state_arrived=arrived if live else None, skew_s=skew
+                record,
+                state=state,
+                state_arrived=arrived if live else None,
+                skew_s=skew,
+                stale_since=None,
             )
         self.changed.set()
 
@@ -200,12 +305,18 @@ class Roster:
             return [self._records[name] for name in sorted(self._records)]
 
     def members(self, group: str) -> list[str]:
-        """The online devices whose birth says they are in `group`."""
-        return [
-            r.device
-            for r in self.snapshot()
-            if r.online and r.state is not None and r.state.group == group
-        ]
+        """The online devices whose birth says they are in `group`; after a reconnect, only
+        those whose state has come again (the others may be gone: waited for, they would
+        read as time-outs)."""
+        with self._lock:
+            return [
+                r.device
+                for name, r in sorted(self._records.items())
+                if r.online
+                and r.state is not None
+                and r.state.group == group
+                and name not in self._unconfirmed
+            ]
 
 
 @dataclass(frozen=True)
@@ -228,7 +339,7 @@ def unsettled(comm: Communicator, topics: Topics, timeout: float = 5.0) -> Unset
     refused (MQTT 5) in a round trip: that is said at once, with the fix, rather than
     waited out and put down to a broker that did not answer.
     """
-    echo = topics.device("fleet", f"console/{uuid.uuid4().hex}")
+    echo = echo_topic(topics)
     back = threading.Event()
     # At the QoS of the retained states it follows: a QoS 1 echo could pass them.
     undo = comm.subscribe(echo, lambda _message: back.set(), qos=FANIN_QOS)

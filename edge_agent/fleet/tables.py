@@ -73,6 +73,15 @@ def device_age(record: DeviceRecord, ts: float, now: float | None = None) -> str
     return "?" if clock.off(record.skew_s) else age(ts, now)
 
 
+def standing(record: DeviceRecord) -> str:
+    """The state cell: online, offline, or unknown when the broker no longer holds the
+    state this console last had (its own link came back without it): shown as it was, an
+    `online` gone from the broker read as a box running fine."""
+    if record.unknown:
+        return "[yellow]unknown[/]"
+    return "[green]online[/]" if record.online else "[red]offline[/]"
+
+
 def seen(record: DeviceRecord, now: float | None = None) -> str:
     """When the box was last seen, worded for what the console really knows.
 
@@ -115,7 +124,7 @@ def status_table(records: Iterable[DeviceRecord], now: float | None = None) -> T
         )
         table.add_row(
             cell(record.device),
-            "[green]online[/]" if state.online else "[red]offline[/]",
+            standing(record),
             cell(state.group or "-"),
             str(state.seq),
             seen(record, now) if not state.online else device_age(record, state.ts, now),
@@ -174,12 +183,15 @@ def _height(record: DeviceRecord) -> int:
 
 def watch_json(records: Iterable[DeviceRecord], now: float | None = None) -> list[dict[str, Any]]:
     """`last_seen` is the console's clock when `last_seen_from` is `arrival`; `device_clock`
-    is the box's own (for an offline box heard of only retained: when it connected)."""
+    is the box's own (for an offline box heard of only retained: when it connected).
+    `online` is null for a device whose state is unknown (flag `unconfirmed since
+    reconnect`)."""
     now = time.time() if now is None else now
     return [
         {
             "device": r.device,
-            "online": r.online,
+            # null when unknown: false would say the box went offline, which no one knows.
+            "online": None if r.unknown else r.online,
             "seq": r.state.seq if r.state else None,
             "last_seen": r.last_seen,
             "last_seen_from": (
@@ -232,7 +244,7 @@ def watch_table(
     caption = "\n".join(notes) or None
     rows: list[list[str | Text]] = []
     for record in records:
-        state = "[green]online[/]" if record.online else "[red]offline[/]"
+        state = standing(record)
         outbox = str(record.telemetry.agent.outbox_depth) if record.telemetry else "-"
         last = seen(record, now)
         own = device_flags(record, now)

@@ -24,6 +24,9 @@ SILENT_INTERVALS = 3
 SILENT_MIN_S), is flagged `silent`: its will comes when the broker notices a lost link, but
 not when the broker itself restarted without its sessions, or the console's own link is
 down, and a watch showed such boxes green with their last FPS for hours."""
+UNCONFIRMED = "unconfirmed since reconnect"
+"""The flag of a device whose state the broker did not send again when this console's own
+link came back (`DeviceRecord.stale_since`): gone from the broker, so maybe from the fleet."""
 REPLAY_MIN_S = 60.0
 """Telemetry this far behind the box's state (and two intervals) is a replayed backlog,
 not the last interval running late."""
@@ -47,10 +50,13 @@ def pipeline_flags(record: DeviceRecord) -> dict[str, list[str]]:
 
 
 def device_flags(record: DeviceRecord, now: float | None = None) -> list[str]:
-    """The device's own flags: `silent Nm`, `clock ±N`, `replaying Nm behind`,
-    `outbox-drops`, `unverified`, `fallback`, and `cpu N%` (a note, see `in_trouble`).
-    `now` is the console's clock (default: now)."""
+    """The device's own flags: `unconfirmed since reconnect`, `silent Nm`, `clock ±N`,
+    `replaying Nm behind`, `outbox-drops`, `unverified`, `fallback`, and `cpu N%` (a note,
+    see `in_trouble`). `now` is the console's clock (default: now)."""
     flags: list[str] = []
+    if record.unknown:
+        # First: the state and figures beside it are the last known, not the current ones.
+        flags.append(UNCONFIRMED)
     quiet = silent_for(record, time.time() if now is None else now)
     if quiet is not None:
         flags.append(f"silent {clock.span(quiet)[1:]}")
