@@ -21,7 +21,14 @@ from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import clock
 from edge_agent.fleet.clock import skew_of_answer
 from edge_agent.fleet.console import DeviceConsole, NoAnswerError
-from edge_agent.fleet.console_cmd import MAX_BARS, Bars, command_args, parse_arg, screenful
+from edge_agent.fleet.console_cmd import (
+    MAX_BARS,
+    Bars,
+    _fleet_line,
+    command_args,
+    parse_arg,
+    screenful,
+)
 from edge_agent.fleet.roster import DeviceResult, Roster, send_group
 from edge_agent.fleet.tables import (
     age,
@@ -778,3 +785,28 @@ def test_a_time_no_calendar_holds_is_none_not_a_traceback(ts: float) -> None:
 
 def test_a_time_the_calendar_holds_is_the_local_date_and_time() -> None:
     assert clock.calendar(0.0) == time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(0.0))
+
+
+def test_a_state_not_sent_again_after_a_reconnect_reads_unknown_everywhere() -> None:
+    # The fake broker routes at once: the echo is back, and the burst over, as
+    # on_connected returns, with none of the states held sent again.
+    roster = Roster(TOPICS)
+    comm = FakeBroker().connect()
+    roster.on_connected(comm)  # the first connect: nothing held, nothing to mark
+    roster.on_state(state("a", True, 1, "docks"))
+    roster.on_state(state("b", False, 1, "docks"))
+    assert not any(r.unknown for r in roster.snapshot())
+    roster.on_connected(comm)
+    a, b = roster.snapshot()
+    assert (a.unknown, a.online, b.unknown, b.online) == (True, False, True, False)
+    assert roster.members("docks") == []
+    assert device_flags(a, now=NOW)[0] == "unconfirmed since reconnect"
+    assert in_trouble(a, now=NOW)
+    assert [entry["online"] for entry in watch_json([a, b], now=NOW)] == [None, None]
+    out = Console(file=io.StringIO(), width=240)
+    out.print(watch_table([a, b], now=NOW), status_table([a, b], now=NOW))
+    assert out.file.getvalue().count(" unknown ") == 4  # type: ignore[attr-defined]
+    assert "0 online, 0 offline, 2 unknown," in _fleet_line([a, b], NOW, None, [])
+    roster.on_state(state("a", True, 1, "docks"))  # the same connection: still news of it
+    assert (roster.snapshot()[0].unknown, roster.members("docks")) == (False, ["a"])
+    assert "1 online, 0 offline, 1 unknown," in _fleet_line(roster.snapshot(), NOW, None, [])
