@@ -44,14 +44,8 @@ from edge_agent.config_files import first_error
 from edge_agent.errors import EdgeAgentError
 from edge_agent.fleet import clock, tables
 from edge_agent.fleet.console import DeviceConsole, Interrupted, NoAnswerError, error_of
-from edge_agent.fleet.roster import (
-    DeviceRecord,
-    DeviceResult,
-    Outcome,
-    Roster,
-    send_group,
-    unsettled,
-)
+from edge_agent.fleet.group import DeviceResult, Outcome, send_group
+from edge_agent.fleet.roster import DeviceRecord, Roster, unsettled
 from edge_agent.fleet.trouble import in_trouble
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics

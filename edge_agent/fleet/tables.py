@@ -20,7 +20,8 @@ from rich.text import Text
 
 from edge_agent.fleet import clock
 from edge_agent.fleet.console import error_of
-from edge_agent.fleet.roster import DeviceRecord, DeviceResult
+from edge_agent.fleet.group import DeviceResult
+from edge_agent.fleet.roster import DeviceRecord
 from edge_agent.fleet.trouble import all_flags, device_flags, in_trouble, pipeline_flags
 
 DETAIL_WIDTH = 48

@@ -21,9 +21,9 @@ from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.comms.settings import BrokerSettings
 from edge_agent.delivery.chunks import ChunkMap
+from edge_agent.fleet.group import send_group
 from edge_agent.fleet.publish import publish_release
 from edge_agent.fleet.repo import Repo
-from edge_agent.fleet.roster import send_group
 from edge_agent.fleet.server import FleetServer
 from edge_agent.protocol.delivery import Join, bitmap, encode_bits
 from edge_agent.protocol.topics import Topics

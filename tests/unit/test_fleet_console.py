@@ -29,7 +29,8 @@ from edge_agent.fleet.console_cmd import (
     parse_arg,
     screenful,
 )
-from edge_agent.fleet.roster import DeviceResult, Roster, send_group
+from edge_agent.fleet.group import DeviceResult, send_group
+from edge_agent.fleet.roster import Roster
 from edge_agent.fleet.tables import (
     age,
     printable,
