@@ -36,7 +36,7 @@ from pydantic import SecretStr
 from edge_agent.agent.loaded import TrackedPool
 from edge_agent.agent.pipelines import Pipelines
 from edge_agent.agent.records import AgentRecords
-from edge_agent.agent.sink import EmitEvent
+from edge_agent.agent.sink import EmitEvent, EmitResult
 from edge_agent.catalog.catalog import Catalog, default_models_dir
 from edge_agent.comms.base import Message
 from edge_agent.comms.session import MqttSession, Will, connect
@@ -401,6 +401,27 @@ def trusting_config(f: Fleet, port: int, folder: Path, device: str, **extra: Any
     )
 
 
+def agent_pipelines(
+    state: Path,
+    cache: Path,
+    on_event: EmitEvent,
+    on_result: EmitResult = lambda pipeline, result: None,
+) -> Pipelines:
+    """The agent's pipeline manager on a real pool, its state (record, store) in `state`:
+    built again on the same folder, it is the manager of an agent started again."""
+    layout = Layout(cache=cache, state=state)
+    pool = TrackedPool(Catalog(default_models_dir(), cache, ModelStore(layout)))
+    return Pipelines(
+        pool,
+        layout,
+        AgentRecords(layout.state),
+        "all",
+        on_result,
+        on_event,
+        max_running=AgentConfig.model_fields["max_pipelines"].default,
+    )
+
+
 def photo_pipelines(
     folder: Path, cache: Path, photo: npt.NDArray[np.uint8], on_event: EmitEvent
 ) -> tuple[Pipelines, dict[str, Any]]:
@@ -410,17 +431,7 @@ def photo_pipelines(
     photos.mkdir()
     for i in range(3):
         cv2.imwrite(str(photos / f"{i}.jpg"), photo[:, :, ::-1])
-    layout = Layout(cache=cache, state=folder / "state")
-    pool = TrackedPool(Catalog(default_models_dir(), cache, ModelStore(layout)))
-    pipelines = Pipelines(
-        pool,
-        layout,
-        AgentRecords(layout.state),
-        "all",
-        lambda pipeline, result: None,
-        on_event,
-        max_running=AgentConfig.model_fields["max_pipelines"].default,
-    )
+    pipelines = agent_pipelines(folder / "state", cache, on_event)
     spec = {
         "id": "cam",
         "model": {"name": "face-blazeface"},

@@ -8,7 +8,8 @@ by command forgets it.
 
 A live source (camera, stream, microphone) that fails for good is retried
 with backoff (5 s doubling to 5 min): cameras come back after power cuts and
-the agent must not need a command for it. A file source that ends is done.
+the agent must not need a command for it. A file source that ends is done, and
+recorded so: a restart lists it stopped, and does not play the file again.
 
 `Pipelines` is what the rest of the agent calls. Besides the runs it owns, it hands on
 to one module per job: the table of pipelines held and their record (`roster.py`), the
@@ -323,7 +324,38 @@ class Pipelines:
                 self._schedule_retry(entry)
         else:
             entry.status, entry.detail = "stopped", "source ended"
+            if spec.source.type not in LIVE:
+                self._record_played_out(entry)
             self._event("pipeline_stopped", spec.id, detail="source ended")
+
+    def _record_played_out(self, entry: Running) -> None:
+        """Mark a recorded pipeline's file played to its end, before the event says so: a
+        restart lists it stopped and does not play it again. Recorded as one to run, every
+        restart or reboot played the file again and sent all its results upstream once
+        more. A run cut short (a crash, kill -9, a power cut, the agent's own stop) leaves
+        no mark, and is played again: it never sent all it had to."""
+        spec = entry.spec
+        roster = self._roster
+        try:
+            # Under the record's lock, as stop forgets one: a stop_pipeline that came as
+            # the run ended either forgets the mark with the record, or is seen here.
+            with roster.record_lock:
+                with roster.lock:
+                    ours = roster.running.get(spec.id) is entry and not entry.stopping.is_set()
+                if ours:
+                    roster.finished_locked(spec.id, self._clock())
+        except OSError as exc:
+            # A full or read-only state disk: it is listed stopped all the same; only a
+            # restart does not know it played out.
+            log_event(
+                log,
+                logging.ERROR,
+                "pipeline_end_not_recorded",
+                pipeline=spec.id,
+                error=str(exc),
+                fix="free space on the state disk; the pipeline plays its file again after "
+                "a restart",
+            )
 
     def _schedule_retry(self, entry: Running) -> None:
         delay = entry.retry_s

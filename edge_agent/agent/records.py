@@ -5,7 +5,8 @@
   answer is sent again. Bounded by count; the oldest ids are forgotten first.
 - `agent.json`: the connection sequence number (the bdSeq of `state`), the
   telemetry interval set by command, and the pipelines that were running, so a
-  restart or a reboot brings them back without the fleet resending anything.
+  restart or a reboot brings them back without the fleet resending anything;
+  those whose file played to its end are marked so, and are not played again.
 
 Every JSON file is written as temp file, fsync, rename, fsync of the folder:
 a crash leaves the old or the new file, never half of one.
@@ -72,6 +73,12 @@ class AgentRecord(BaseModel):
     )
     pipelines: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Specs of the pipelines to run, by id."
+    )
+    finished: dict[str, float] = Field(
+        default_factory=dict,
+        description="Recorded pipelines whose file played to its end, by id: when (Unix "
+        "seconds). Listed stopped after a restart, not run again; absent from records of "
+        "builds before it, which then run all their pipelines as they did.",
     )
 
 

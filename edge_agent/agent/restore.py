@@ -6,13 +6,15 @@ anything. Those past `max_pipelines` are held: kept in the record and listed as
 failed, until a restart with room. One that fails to start from its record is
 listed as failed too, and kept, until a stop_pipeline forgets it; a camera, stream or
 mic whose build failed for a reason that may pass (a full disk, a model not yet
-delivered) is retried instead, as one that lost its feed is.
+delivered) is retried instead, as one that lost its feed is. One whose file had played
+to its end is listed stopped, and not played again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -27,7 +29,7 @@ from edge_agent.protocol.agent import PipelineState
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["started", "retrying", "held", "running", "forgotten"]
+Outcome = Literal["started", "retrying", "held", "running", "forgotten", "finished"]
 """What a recorded pipeline came to (`Restorer.restore_one`)."""
 
 
@@ -192,6 +194,43 @@ class Restorer:
             if pipeline_id in roster.records.record.pipelines and pipeline_id not in roster.running:
                 roster.unrestored[pipeline_id] = state
 
+    def _list_finished(self, pipeline_id: str, data: dict[str, Any]) -> bool:
+        """List a recorded pipeline whose file played to its end stopped, not run again,
+        until a stop_pipeline forgets it; whether it was one. Before its spec is checked:
+        nothing of it runs, so an upgrade that refuses the spec has nothing to refuse.
+
+        Like one that failed to start, it takes no slot (it holds nothing), and its id is
+        refused `pipeline.exists` (`Roster.register`) as it was before the restart.
+        """
+        roster = self._roster
+        with roster.record_lock, roster.lock:
+            record = roster.records.record
+            ended = record.finished.get(pipeline_id)
+            # Not one a start_pipeline runs (its start cleared the mark, unless the disk
+            # refused it), nor one a stop_pipeline forgot meanwhile.
+            if (
+                ended is None
+                or pipeline_id not in record.pipelines
+                or pipeline_id in roster.running
+            ):
+                return False
+            at = datetime.fromtimestamp(ended, UTC).isoformat(timespec="seconds")
+            detail = (
+                f"played its source to the end at {at}; not run again after a restart: "
+                "stop_pipeline forgets it, and a start_pipeline can then run it anew"
+            )
+            roster.unrestored[pipeline_id] = PipelineState(
+                id=pipeline_id, model=recorded_model(data), status="stopped", detail=detail
+            )
+        log_event(
+            log,
+            logging.INFO,
+            "pipeline_not_restored",
+            pipeline=pipeline_id,
+            detail=f"its source played to the end at {at}",
+        )
+        return True
+
     def _restore_or_hold(self, pipeline_id: str, data: dict[str, Any], own_slot: bool) -> Outcome:
         """Start a recorded pipeline, or hold it over the cap; which it came to. `restore`
         works from the record as it read it, and commands the broker held for the box come
@@ -201,6 +240,8 @@ class Restorer:
         never held.
         """
         roster = self._roster
+        if self._list_finished(pipeline_id, data):
+            return "finished"
         spec = self._check(_as_known(pipeline_id, data))
         over_cap = (
             f"over max_pipelines ({roster.max_running}): raise the cap in the config, or stop "

@@ -89,23 +89,39 @@ class Roster:
         # Pipelines a restart has stopped and is starting again (`Pipelines._restart`): their
         # slots stay theirs meanwhile, against a start_pipeline that came during the stop's join.
         self.restarting: set[str] = set()
-        # Recorded pipelines a restore or a restart could not start, as list_pipelines
-        # shows them, until a stop_pipeline forgets them (`Restorer._list_unrestored`).
+        # Recorded pipelines a restore or a restart did not start, as list_pipelines shows
+        # them, until a stop_pipeline forgets them: failed, those it could not start
+        # (`Restorer._list_unrestored`); stopped, those whose file had played to its end
+        # (`Restorer._list_finished`).
         self.unrestored: dict[str, PipelineState] = {}
 
     def register(self, spec: PipelineSpec, own_slot: bool = False) -> Running:
         """Hold a place for `spec` among the running (under `lock`), or refuse it.
         `own_slot`: a restart's, which takes the slot it kept whatever the count."""
-        if spec.id in self.running:
+        held = self.running.get(spec.id)
+        if held is not None and held.status == "stopped":
+            # Its source ended (a file played out): "already running" sent the operator
+            # looking for a run there was not.
+            raise EdgeAgentError(
+                f"pipeline {spec.id} played its source to the end, and is listed until stopped",
+                "stop it first: stop_pipeline forgets it, then start it to run it anew",
+                code="pipeline.exists",
+            )
+        if held is not None:
             raise EdgeAgentError(
                 f"pipeline {spec.id} is already running",
                 "stop it first, or use swap_model to change its model",
                 code="pipeline.exists",
             )
-        if spec.id in self.unrestored:
+        listed = self.unrestored.get(spec.id)
+        if listed is not None:
+            why = (
+                "played its source to the end before the agent's restart"
+                if listed.status == "stopped"
+                else "failed to start from its record (list_pipelines says why)"
+            )
             raise EdgeAgentError(
-                f"pipeline {spec.id} is recorded, and failed to start from its record "
-                "(list_pipelines says why)",
+                f"pipeline {spec.id} is recorded, and {why}",
                 "stop it first: stop_pipeline forgets it",
                 code="pipeline.exists",
             )
@@ -141,15 +157,29 @@ class Roster:
     def persist_locked(
         self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False
     ) -> None:
-        """`persist`, for a caller that holds `record_lock`."""
-        pipelines = dict(self.records.record.pipelines)
+        """`persist`, for a caller that holds `record_lock`. A start (not `known`) or a
+        forget also clears the pipeline's mark of a file played out (`finished_locked`): a
+        new start plays its file anew. A swap (`known`) keeps it: it starts no new run."""
+        record = self.records.record
+        pipelines = dict(record.pipelines)
         if known and pipeline_id not in pipelines:
             return
         if spec is None:
             pipelines.pop(pipeline_id, None)
         else:
             pipelines[pipeline_id] = spec.model_dump(mode="json")
-        self.records.update(pipelines=pipelines)
+        finished = record.finished
+        if not known:
+            finished = {k: at for k, at in finished.items() if k != pipeline_id}
+        self.records.update(pipelines=pipelines, finished=finished)
+
+    def finished_locked(self, pipeline_id: str, at: float) -> None:
+        """Mark a recorded pipeline's file played to its end at `at` (Unix seconds), for a
+        caller that holds `record_lock`; one not recorded (started with persist off, or
+        forgotten meanwhile) is left alone. Raises OSError when the disk refuses."""
+        record = self.records.record
+        if pipeline_id in record.pipelines:
+            self.records.update(finished={**record.finished, pipeline_id: at})
 
     def get(self, pipeline_id: str) -> Running:
         """The entry of `pipeline_id`; raises if the agent holds none."""
