@@ -396,6 +396,11 @@ class Pipelines:
                 entry = self._roster.running.pop(pipeline_id, None)
                 if entry is not None:
                     entry.stopping.set()
+                # Between a deploy's restart's stop and its start again (`_restart`) the
+                # pipeline is in no table: the restart is told, and starts nothing.
+                restarting = self._roster.restarting.get(pipeline_id) if forget else None
+                if entry is None and restarting is not None:
+                    self._roster.restart_stopped.add(pipeline_id)
             if forget:
                 recorded = self.records.record.pipelines.get(pipeline_id)
                 if recorded is not None:
@@ -407,6 +412,13 @@ class Pipelines:
                         with self._roster.lock:
                             self._roster.unrestored.pop(pipeline_id, None)
         if entry is None:
+            if restarting is not None:
+                # It ran until its restart stopped it, and now will not run again: stopped,
+                # by this command, and its slot freed once the restart lets it go.
+                self._event("pipeline_stopped", pipeline_id, detail="stopped by command")
+                if unwritable is not None:
+                    raise _not_forgotten(pipeline_id, unwritable, stopped=True)
+                return PipelineState(id=pipeline_id, model=restarting, status="stopped")
             # Recorded, not running: its restore failed (a model since removed, a spec this
             # version refuses), or is yet to come. Not found, it was tried and refused at
             # every start with no command able to remove it.
@@ -470,21 +482,41 @@ class Pipelines:
         it during the join, and started again whatever the count. Counted like a new one,
         a deploy stopped an audio pipeline for good whenever pipelines held over the cap
         (`restore`) filled it: the restart held the very pipeline it had stopped.
+
+        A stop_pipeline that comes meanwhile wins, and is no failure: the pipeline is not
+        started again behind it (`Roster.restart_stopped`), and no `pipeline_failed` says
+        that the restart failed, as it once did for a stop during the compile.
         """
         pipeline_id = entry.spec.id
         spec = entry.spec.model_dump(mode="json")
         recorded = pipeline_id in self.records.record.pipelines
         with self._roster.lock:
-            self._roster.restarting.add(pipeline_id)
+            self._roster.restarting[pipeline_id] = entry.spec.model.name
         try:
             self.stop(pipeline_id, forget=False)
             if recorded:
-                # Only if still recorded, as a restore does: a stop_pipeline that came
-                # during this stop's join found it not running and forgot it.
+                # Only if still recorded, and not stopped meanwhile, as a restore does: a
+                # stop_pipeline that came during this stop's join found it not running.
                 restored = self._restorer.restore_one(pipeline_id, spec, own_slot=True)
                 return restored in ("started", "running")
-            self._start(self._checked(spec), persist=False, own_slot=True)
+            checked = self._checked(spec)
+            with self._roster.lock:
+                if pipeline_id in self._roster.restart_stopped:
+                    raise _stopped_while_starting(pipeline_id)
+                started = self._roster.register(checked, own_slot=True)
+            self._start_registered(started, persist=False)
         except EdgeAgentError as exc:
+            if exc.code in ("command.cancelled", "pipeline.not_found"):
+                # A stop_pipeline came first (not found by this stop), or while it was
+                # started again: the operator's own stop, answered stopped and said so.
+                log_event(
+                    log,
+                    logging.INFO,
+                    "pipeline_not_restarted",
+                    pipeline=pipeline_id,
+                    detail="stopped by a stop_pipeline while it restarted",
+                )
+                return False
             detail = f"restart on the new model failed: {exc}"
             self._event("pipeline_failed", pipeline_id, code=exc.code, detail=detail)
             return False
@@ -494,7 +526,8 @@ class Pipelines:
             return False
         finally:
             with self._roster.lock:
-                self._roster.restarting.discard(pipeline_id)
+                self._roster.restarting.pop(pipeline_id, None)
+                self._roster.restart_stopped.discard(pipeline_id)
                 # Not started again (listed unrestored, or stopped meanwhile): its slot is
                 # free, and only a stop_pipeline started those held over the cap.
                 freed = pipeline_id not in self._roster.running

@@ -253,7 +253,11 @@ class Restorer:
         cap = roster.max_running
         with roster.record_lock, roster.lock:
             current = roster.running.get(spec.id)
-            if pipeline_id not in roster.records.record.pipelines:
+            if pipeline_id not in roster.records.record.pipelines or (
+                # A restart's, stopped meanwhile: forgotten, or still recorded if the disk
+                # refused to forget it, it must not run on behind a stop answered stopped.
+                own_slot and pipeline_id in roster.restart_stopped
+            ):
                 outcome: Outcome = "forgotten"
             elif current is not None and not current.held:
                 outcome = "running"

@@ -86,9 +86,14 @@ class Roster:
         self.lock = threading.Lock()
         self.record_lock = threading.Lock()
         self.running: dict[str, Running] = {}
-        # Pipelines a restart has stopped and is starting again (`Pipelines._restart`): their
-        # slots stay theirs meanwhile, against a start_pipeline that came during the stop's join.
-        self.restarting: set[str] = set()
+        # Pipelines a restart has stopped and is starting again (`Pipelines._restart`), with
+        # the model each runs: their slots stay theirs meanwhile, against a start_pipeline
+        # that came during the stop's join.
+        self.restarting: dict[str, str] = {}
+        # Those of them a stop_pipeline stopped meanwhile: their restart must not start them
+        # again. Found in neither the running nor (started unrecorded) the record, such a
+        # stop was answered `pipeline.not_found`, and the restart ran the pipeline on.
+        self.restart_stopped: set[str] = set()
         # Recorded pipelines a restore or a restart did not start, as list_pipelines shows
         # them, until a stop_pipeline forgets them: failed, those it could not start
         # (`Restorer._list_unrestored`); stopped, those whose file had played to its end
@@ -146,7 +151,7 @@ class Roster:
             if count_held
             else {k for k, entry in self.running.items() if not entry.held}
         )
-        return len((listed | self.restarting) - {pipeline_id})
+        return len((listed | self.restarting.keys()) - {pipeline_id})
 
     def persist(self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False) -> None:
         """Record `spec` as the pipeline to restore (None forgets it); `known`: only if the
