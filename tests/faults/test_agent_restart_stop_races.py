@@ -145,3 +145,32 @@ def test_a_stop_during_the_restarts_build_is_no_failed_restart(
     finally:
         release.set()
         pipelines.close()
+
+
+@RECORDED
+def test_a_stop_just_before_the_restart_is_no_failed_restart(
+    tmp_path: Path,
+    cache_dir: Path,
+    astronaut: npt.NDArray[np.uint8],
+    door: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    recorded: bool,
+) -> None:
+    # The deploy found the pipeline running; the stop_pipeline came before its restart's
+    # own stop, which then found nothing to stop and said the restart had failed.
+    pipelines, events = _started(tmp_path, cache_dir, astronaut, door, recorded)
+    swaps = pipelines._swaps
+    real_restart = swaps._restart
+    answers: list[PipelineState] = []
+
+    def stop_first(entry: Any) -> bool:
+        answers.append(pipelines.stop("door"))
+        return real_restart(entry)
+
+    monkeypatch.setattr(swaps, "_restart", stop_first)
+    try:
+        assert pipelines.reload_model("vad-silero") == []
+        assert [(a.id, a.status) for a in answers] == [("door", "stopped")]
+        _stopped_for_good(pipelines, events)
+    finally:
+        pipelines.close()
