@@ -166,6 +166,10 @@ def test_pipelines_over_the_cap_are_kept_and_start_once_it_has_room(
     # After a downgrade to a build with a lower cap, or a cap lowered for a while: those
     # past it were forgotten at the first start, and no later cap brought them back.
     pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    # A file that never ends: one that played out before the close would be remembered
+    # finished, and rightly not started again by the restart with room.
+    video = write_walk(tmp_path / "walk.avi", frames=30).path
+    spec["source"] = {"type": "file", "path": str(video), "realtime": True, "loop": True}
     recorded = [f"cam{i}" for i in range(CAP + 2)]
     pipelines.records.update(pipelines={p: {**spec, "id": p} for p in recorded})
     pipelines.max_running = CAP
