@@ -32,6 +32,7 @@ from typing import Literal
 from edge_agent.comms.base import Communicator, Message, Unsubscribe, last_refusal, refusals
 from edge_agent.fleet import clock
 from edge_agent.fleet.console import parse
+from edge_agent.fleet.recheck import Recheck
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import FANIN_QOS, Topics
 
@@ -120,14 +121,6 @@ def accept_telemetry(held: DeviceRecord | None, new: msg.Telemetry) -> bool:
     return arrived is not None and held.telemetry.ts - arrived > clock.CLOCK_TOLERANCE_S
 
 
-SETTLE_MAX_S = 10.0
-"""After a reconnect, how long the roster waits for its echo before it takes the retained
-burst as over all the same. The echo comes back in milliseconds behind the burst, but it
-is QoS 0 (at a higher QoS it could pass the states), and a session whose handlers fall
-behind drops QoS 0 (`dispatch_limit_bytes`); an ACL may refuse it. Without this, one lost
-echo left every state after a reconnect unchecked for good."""
-
-
 def echo_topic(topics: Topics) -> str:
     """A topic of this console's own, to send itself an echo on (see `unsettled`)."""
     return topics.device("fleet", f"console/{uuid.uuid4().hex}")
@@ -149,73 +142,37 @@ class Roster:
         self._records: dict[str, DeviceRecord] = {}
         self.ignored_stale = 0
         self.ignored_older_telemetry = 0
-        # Since the last reconnect: the devices whose state has not arrived again, which
-        # link that was (a later one makes an earlier one's echo and timer moot), and what
-        # undoes its echo subscription and timer.
-        self._unconfirmed: set[str] = set()
-        self._link = 0
+        # The devices whose state has not come again since the last reconnect. At the QoS
+        # of the states it follows: a QoS 1 echo could pass them.
+        self._recheck = Recheck(self._lock, self._unconfirmed_gone, qos=FANIN_QOS)
         self._reconnected_at = 0.0
-        self._echo: tuple[Unsubscribe, threading.Timer] | None = None
 
     def on_connected(self, comm: Communicator) -> None:
         """To be called on every connect of the session the roster follows, before that
         link's messages are handled: `MqttSession`'s `on_connected` is, on the thread that
         then hands over the messages.
 
-        Every state held then awaits a state of its device on the new link. MQTT says no
-        end to the retained messages a (re)subscription brings, so the roster sends itself
-        an echo, as `unsettled` does: subscribed after the session resubscribed every filter
-        and published after that, it comes back behind the retained states, and a device
-        still waiting then has no state on the broker (`stale_since`). A device whose
-        retained state does come is never marked: it arrives before the echo. A settle
-        window instead would have to guess how long 5,000 states take, and flap past it.
+        Every state held then awaits a state of its device on the new link; a device still
+        waiting once the roster's echo is back behind the retained states has no state on
+        the broker (`stale_since`). How, and why an echo rather than a settle window:
+        fleet/recheck.py. A device whose retained state does come is never marked.
         A fresh console holds nothing at its first connect: there is nothing to mark.
         """
-        with self._lock:
-            self._link += 1
-            link = self._link
+
+        def held() -> set[str]:
             self._reconnected_at = self._now()
-            self._unconfirmed = {d for d, r in self._records.items() if r.state is not None}
-            pending = bool(self._unconfirmed)
-            previous, self._echo = self._echo, None
-        self._let_go(previous)
-        if not pending:
-            return
-        echo = echo_topic(self.topics)
-        timer = threading.Timer(SETTLE_MAX_S, self._settle, args=(link,))
-        timer.daemon = True
-        # At the QoS of the states it follows: a QoS 1 echo could pass them.
-        undo = comm.subscribe(echo, lambda _message: self._settle(link), qos=FANIN_QOS)
-        with self._lock:
-            current = link == self._link
-            if current:
-                self._echo = (undo, timer)
-        if not current:  # the link went and came back meanwhile: that one checks
-            self._let_go((undo, timer))
-            return
-        timer.start()
-        comm.publish(echo, b"", qos=1)
+            return {d for d, r in self._records.items() if r.state is not None}
 
-    def _settle(self, link: int) -> None:
-        """The retained states of `link` have all come: mark the devices still waiting."""
-        with self._lock:
-            if link != self._link or self._echo is None:
-                return  # a later link's, or settled already
-            for device in self._unconfirmed:
-                record = self._records.get(device)
-                if record is not None and record.stale_since is None:
-                    self._records[device] = replace(record, stale_since=self._reconnected_at)
-            self._unconfirmed.clear()
-            done, self._echo = self._echo, None
-        self._let_go(done)
+        self._recheck.reconnected(comm, echo_topic(self.topics), held)
+
+    def _unconfirmed_gone(self, devices: set[str]) -> None:
+        """The retained states have all come: mark the devices still waiting. Holding the
+        lock (`Recheck`)."""
+        for device in devices:
+            record = self._records.get(device)
+            if record is not None and record.stale_since is None:
+                self._records[device] = replace(record, stale_since=self._reconnected_at)
         self.changed.set()
-
-    @staticmethod
-    def _let_go(echo: tuple[Unsubscribe, threading.Timer] | None) -> None:
-        if echo is not None:
-            undo, timer = echo
-            timer.cancel()
-            undo()
 
     def follow(self, comm: Communicator, *, telemetry: bool = False) -> list[Unsubscribe]:
         """Subscribe to every device's state (and telemetry), at QoS 0 (`FANIN_QOS`)."""
@@ -237,7 +194,7 @@ class Roster:
         if not message.payload:  # a cleared retained state: the device was decommissioned
             with self._lock:
                 self._records.pop(device, None)
-                self._unconfirmed.discard(device)
+                self._recheck.heard(device)
             self.changed.set()
             return
         state = parse(msg.State, message.payload)
@@ -259,7 +216,7 @@ class Roster:
             )
             record = held or DeviceRecord(device, None, None)
             # Only a state taken confirms one: an older seq than held is no news of it.
-            self._unconfirmed.discard(device)
+            self._recheck.heard(device)
             self._records[device] = replace(
                 record,
                 state=state,
@@ -307,7 +264,7 @@ class Roster:
                 if r.online
                 and r.state is not None
                 and r.state.group == group
-                and name not in self._unconfirmed
+                and not self._recheck.waiting(name)
             ]
 
 
