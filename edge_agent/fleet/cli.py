@@ -245,16 +245,17 @@ def run_serve(args: argparse.Namespace) -> int:
     instance = args.instance or f"serve-{uuid.uuid4().hex[:8]}"
     started: list[FleetServer] = []
 
-    def announce() -> None:
+    def connected() -> None:
+        # At the first connect the server may not be started yet: it announces as it starts.
         for running in started:
-            running.announce()
+            running.on_connected()
 
     session = connect(
         broker_settings(args),
         # A server may start before its broker (boot, compose): it waits, a command fails fast.
         fail_fast=False,
         will=lambda: Will(topics.server(instance), b"", retain=True),
-        on_connected=lambda _session: announce(),
+        on_connected=lambda _session: connected(),
     )
     server = FleetServer(
         session,

@@ -9,6 +9,8 @@ Scale-out without a coordinator: the broker is the distributed engine.
   clears). Every server sees every join and ack and acts only for the releases
   it owns; when a server appears or vanishes, the owners move, and the pullers
   of a release whose broadcaster vanished rejoin after `idle_s` and are picked up.
+  After its own reconnect, a server counts again only the peers whose presence
+  the broker sends again (`on_connected`).
 - A repair is answered on the asking device's own reply topic only, at most
   `MAX_REPAIR_BYTES` of it, and what each device id is answered with is limited
   in bytes (`RepairLimits`): a request is a few hundred bytes, its answer megabytes.
@@ -27,6 +29,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
 from edge_agent.delivery.buckets import TokenBuckets
 from edge_agent.delivery.chunks import ChunkRef, read_chunk
 from edge_agent.delivery.joins import JoinGate, JoinLimits
+from edge_agent.fleet.recheck import Recheck
 from edge_agent.fleet.repo import Repo, RepoEntry
 from edge_agent.logs import Throttle, log_event
 from edge_agent.protocol.delivery import (
@@ -71,6 +75,9 @@ or one started in the middle of a long repair, a server can take a request in it
 on the fleet-wide topic meanwhile: the reason the shipped ACL keeps that topic closed. A
 box downgraded to an earlier build deploys again this long after its last message as the
 later one."""
+PRESENCE_QOS = 1
+"""The servers' presence, subscribed at: the echo that follows them after a reconnect is
+subscribed at it too, or it could pass them (`Recheck`)."""
 SAID_AT_MOST = 10_000
 """Devices whose refused or limited requests are logged (once each); past it, only counted."""
 
@@ -173,9 +180,11 @@ class FleetServer:
         on a fleet-wide topic, one heard on its own."""
         self._cond = threading.Condition()
         self._started = time.time()
+        self._peers = Recheck(self._cond, self._peers_gone, qos=PRESENCE_QOS)
+        """The peers counted at the last reconnect whose presence has not come since."""
 
     def start(self) -> None:
-        self.comm.subscribe(self.topics.servers_filter, self.on_presence, qos=1)
+        self.comm.subscribe(self.topics.servers_filter, self.on_presence, qos=PRESENCE_QOS)
         # Joins, acks and repair requests come from the whole fleet at once: at QoS 0, as
         # the console follows the fleet (`FANIN_QOS`), or the broker drops what is
         # past its queue for this one client. The devices publish at QoS 1, and ask again
@@ -199,6 +208,48 @@ class FleetServer:
         presence = ServerPresence(instance=self.instance, started_at=self._started)
         self.comm.publish(
             self.topics.server(self.instance), presence.model_dump_json().encode(), retain=True
+        )
+
+    def on_connected(self) -> None:
+        """To be called on every connect of the session (its `on_connected`): every peer
+        counted then is counted on only if the broker sends its presence again, and the
+        presence is announced again.
+
+        The broker sends every retained presence again as the session resubscribes, and
+        only those: a peer whose presence was cleared while this server was away (its will,
+        a broker restarted without persistence) was counted for ever, and the releases the
+        rendezvous hash gave it were broadcast by no one; their pullers went to repair, one
+        copy per box through the broker. This server sends itself an echo behind the
+        presences (fleet/recheck.py) and drops the peers not heard by then
+        (`fleet_peer_gone`). One whose presence comes is never dropped, so the owners do not
+        move and back; this server is never one to check. A peer dropped and then heard of
+        (its own reconnect announces it) is counted again.
+
+        The releases a dropped peer owned are this server's or another's from the next
+        join of their pullers on (`on_control` asks `owner` at each): a puller whose
+        broadcast stopped rejoins after `idle_s`, one that had already given up on the
+        broadcast is repairing.
+        """
+        # On the presence topics, which `serve`'s user may write (systemd/mosquitto/
+        # fleet.acl): every server hears it, and takes it for what it is, an empty
+        # presence of no server.
+        echo = self.topics.server(f"echo-{uuid.uuid4().hex}")
+        self._peers.reconnected(self.comm, echo, lambda: self.servers - {self.instance})
+        self.announce()
+
+    def _peers_gone(self, peers: set[str]) -> None:
+        """The presences have all come again: drop the peers not among them. Holding
+        `_cond` (`Recheck`)."""
+        if not peers:
+            return
+        self.servers -= peers
+        log_event(
+            log,
+            logging.WARNING,
+            "fleet_peer_gone",
+            peers=",".join(sorted(peers)),
+            servers=",".join(sorted(self.servers)),
+            detail="its presence was not on the broker after this server's reconnect",
         )
 
     def close(self) -> None:
@@ -232,9 +283,10 @@ class FleetServer:
         instance = message.topic.rsplit("/", 1)[-1]
         if instance == self.instance:
             return
-        if not message.payload:  # a will, or a clean stop
+        if not message.payload:  # a will, or a clean stop (or a server's echo)
             with self._cond:
                 self.servers.discard(instance)
+                self._peers.heard(instance)
             return
         # Only a presence under its own name is a peer: any message there used to make
         # one, and a release handed to a server that is not there is never broadcast.
@@ -248,6 +300,7 @@ class FleetServer:
         except (ValueError, RecursionError):  # ValidationError is a ValueError
             presence = None
         with self._cond:
+            self._peers.heard(instance)
             if presence is None or presence.instance != instance:
                 self.servers.discard(instance)
                 self._say_once(

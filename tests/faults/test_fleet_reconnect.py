@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,50 +28,21 @@ from edge_agent.comms.session import MqttSession, connect
 from edge_agent.fleet.roster import DeviceRecord, Roster, unsettled
 from tests.broker import TOPICS, broker_settings
 from tests.integration.test_fleet_console import cells, mosquitto_pub
+from tests.retained_kit import cleared_while_away, kept_broker, until
 
 BOXES = ("box-a", "box-b")
-
-
-def _persisted(db: Path) -> str:
-    return f"persistence true\npersistence_location {db}/\n"
 
 
 @pytest.fixture
 def kept(tmp_path: Path) -> Iterator[LocalBroker]:
     """A broker that keeps its retained messages over a restart, in `tmp_path/db`."""
-    (tmp_path / "db").mkdir()
-    (tmp_path / "broker").mkdir()
-    extra = _persisted(tmp_path / "db")
-    with LocalBroker(folder=tmp_path / "broker", extra_config=extra) as running:
+    with kept_broker(tmp_path) as running:
         yield running
 
 
 def _born(broker: LocalBroker, device: str) -> None:
     body = {"online": True, "seq": 1, "ts": time.time(), "group": "docks"}
     mosquitto_pub(broker, TOPICS.device(device, "state"), body, retain=True)
-
-
-def _cleared_while_away(broker: LocalBroker, device: str) -> None:
-    """Stop `broker`, clear `device`'s retained state in its database, start it again."""
-    broker.stop()  # SIGTERM: mosquitto writes its database
-    db = broker.folder.parent / "db"
-    side = broker.folder.parent / "side"
-    side.mkdir(exist_ok=True)
-    with LocalBroker(folder=side, extra_config=_persisted(db)) as other:
-        done = subprocess.run(
-            ["mosquitto_pub", "-p", str(other.port), "-q", "1", "-r", "-n",
-             "-t", TOPICS.device(device, "state")],
-            capture_output=True, timeout=30, check=False,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-    broker.start()
-
-
-def _until(what: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < deadline, "not within the time allowed"
-        time.sleep(0.01)
 
 
 def _record(roster: Roster, device: str) -> DeviceRecord:
@@ -103,15 +74,15 @@ def test_a_state_not_sent_again_after_a_reconnect_is_unknown_until_one_comes(
         roster.follow(session)
         assert unsettled(session, TOPICS) is None
         assert roster.members("docks") == list(BOXES)
-        _cleared_while_away(kept, "box-b")
-        _until(lambda: _record(roster, "box-b").unknown)
+        cleared_while_away(kept, TOPICS.device("box-b", "state"))
+        until(lambda: _record(roster, "box-b").unknown)
         a, b = _record(roster, "box-a"), _record(roster, "box-b")
         assert (a.unknown, a.online) == (False, True)
         assert b.online is False  # it held `online`, which nothing vouches for now
         # A group command must not count on it: it would be waited for and time out.
         assert roster.members("docks") == ["box-a"]
         _born(kept, "box-b")  # live, as a box's birth on its own reconnect
-        _until(lambda: not _record(roster, "box-b").unknown)
+        until(lambda: not _record(roster, "box-b").unknown)
         assert _record(roster, "box-b").online
         assert roster.members("docks") == list(BOXES)
     finally:
@@ -170,7 +141,7 @@ def test_watch_shows_unknown_what_its_broker_did_not_send_again(kept: LocalBroke
         assert _row(lines, "box-a")[1] == "online"
         assert _row(lines, "box-b")[1] == "online"
         first_table = len(printed)
-        _cleared_while_away(kept, "box-b")
+        cleared_while_away(kept, TOPICS.device("box-b", "state"))
         row = _row(lines, "box-b")
         assert row[1] == "unknown", row
         assert "unconfirmed since reconnect" in row, row
