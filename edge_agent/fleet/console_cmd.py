@@ -46,7 +46,7 @@ from edge_agent.fleet import clock, tables
 from edge_agent.fleet.console import DeviceConsole, Interrupted, NoAnswerError, error_of
 from edge_agent.fleet.group import DeviceResult, Outcome, send_group
 from edge_agent.fleet.roster import DeviceRecord, Roster, unsettled
-from edge_agent.fleet.trouble import in_trouble
+from edge_agent.fleet.trouble import SILENT_MIN_S, in_trouble, next_silence, silent_for
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics
 
@@ -133,12 +133,21 @@ def add_console_verbs(verbs: Any) -> None:
         "On a terminal, a live screenful, devices in trouble first. Piped or logged, the "
         "whole table once, then, at most every 2 s, a line counting the fleet and the rows "
         "of the devices whose standing changed: came, went online or offline, a pipeline's "
-        "status, in trouble or out of it (not their figures, which move every interval).",
+        "status, in trouble or out of it, silent or not (not their figures, which move every "
+        "interval).",
     )
     watch.add_argument(
         "--once", type=positive_float, metavar="S", help="one snapshot after S seconds"
     )
     watch.add_argument("--json", action="store_true", help="with --once: the snapshot as JSON")
+    watch.add_argument(
+        "--silent-after",
+        type=positive_float,
+        default=SILENT_MIN_S,
+        metavar="S",
+        help="flag an online box `silent` once nothing of it came for 3 of its telemetry "
+        f"intervals and at least S seconds (default {SILENT_MIN_S:g})",
+    )
     wait_flag(watch)
     watch.set_defaults(run=run_watch)
 
@@ -600,9 +609,12 @@ def run_watch(args: argparse.Namespace) -> int:
                     break
             records = roster.snapshot()
             if args.json:
-                _print_json(tables.watch_json(records))
+                _print_json(tables.watch_json(records, silent_min_s=args.silent_after))
             else:
-                out.print(tables.watch_table(records, offline_since=link.lost_at()))
+                table = tables.watch_table(
+                    records, offline_since=link.lost_at(), silent_min_s=args.silent_after
+                )
+                out.print(table)
             if link.lost_at() is not None:
                 print(
                     "edge-fleet: this console lost the broker during the watch: the snapshot "
@@ -615,19 +627,24 @@ def run_watch(args: argparse.Namespace) -> int:
         if out.is_terminal:
 
             def screen() -> Table:
-                return screenful(out, roster.snapshot(), link.lost_at())
+                return screenful(out, roster.snapshot(), link.lost_at(), args.silent_after)
 
             with Live(screen(), console=out, auto_refresh=False) as live:
                 while not stop.wait(0.5):
                     live.update(screen(), refresh=True)
         else:
-            _snapshots(out, roster, stop, link)
+            _snapshots(out, roster, stop, link, args.silent_after)
     finally:
         session.stop()
     return 0
 
 
-def screenful(out: Console, records: list[DeviceRecord], offline_since: float | None) -> Table:
+def screenful(
+    out: Console,
+    records: list[DeviceRecord],
+    offline_since: float | None,
+    silent_min_s: float = SILENT_MIN_S,
+) -> Table:
     """`watch`'s table cut to the terminal's height, its caption included.
 
     Measured as drawn: a device takes a row per pipeline, and a cell or the caption may
@@ -637,7 +654,9 @@ def screenful(out: Console, records: list[DeviceRecord], offline_since: float | 
     """
     rows = max(1, out.height - 7)  # title, header, 3 rules, 2 caption lines: mostly one pass
     while True:
-        table = tables.watch_table(records, limit=rows, offline_since=offline_since)
+        table = tables.watch_table(
+            records, limit=rows, offline_since=offline_since, silent_min_s=silent_min_s
+        )
         drawn = len(out.render_lines(table, pad=False))
         if drawn <= out.height or rows <= 1:
             return table
@@ -719,42 +738,67 @@ def run_forget(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else 0
 
 
-def _standing(record: DeviceRecord, now: float) -> tuple[Any, ...]:
+def _standing(record: DeviceRecord, now: float, silent_min_s: float) -> tuple[Any, ...]:
     """What a piped watch prints a device again for: online or not, unknown or not, its
-    pipelines' statuses, in trouble or not; not its figures, which move every interval."""
+    pipelines' statuses, in trouble or not, silent or not (a box already in trouble that
+    goes quiet is news too); not its figures, which move every interval."""
     statuses = tuple((p.id, p.status) for p in record.state.pipelines) if record.state else ()
-    return record.online, record.unknown, statuses, in_trouble(record, now)
+    trouble = in_trouble(record, now, silent_min_s=silent_min_s)
+    silent = silent_for(record, now, silent_min_s) is not None
+    return record.online, record.unknown, statuses, trouble, silent
 
 
 def _snapshots(
-    out: Console, roster: Roster, stop: threading.Event, link: _Link, every_s: float = 2.0
+    out: Console,
+    roster: Roster,
+    stop: threading.Event,
+    link: _Link,
+    silent_min_s: float,
+    every_s: float = 2.0,
 ) -> None:
     """Not a terminal (a pipe, a log): the whole table once, then, at most every 2 s, a
     line counting the fleet and the rows of the devices whose standing changed (came,
-    went online or offline, a pipeline's status, in trouble or out of it); and a line when
-    this console's link goes down or comes back. The whole table every time was up to
-    5,000 rows every 2 s, and a change in it was not to be found."""
+    went online or offline, a pipeline's status, in trouble or out of it, silent or not);
+    and a line when this console's link goes down or comes back. The whole table every
+    time was up to 5,000 rows every 2 s, and a change in it was not to be found.
+
+    A device is judged again at every roster change, and when the next one turns silent
+    (`next_silence`): silence is the case where no message comes, and judged only at a
+    change, a quiet box in a quiet fleet was never reported."""
     held: dict[str, tuple[Any, ...]] | None = None
     lost: float | None = None
+    due: float | None = None
     while not stop.is_set():
-        changed = roster.changed.wait(0.5)
+        # The link is looked at every 0.5 s, as before; a silence due sooner is not waited
+        # for past its time.
+        wait = 0.5 if due is None else min(0.5, max(0.0, due - time.time()))
+        changed = roster.changed.wait(wait)
         now_lost = link.lost_at()
-        if not changed and now_lost == lost:
+        # Strictly past `due`: at `due` itself the box is not yet silent.
+        silence = due is not None and time.time() > due
+        if not changed and now_lost == lost and not silence:
             continue
         roster.changed.clear()
         now = time.time()
         records = roster.snapshot()
-        standing = {r.device: _standing(r, now) for r in records}
+        standing = {r.device: _standing(r, now, silent_min_s) for r in records}
         if held is None:
-            out.print(tables.watch_table(records, now, offline_since=now_lost))
+            out.print(
+                tables.watch_table(records, now, offline_since=now_lost, silent_min_s=silent_min_s)
+            )
         else:
             moved = [r for r in records if held.get(r.device) != standing[r.device]]
             gone = sorted(set(held) - set(standing))
             if moved or gone or now_lost != lost:
-                out.print(_fleet_line(records, now, now_lost, gone), markup=False)
+                line = _fleet_line(records, now, now_lost, gone, silent_min_s)
+                out.print(line, markup=False)
             if moved:
-                out.print(tables.watch_table(moved, now, offline_since=now_lost))
+                table = tables.watch_table(
+                    moved, now, offline_since=now_lost, silent_min_s=silent_min_s
+                )
+                out.print(table)
         held, lost = standing, now_lost
+        due = next_silence(records, now, silent_min_s)
         stop.wait(every_s)
 
 
@@ -763,7 +807,11 @@ def _clock_time(ts: float) -> str:
 
 
 def _fleet_line(
-    records: list[DeviceRecord], now: float, lost: float | None, gone: list[str]
+    records: list[DeviceRecord],
+    now: float,
+    lost: float | None,
+    gone: list[str],
+    silent_min_s: float = SILENT_MIN_S,
 ) -> str:
     """'12:00:02 3 devices: 2 online, 1 offline, 1 in trouble (offline, failing or flagged)';
     `, N unknown` after offline when some are (see `DeviceRecord.stale_since`)."""
@@ -773,7 +821,7 @@ def _fleet_line(
     line = f"{_clock_time(now)} {len(records)} devices: {online} online, {offline} offline"
     if unknown:
         line += f", {unknown} unknown"
-    trouble = sum(in_trouble(r, now) for r in records)
+    trouble = sum(in_trouble(r, now, silent_min_s=silent_min_s) for r in records)
     line += f", {trouble} in trouble (offline, failing or flagged)"
     if gone:
         line += f"; forgotten: {tables.printable(', '.join(gone))}"

@@ -22,7 +22,13 @@ from edge_agent.fleet import clock
 from edge_agent.fleet.console import error_of
 from edge_agent.fleet.group import DeviceResult
 from edge_agent.fleet.roster import DeviceRecord
-from edge_agent.fleet.trouble import all_flags, device_flags, in_trouble, pipeline_flags
+from edge_agent.fleet.trouble import (
+    SILENT_MIN_S,
+    all_flags,
+    device_flags,
+    in_trouble,
+    pipeline_flags,
+)
 
 DETAIL_WIDTH = 48
 """A pipeline's detail in a table, past which it is cut (in full in --json): a failed
@@ -182,11 +188,16 @@ def _height(record: DeviceRecord) -> int:
     return max(1, len(named))
 
 
-def watch_json(records: Iterable[DeviceRecord], now: float | None = None) -> list[dict[str, Any]]:
+def watch_json(
+    records: Iterable[DeviceRecord],
+    now: float | None = None,
+    *,
+    silent_min_s: float = SILENT_MIN_S,
+) -> list[dict[str, Any]]:
     """`last_seen` is the console's clock when `last_seen_from` is `arrival`; `device_clock`
     is the box's own (for an offline box heard of only retained: when it connected).
     `online` is null for a device whose state is unknown (flag `unconfirmed since
-    reconnect`)."""
+    reconnect`). `silent_min_s` as in `trouble.silent_at`."""
     now = time.time() if now is None else now
     return [
         {
@@ -200,8 +211,8 @@ def watch_json(records: Iterable[DeviceRecord], now: float | None = None) -> lis
             ),
             "clock_skew_s": round(r.skew_s, 1) if r.skew_s is not None else None,
             "outbox_depth": r.telemetry.agent.outbox_depth if r.telemetry else None,
-            "in_trouble": in_trouble(r, now),
-            "flags": all_flags(r, now),
+            "in_trouble": in_trouble(r, now, silent_min_s=silent_min_s),
+            "flags": all_flags(r, now, silent_min_s=silent_min_s),
             "pipelines": pipeline_figures(r),
         }
         for r in records
@@ -213,6 +224,8 @@ def watch_table(
     now: float | None = None,
     limit: int | None = None,
     offline_since: float | None = None,
+    *,
+    silent_min_s: float = SILENT_MIN_S,
 ) -> Table:
     """The fleet as a table; past `limit` rows, devices in trouble first, those that do not
     fit whole counted. A device takes a row per pipeline.
@@ -220,13 +233,18 @@ def watch_table(
     A terminal shows a screenful: at 5,000 boxes sorted by name, an offline one was
     thousands of rows below it (and building every row took 3 s, twice a second).
     `offline_since`: when the console's own link to the broker went down, if it is down;
-    the caption says so, since nothing below can change until it is back.
+    the caption says so, since nothing below can change until it is back. `silent_min_s`
+    as in `trouble.silent_at`.
     """
+
+    def trouble(record: DeviceRecord) -> bool:
+        return in_trouble(record, now, silent_min_s=silent_min_s)
+
     now = time.time() if now is None else now
     records = list(records)
     hidden: list[DeviceRecord] = []
     if limit is not None and sum(map(_height, records)) > limit:
-        ordered = sorted(records, key=lambda r: (not in_trouble(r, now), r.device))
+        ordered = sorted(records, key=lambda r: (not trouble(r), r.device))
         used = fit = 0
         while fit < len(ordered) and used + _height(ordered[fit]) <= limit:
             used += _height(ordered[fit])
@@ -237,9 +255,9 @@ def watch_table(
         lost = time.strftime("%H:%M:%S", time.localtime(offline_since))
         notes.append(f"[red]this console lost the broker at {lost}: the table is as of then[/]")
     if hidden:
-        trouble = sum(in_trouble(r, now) for r in hidden)
+        failing = sum(map(trouble, hidden))
         notes.append(
-            f"{len(hidden)} more not shown ({trouble} of them offline, failing or flagged); "
+            f"{len(hidden)} more not shown ({failing} of them offline, failing or flagged); "
             "--once S --json lists every device"
         )
     caption = "\n".join(notes) or None
@@ -248,7 +266,7 @@ def watch_table(
         state = standing(record)
         outbox = str(record.telemetry.agent.outbox_depth) if record.telemetry else "-"
         last = seen(record, now)
-        own = device_flags(record, now)
+        own = device_flags(record, now, silent_min_s=silent_min_s)
         pipelines = list(pipeline_figures(record).items()) or [("-", {})]
         for i, (pipeline, figures) in enumerate(pipelines):
             fps = figures.get("fps")

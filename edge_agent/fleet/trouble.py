@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 
 from edge_agent.fleet import clock
 from edge_agent.fleet.roster import DeviceRecord
@@ -21,7 +22,8 @@ CPU_FULL = 0.9
 SILENT_MIN_S = 60.0
 SILENT_INTERVALS = 3
 """An online box heard live, then not for this many telemetry intervals (at least
-SILENT_MIN_S), is flagged `silent`: its will comes when the broker notices a lost link, but
+SILENT_MIN_S, or what `watch --silent-after` says), is flagged `silent`: its will comes
+when the broker notices a lost link, but
 not when the broker itself restarted without its sessions, or the console's own link is
 down, and a watch showed such boxes green with their last FPS for hours."""
 UNCONFIRMED = "unconfirmed since reconnect"
@@ -49,15 +51,18 @@ def pipeline_flags(record: DeviceRecord) -> dict[str, list[str]]:
     return found
 
 
-def device_flags(record: DeviceRecord, now: float | None = None) -> list[str]:
+def device_flags(
+    record: DeviceRecord, now: float | None = None, *, silent_min_s: float = SILENT_MIN_S
+) -> list[str]:
     """The device's own flags: `unconfirmed since reconnect`, `silent Nm`, `clock ±N`,
     `replaying Nm behind`, `outbox-drops`, `unverified`, `fallback`, and `cpu N%` (a note,
-    see `in_trouble`). `now` is the console's clock (default: now)."""
+    see `in_trouble`). `now` is the console's clock (default: now); `silent_min_s` as in
+    `silent_at`."""
     flags: list[str] = []
     if record.unknown:
         # First: the state and figures beside it are the last known, not the current ones.
         flags.append(UNCONFIRMED)
-    quiet = silent_for(record, time.time() if now is None else now)
+    quiet = silent_for(record, time.time() if now is None else now, silent_min_s)
     if quiet is not None:
         flags.append(f"silent {clock.span(quiet)[1:]}")
     if clock.off(record.skew_s) and record.skew_s is not None:
@@ -84,16 +89,40 @@ def device_flags(record: DeviceRecord, now: float | None = None) -> list[str]:
     return flags
 
 
-def silent_for(record: DeviceRecord, now: float) -> float | None:
-    """How long an online box heard live has said nothing, once past its telemetry's
-    due (SILENT_INTERVALS intervals, at least SILENT_MIN_S); None if it is not silent.
-    Retained-only boxes (`status`) are not judged: nothing of theirs arrived live."""
+def silent_at(record: DeviceRecord, silent_min_s: float = SILENT_MIN_S) -> float | None:
+    """The console time past which an online box heard live reads silent, unless a message
+    of it arrives first: its telemetry's due, SILENT_INTERVALS intervals after the last
+    one heard, and at least `silent_min_s` (an operator's `watch --silent-after`). None
+    when it is not judged: offline says it already, and retained-only boxes (`status`)
+    were never heard live."""
     heard, telemetry = record.last_heard, record.telemetry
     if not record.online or heard is None or telemetry is None or record.telemetry_arrived is None:
         return None
-    quiet = now - heard
-    due = max(SILENT_MIN_S, SILENT_INTERVALS * telemetry.interval_s)
-    return quiet if quiet > due else None
+    return heard + max(silent_min_s, SILENT_INTERVALS * telemetry.interval_s)
+
+
+def silent_for(
+    record: DeviceRecord, now: float, silent_min_s: float = SILENT_MIN_S
+) -> float | None:
+    """How long a box silent at `now` (see `silent_at`) has said nothing; None if it is
+    not silent."""
+    since, heard = silent_at(record, silent_min_s), record.last_heard
+    if since is None or heard is None or now <= since:
+        return None
+    return now - heard
+
+
+def next_silence(
+    records: Iterable[DeviceRecord], now: float, silent_min_s: float = SILENT_MIN_S
+) -> float | None:
+    """When the first of `records` not silent at `now` turns silent if nothing of it comes
+    meanwhile; None if none can. Silence is the one flag that time alone sets (a message
+    clears it, and says so itself), so a piped watch, which prints at a change, looks
+    again then rather than at every tick."""
+    return min(
+        (t for t in (silent_at(r, silent_min_s) for r in records) if t is not None and t >= now),
+        default=None,
+    )
 
 
 def replay_lag(record: DeviceRecord) -> float | None:
@@ -116,15 +145,19 @@ def replay_lag(record: DeviceRecord) -> float | None:
     return None
 
 
-def all_flags(record: DeviceRecord, now: float | None = None) -> list[str]:
+def all_flags(
+    record: DeviceRecord, now: float | None = None, *, silent_min_s: float = SILENT_MIN_S
+) -> list[str]:
     """Every flag of the device, its pipelines' named `<pipeline>: <flag>`."""
-    flags = device_flags(record, now)
+    flags = device_flags(record, now, silent_min_s=silent_min_s)
     for name, found in pipeline_flags(record).items():
         flags += [f"{name}: {flag}" for flag in found]
     return flags
 
 
-def in_trouble(record: DeviceRecord, now: float | None = None) -> bool:
+def in_trouble(
+    record: DeviceRecord, now: float | None = None, *, silent_min_s: float = SILENT_MIN_S
+) -> bool:
     """Offline, a pipeline that is not running, or any flag but `drops` and `cpu`: what an
     operator looks for first.
 
@@ -138,7 +171,7 @@ def in_trouble(record: DeviceRecord, now: float | None = None) -> bool:
     state = record.state
     if state is not None and any(p.status != "running" for p in state.pipelines):
         return True
-    return any(not _note(flag) for flag in all_flags(record, now))
+    return any(not _note(flag) for flag in all_flags(record, now, silent_min_s=silent_min_s))
 
 
 def _note(flag: str) -> bool:

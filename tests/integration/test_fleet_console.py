@@ -601,3 +601,95 @@ def test_a_piped_watch_prints_the_fleet_once_then_what_changed(broker: LocalBrok
     assert "│ box-b " in then, then
     assert "│ box-a " not in then, then
     assert "│ box-c " not in then, then
+
+
+def test_a_piped_watch_says_when_a_quiet_box_goes_silent_and_when_it_speaks_again(
+    broker: LocalBroker,
+) -> None:
+    # Silence is the one flag that time alone sets, and the case where no message will
+    # come to say it: printed only at a roster change, a box that went quiet (its will
+    # lost with a broker restarted without sessions) was never reported by the piped
+    # watch an alerting script reads. A box sending every 0.2 s, judged after 3 s: past the
+    # 2 s a piped watch leaves between prints, so it is not caught by a look that happened
+    # to come late.
+    cam = [{"id": "cam", "model": "m", "status": "running"}]
+    for box in ("quiet-box", "kept-box"):
+        body = {"online": True, "seq": 1, "ts": time.time(), "pipelines": cam}
+        mosquitto_pub(broker, f"{PREFIX}/{box}/state", body, retain=True)
+    tele = f"{PREFIX}/quiet-box/telemetry"
+    printed: list[str] = []
+    lines: queue.Queue[str] = queue.Queue()
+
+    def printout() -> tuple[str, dict[str, list[str]]]:
+        """The next fleet line (none before the first table) and the rows of the table
+        after it, by device."""
+        deadline = time.monotonic() + 10
+        fleet_line, rows = "", {}
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"not printed: {printed}") from None
+            if " devices: " in line:
+                fleet_line = line
+            elif line.startswith("│ ") and not line.startswith("│ device "):
+                row = cells(line)
+                if row[0]:  # a device's first row (a second pipeline's has no name)
+                    rows[row[0]] = row
+            elif line.startswith("└"):
+                return fleet_line, rows
+
+    watching = fleet_spawn(broker, "watch", "--silent-after", "3")
+    try:
+
+        def read() -> None:
+            for line in watching.stdout or []:
+                printed.append(line)
+                lines.put(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        _, first = printout()  # the whole table: the watch has its retained states
+        assert set(first) == {"quiet-box", "kept-box"}, first
+        first_table = len(printed)
+        sent = time.monotonic()
+        mosquitto_pub(broker, tele, {**_telemetry(time.time()), "interval_s": 0.2}, False)
+        went, rows = printout()
+        assert time.monotonic() - sent >= 3.0, rows
+        assert list(rows) == ["quiet-box"], rows
+        assert any(flag.startswith("silent ") for flag in rows["quiet-box"]), rows
+        assert "1 in trouble" in went, went
+        silent_at = len(printed)
+        # It speaks again, every 0.2 s as it says (one message alone may be old by the
+        # watch's next look, up to 2 s on).
+        speaking = threading.Event()
+        quiet = connect(BrokerSettings(port=broker.port))
+
+        def speak() -> None:
+            while not speaking.wait(0.2):
+                body = {**_telemetry(time.time()), "interval_s": 0.2}
+                quiet.publish(tele, json.dumps(body).encode(), qos=1)
+
+        speaker = threading.Thread(target=speak, daemon=True)
+        speaker.start()
+        try:
+            back, rows = printout()
+        finally:
+            speaking.set()
+            speaker.join(timeout=30)
+            quiet.stop()
+        assert list(rows) == ["quiet-box"], rows
+        assert not any(flag.startswith("silent ") for flag in rows["quiet-box"]), rows
+        assert "0 in trouble" in back, back
+        watching.send_signal(signal.SIGTERM)
+        _, err = watching.communicate(timeout=30)
+    finally:
+        watching.kill()  # a failed assertion must not leave it watching forever
+        watching.wait(timeout=30)
+    assert watching.returncode == 0, err
+    # Its first telemetry changed nothing it stands on: nothing was printed for it, and
+    # nothing while the clock ran towards its silence (a line per tick would be spam).
+    fleet_lines = [line for line in printed[first_table:silent_at] if " devices: " in line]
+    assert len(fleet_lines) == 1, printed
+    # A box known only retained is never judged silent: its row was never printed again.
+    assert [line for line in printed[first_table:] if "kept-box" in line] == [], printed

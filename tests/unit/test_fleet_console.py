@@ -40,7 +40,13 @@ from edge_agent.fleet.tables import (
     watch_json,
     watch_table,
 )
-from edge_agent.fleet.trouble import device_flags, in_trouble
+from edge_agent.fleet.trouble import (
+    device_flags,
+    in_trouble,
+    next_silence,
+    silent_at,
+    silent_for,
+)
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import Topics
 
@@ -811,3 +817,21 @@ def test_a_state_not_sent_again_after_a_reconnect_reads_unknown_everywhere() -> 
     roster.on_state(state("a", True, 1, "docks"))  # the same connection: still news of it
     assert (roster.snapshot()[0].unknown, roster.members("docks")) == (False, ["a"])
     assert "1 online, 0 offline, 1 unknown," in _fleet_line(roster.snapshot(), NOW, None, [])
+
+
+def test_the_next_silence_is_when_the_first_box_heard_live_passes_its_due() -> None:
+    # A piped watch prints at a change; silence is the one flag time alone sets, so it
+    # looks again then, and only then, rather than at every tick.
+    roster = Roster(TOPICS, now=Clock())
+    roster.on_state(birth("dock-1", NOW - 60, live=False, pipelines=[running()]))
+    roster.on_telemetry(telemetry("dock-1", NOW, interval_s=10.0))  # arrives at NOW
+    roster.on_state(birth("dock-retained", NOW - DAY, live=False))
+    records = roster.snapshot()
+    assert next_silence(records, NOW) == NOW + 60  # three intervals, at least a minute
+    assert next_silence(records, NOW, silent_min_s=5) == NOW + 30  # three intervals
+    # Silent already: only a message ends it, and the message says so itself.
+    assert next_silence(records, NOW + 61) is None
+    dock = records[0]
+    assert silent_at(dock, 5) == NOW + 30
+    assert silent_for(dock, NOW + 30, 5) is None  # due, not yet past it
+    assert silent_for(dock, NOW + 31, 5) == 31
