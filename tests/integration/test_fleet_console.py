@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -428,6 +429,19 @@ def fleet_spawn(broker: LocalBroker, *args: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+@contextmanager
+def fleet_running(broker: LocalBroker, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """`fleet_spawn` for a `with` block: a command still running as the block ends (an
+    assertion failed before the test stopped it) is killed. `Popen`'s own exit waited for
+    it, and a watch never ends by itself: the test hung instead of failing."""
+    with fleet_spawn(broker, *args) as running:
+        try:
+            yield running
+        finally:
+            if running.poll() is None:
+                running.kill()
+
+
 def row_of(table: str, device: str) -> list[str]:
     """The cells of `device`'s row in a printed table (its title may name it too)."""
     return next(cells(line) for line in table.splitlines() if line.startswith(f"│ {device} "))
@@ -529,7 +543,7 @@ def test_a_group_deploy_stopped_prints_what_it_gathered(broker: LocalBroker, sig
     boxes, commands = hand_made_box(broker, "box-a", f"{PREFIX}/group/docks/cmd")
     said: queue.Queue[str] = queue.Queue()
     try:
-        with fleet_spawn(
+        with fleet_running(
             broker, "deploy", "m", "1", "--group", "docks", "--timeout", "60"
         ) as asking:
             command = commands.get(timeout=20)
@@ -576,7 +590,7 @@ def test_a_piped_watch_prints_the_fleet_once_then_what_changed(broker: LocalBrok
             lines.append(printed.get(timeout=20))
         return "".join(lines)
 
-    with fleet_spawn(broker, "watch") as watching:
+    with fleet_running(broker, "watch") as watching:
 
         def read() -> None:
             for line in watching.stdout or []:
