@@ -79,7 +79,10 @@ def test_a_peer_cleared_while_away_is_dropped_and_its_release_broadcast_here(
         will=lambda: Will(TOPICS.server("s1"), b"", retain=True),
         on_connected=connected,
     )
-    box = connect(broker_settings(kept))
+    # The box's own link goes down with the broker too: its join must go out on the link
+    # back, after its chunk subscription is made again, or the broadcast passes it by.
+    box_links: list[object] = []
+    box = connect(broker_settings(kept), on_connected=box_links.append)
     frames: list[Message] = []
     box.subscribe(TOPICS.chunks("orient", 1), frames.append, qos=0)
     stop = threading.Event()
@@ -99,6 +102,7 @@ def test_a_peer_cleared_while_away_is_dropped_and_its_release_broadcast_here(
         # (a flap would have two servers broadcast its releases for a moment, or none).
         assert [r.fields["peers"] for r in dropped] == [gone], dropped  # type: ignore[attr-defined]
         # A box pulling `gone`'s release rejoins: s1 owns it now, and broadcasts it.
+        until(lambda: len(box_links) >= 2)
         everything = encode_bits(bitmap(len(chunks), range(len(chunks))))
         join = Join(device_id="box-1", release_id=chunks.id, chunks=len(chunks), missing=everything)
         box.publish(TOPICS.own_control("box-1", "orient", 1), join.model_dump_json().encode())
