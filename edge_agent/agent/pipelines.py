@@ -499,12 +499,8 @@ class Pipelines:
                 # stop_pipeline that came during this stop's join found it not running.
                 restored = self._restorer.restore_one(pipeline_id, spec, own_slot=True)
                 return restored in ("started", "running")
-            checked = self._checked(spec)
-            with self._roster.lock:
-                if pipeline_id in self._roster.restart_stopped:
-                    raise _stopped_while_starting(pipeline_id)
-                started = self._roster.register(checked, own_slot=True)
-            self._start_registered(started, persist=False)
+            # `Roster.register` refuses it if a stop_pipeline came meanwhile.
+            self._start(self._checked(spec), persist=False, own_slot=True)
         except EdgeAgentError as exc:
             if exc.code in ("command.cancelled", "pipeline.not_found"):
                 # A stop_pipeline came first (not found by this stop), or while it was

@@ -102,7 +102,14 @@ class Roster:
 
     def register(self, spec: PipelineSpec, own_slot: bool = False) -> Running:
         """Hold a place for `spec` among the running (under `lock`), or refuse it.
-        `own_slot`: a restart's, which takes the slot it kept whatever the count."""
+        `own_slot`: a restart's, which takes the slot it kept whatever the count, unless a
+        stop_pipeline stopped it meanwhile (`restart_stopped`): then it is not run again."""
+        if own_slot and spec.id in self.restart_stopped:
+            raise EdgeAgentError(
+                f"pipeline {spec.id} was stopped while it restarted",
+                "start it again if it should run",
+                code="command.cancelled",
+            )
         held = self.running.get(spec.id)
         if held is not None and held.status == "stopped":
             # Its source ended (a file played out): "already running" sent the operator

@@ -70,9 +70,9 @@ class DeviceRecord:
     skew_s: float | None = None
     """Box clock minus console clock, as far as its messages tell (see fleet.clock)."""
     stale_since: float | None = None
-    """When this console reconnected and the broker did not send this device's state again
-    (console clock): the state held is the last known, not the current one. None while it
-    holds, and again once a state of the device arrives."""
+    """When this console found, after its own reconnect, that the broker no longer holds
+    this device's state (console clock): the state held is the last known, not the current
+    one. None while it holds, and again once a state of the device arrives."""
 
     @property
     def unknown(self) -> bool:
@@ -145,7 +145,6 @@ class Roster:
         # The devices whose state has not come again since the last reconnect. At the QoS
         # of the states it follows: a QoS 1 echo could pass them.
         self._recheck = Recheck(self._lock, self._unconfirmed_gone, qos=FANIN_QOS)
-        self._reconnected_at = 0.0
 
     def on_connected(self, comm: Communicator) -> None:
         """To be called on every connect of the session the roster follows, before that
@@ -160,7 +159,6 @@ class Roster:
         """
 
         def held() -> set[str]:
-            self._reconnected_at = self._now()
             return {d for d, r in self._records.items() if r.state is not None}
 
         self._recheck.reconnected(comm, echo_topic(self.topics), held)
@@ -168,10 +166,11 @@ class Roster:
     def _unconfirmed_gone(self, devices: set[str]) -> None:
         """The retained states have all come: mark the devices still waiting. Holding the
         lock (`Recheck`)."""
+        now = self._now()
         for device in devices:
             record = self._records.get(device)
             if record is not None and record.stale_since is None:
-                self._records[device] = replace(record, stale_since=self._reconnected_at)
+                self._records[device] = replace(record, stale_since=now)
         self.changed.set()
 
     def follow(self, comm: Communicator, *, telemetry: bool = False) -> list[Unsubscribe]:
