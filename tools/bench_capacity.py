@@ -5,11 +5,12 @@ A stream "fits" when, over `--seconds` (default 60), none of N streams drops a f
 every stream's p95 end-to-end latency (from a frame's due time to its result) is under
 100 ms. The streams are realtime, looping file sources (`realtime = true, loop = true`): a
 640x480 15 fps MJPG clip of edge_agent/clips.py played as a camera sends it, so the
-question is asked the same way on every run. In one process the streams start together, so
-every stream's frame comes due on the same tick, the worst case for a burst; `--spread`
-plays them out of step, stream i a fraction i/N of a frame interval after stream 0, as
-separate cameras on their own clocks are (separate processes are out of step anyway). In
-one run it measures:
+question is asked the same way on every run. The streams play out of step, stream i a
+fraction i/N of a frame interval after stream 0, as separate cameras on their own clocks
+are (separate processes are out of step anyway): that is the question a buyer asks.
+`--in-step` makes every stream's frame come due on the same tick instead, which no set of
+real cameras does: the worst case for a burst, where N frames wait on one another at every
+tick and the p95 grows with N. In one run it measures:
 
 1. in one process (`PipelineGroup`, one shared compiled model): the largest N that fits,
    found by doubling N and then bisecting between the last N that fit and the first that
@@ -29,7 +30,7 @@ Run it on a quiet machine; the figures mean little while anything else runs.
     python tools/bench_capacity.py --seconds 3 --max-n 2 # a smoke run, seconds
     python tools/bench_capacity.py --codec raw           # cameras that send raw frames
     python tools/bench_capacity.py --start-n 16          # skip 1, 2, 4 and 8 streams
-    python tools/bench_capacity.py --spread              # streams out of step, as cameras are
+    python tools/bench_capacity.py --in-step             # every frame due on the same tick
     python tools/bench_capacity.py --model out/model.xml # the INT8 model calibrate wrote
 
 Exit status: 0 when every figure was measured, 2 when a measurement failed.
@@ -162,7 +163,7 @@ def in_process(
     clip: Path,
     pool: ModelPool,
     seconds: float,
-    spread: bool = False,
+    spread: bool = True,
     model: str = MODEL,
 ) -> Trial:
     group = PipelineGroup([stream_spec(i, clip, model) for i in range(streams)], pool)
@@ -272,7 +273,7 @@ def largest_fit(
     max_n: int,
     say: Any,
     start: int = 1,
-    spread: bool = False,
+    spread: bool = True,
     model: str = MODEL,
 ) -> tuple[int, list[Trial]]:
     """Double N from `start` until it no longer fits, then bisect; the largest N that fit
@@ -320,10 +321,10 @@ def main() -> int:
         help="what the cameras send: MJPG, decoded on the CPU, or raw frames (no decode)",
     )
     parser.add_argument(
-        "--spread",
+        "--in-step",
         action="store_true",
-        help="play the streams out of step, as separate cameras are, instead of every "
-        "stream's frame coming due on the same tick",
+        help="every stream's frame comes due on the same tick (the worst case for a burst), "
+        "instead of out of step as separate cameras are",
     )
     parser.add_argument(
         "--model",
@@ -341,7 +342,7 @@ def main() -> int:
     cache = Path(os.environ.get("EDGE_AGENT_CACHE", ".cache/edge-agent"))
     pool = ModelPool(Catalog(default_models_dir(), cache))
     codec = "MJPG" if args.codec == "mjpg" else "raw"
-    step = "out of step" if args.spread else "in step"
+    step = "in step" if args.in_step else "out of step"
     table = Table(
         title=f"{args.model}, 640x480 {codec} streams at {FPS:g} FPS, {step}, "
         f"{args.seconds:g} s each"
@@ -369,7 +370,7 @@ def main() -> int:
                 args.max_n,
                 say,
                 start=args.start_n,
-                spread=args.spread,
+                spread=not args.in_step,
                 model=args.model,
             )
             if best and not args.no_processes:
@@ -410,7 +411,7 @@ def main() -> int:
         quantization=model.quantization,
         precision=limit_run.precision,
         codec=args.codec,
-        spread=args.spread,
+        spread=not args.in_step,
         streams=best,
         theoretical_streams=limit,
         benchmark_app_fps=app_fps,

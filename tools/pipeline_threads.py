@@ -150,7 +150,7 @@ def _group(name: str) -> str:
 
 
 def _group_of(streams: int, clip: Path, pool: ModelPool, model: str) -> PipelineGroup:
-    """`streams` realtime cameras on `clip`, out of step (bench_capacity's --spread)."""
+    """`streams` realtime cameras on `clip`, out of step, as bench_capacity plays them."""
     ref = ModelRef(name=model)
     specs = [stream_spec(i, clip).model_copy(update={"model": ref}) for i in range(streams)]
     group = PipelineGroup(specs, pool)

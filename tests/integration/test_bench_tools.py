@@ -250,6 +250,8 @@ def test_bench_capacity_searches_the_streams_that_fit_and_states_the_limit(
     proc, report = run_tool("bench_capacity.py", args, (0,), cache_dir, tmp_path)
     assert report["model"] == str(model)
     assert report["quantization"] is None  # the reference manifest: not calibrated
+    # Out of step by default, as separate cameras are; --in-step is the burst worst case.
+    assert report["spread"] is True
     assert report["precision"]
     trials: list[Report] = report["trials"]
     for t in trials:
