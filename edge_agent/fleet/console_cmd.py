@@ -46,7 +46,7 @@ from edge_agent.fleet import clock, tables
 from edge_agent.fleet.console import DeviceConsole, Interrupted, NoAnswerError, error_of
 from edge_agent.fleet.group import DeviceResult, Outcome, send_group
 from edge_agent.fleet.roster import DeviceRecord, Roster, unsettled
-from edge_agent.fleet.trouble import SILENT_MIN_S, in_trouble, next_silence, silent_for
+from edge_agent.fleet.trouble import SILENT_MIN_S, in_trouble, next_silence, trouble_kinds
 from edge_agent.protocol import agent as msg
 from edge_agent.protocol.topics import DEFAULT_PREFIX, Topics
 
@@ -133,8 +133,8 @@ def add_console_verbs(verbs: Any) -> None:
         "On a terminal, a live screenful, devices in trouble first. Piped or logged, the "
         "whole table once, then, at most every 2 s, a line counting the fleet and the rows "
         "of the devices whose standing changed: came, went online or offline, a pipeline's "
-        "status, in trouble or out of it, silent or not (not their figures, which move every "
-        "interval).",
+        "status, in trouble or out of it, a trouble flag gained or lost (fps0, outbox-drops, "
+        "clock, silent...; not their figures, which move every interval).",
     )
     watch.add_argument(
         "--once", type=positive_float, metavar="S", help="one snapshot after S seconds"
@@ -740,12 +740,13 @@ def run_forget(args: argparse.Namespace) -> int:
 
 def _standing(record: DeviceRecord, now: float, silent_min_s: float) -> tuple[Any, ...]:
     """What a piped watch prints a device again for: online or not, unknown or not, its
-    pipelines' statuses, in trouble or not, silent or not (a box already in trouble that
-    goes quiet is news too); not its figures, which move every interval."""
+    pipelines' statuses, in trouble or not, and which trouble flags it has (`silent`,
+    `fps0`, `outbox-drops`...: a box already in trouble that gains or loses one is news
+    too); not its figures, which move every interval (`trouble_kinds` leaves them out)."""
     statuses = tuple((p.id, p.status) for p in record.state.pipelines) if record.state else ()
     trouble = in_trouble(record, now, silent_min_s=silent_min_s)
-    silent = silent_for(record, now, silent_min_s) is not None
-    return record.online, record.unknown, statuses, trouble, silent
+    kinds = trouble_kinds(record, now, silent_min_s=silent_min_s)
+    return record.online, record.unknown, statuses, trouble, kinds
 
 
 def _snapshots(
@@ -758,7 +759,8 @@ def _snapshots(
 ) -> None:
     """Not a terminal (a pipe, a log): the whole table once, then, at most every 2 s, a
     line counting the fleet and the rows of the devices whose standing changed (came,
-    went online or offline, a pipeline's status, in trouble or out of it, silent or not);
+    went online or offline, a pipeline's status, in trouble or out of it, a trouble flag
+    gained or lost, silent among them);
     and a line when this console's link goes down or comes back. The whole table every
     time was up to 5,000 rows every 2 s, and a change in it was not to be found.
 

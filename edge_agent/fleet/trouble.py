@@ -174,6 +174,27 @@ def in_trouble(
     return any(not _note(flag) for flag in all_flags(record, now, silent_min_s=silent_min_s))
 
 
+def trouble_kinds(
+    record: DeviceRecord, now: float | None = None, *, silent_min_s: float = SILENT_MIN_S
+) -> frozenset[str]:
+    """The device's trouble flags without their figures: `silent`, `clock`, `fps0`,
+    `outbox-drops`, `<pipeline>: fps0`, ... (a flag's first word names it; what follows
+    moves every interval: `silent 2m`, `clock +41s`). Notes (`drops`, `cpu`) are left out.
+
+    What a piped watch prints a device again for: a box in trouble for one reason that
+    gains a second (its camera dies behind an outbox already dropping) was not printed
+    again, since it was in trouble before and after, and the log's reader never saw it.
+    """
+    kinds: set[str] = set()
+    for flag in all_flags(record, now, silent_min_s=silent_min_s):
+        if _note(flag):
+            continue
+        where, _, what = flag.rpartition(": ")
+        kind = what.split(" ", 1)[0]
+        kinds.add(f"{where}: {kind}" if where else kind)
+    return frozenset(kinds)
+
+
 def _note(flag: str) -> bool:
     """A flag shown for what it says, not one that makes a device trouble."""
     return flag.split(": ", 1)[-1].startswith(("drops ", "cpu "))

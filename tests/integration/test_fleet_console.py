@@ -707,3 +707,71 @@ def test_a_piped_watch_says_when_a_quiet_box_goes_silent_and_when_it_speaks_agai
     assert len(fleet_lines) == 1, printed
     # A box known only retained is never judged silent: its row was never printed again.
     assert [line for line in printed[first_table:] if "kept-box" in line] == [], printed
+
+
+def test_a_piped_watch_prints_a_box_in_trouble_again_when_its_flags_change(
+    broker: LocalBroker,
+) -> None:
+    # Printed only as it went into trouble or out: a box that trusts no key (in trouble
+    # for good) whose camera then died, and whose outbox then began to throw messages
+    # away, was never printed again, and the log's reader saw neither.
+    cam = [{"id": "cam", "model": "m", "status": "running"}]
+    body = {"online": True, "seq": 1, "ts": time.time(), "pipelines": cam, "unverified": True}
+    mosquitto_pub(broker, f"{PREFIX}/odd-box/state", body, retain=True)
+    tele = f"{PREFIX}/odd-box/telemetry"
+
+    def telemetry(fps: float, outbox_dropped: int) -> None:
+        body = _telemetry(time.time())
+        body["pipelines"]["cam"]["fps"] = fps
+        body["agent"]["outbox_dropped"] = outbox_dropped
+        mosquitto_pub(broker, tele, body, retain=False)
+
+    printed: list[str] = []
+    lines: queue.Queue[str] = queue.Queue()
+
+    def printout() -> str:
+        """What is printed up to the next table's foot."""
+        deadline = time.monotonic() + 10
+        got: list[str] = []
+        while not got or not got[-1].startswith("└"):
+            try:
+                got.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(f"not printed: {printed}") from None
+        return "".join(got)
+
+    with fleet_running(broker, "watch") as watching:
+
+        def read() -> None:
+            for line in watching.stdout or []:
+                printed.append(line)
+                lines.put(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        first = printout()
+        assert "unverified" in row_of(first, "odd-box")[-1], first
+        telemetry(fps=0.0, outbox_dropped=0)
+        died = printout()
+        assert "1 in trouble" in died, died
+        assert "fps0" in died, died
+        since = len(printed)
+        # The same flags again, new figures: nothing to print.
+        telemetry(fps=0.0, outbox_dropped=0)
+        time.sleep(3)  # past the 2 s between prints
+        telemetry(fps=0.0, outbox_dropped=3)
+        dropping = printout()
+        assert "outbox-drops" in dropping, dropping
+        assert "fps0" in dropping, dropping
+        assert sum(" devices: " in line for line in printed[since:]) == 1, printed
+        # The camera back and the outbox no longer dropping: still in trouble (unverified),
+        # and printed for the flags it lost.
+        telemetry(fps=10.0, outbox_dropped=3)
+        back = printout()
+        assert "1 in trouble" in back, back
+        assert "fps0" not in back, back
+        assert "outbox-drops" not in back, back
+        assert "unverified" in back, back
+        watching.send_signal(signal.SIGTERM)
+        _, err = watching.communicate(timeout=30)
+    assert watching.returncode == 0, err
