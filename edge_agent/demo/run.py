@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
 from edge_agent.comms.base import MqttVersion
-from edge_agent.comms.session import MqttSession, Will, connect
+from edge_agent.comms.session import MqttSession
 from edge_agent.demo.brokers import BrokerChoice, choose_broker
 from edge_agent.demo.summary import DemoSummary
 from edge_agent.demo.view import LiveView
@@ -225,11 +225,13 @@ class Demo:
     def _fleet(self, broker: BrokerChoice, stack: contextlib.ExitStack) -> MqttSession:
         from edge_agent.fleet.repo import Repo
         from edge_agent.fleet.server import FleetServer
+        from edge_agent.fleet.server_session import connect_server
 
         topics = self.topics
-        session = connect(
+        session, started = connect_server(
             broker.settings.model_copy(update={"client_id": FLEET_INSTANCE}),
-            will=lambda: Will(topics.server(FLEET_INSTANCE), b"", retain=True),
+            topics,
+            FLEET_INSTANCE,
         )
         stack.callback(session.stop)
         server = FleetServer(
@@ -242,6 +244,7 @@ class Demo:
             share_group=None if broker.kind == "amqtt" else DEFAULT_SHARE_GROUP,
         )
         server.start()
+        started(server)
         done = threading.Event()
         thread = threading.Thread(target=server.run, args=(done,), name="fleet", daemon=True)
         thread.start()

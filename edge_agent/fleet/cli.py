@@ -237,26 +237,14 @@ def _refused(
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from edge_agent.comms.session import Will, connect
     from edge_agent.delivery.broadcast import BroadcastOptions
     from edge_agent.fleet.server import FleetServer
+    from edge_agent.fleet.server_session import connect_server
 
     topics = Topics(args.prefix)
     instance = args.instance or f"serve-{uuid.uuid4().hex[:8]}"
-    started: list[FleetServer] = []
-
-    def connected() -> None:
-        # At the first connect the server may not be started yet: it announces as it starts.
-        for running in started:
-            running.on_connected()
-
-    session = connect(
-        broker_settings(args),
-        # A server may start before its broker (boot, compose): it waits, a command fails fast.
-        fail_fast=False,
-        will=lambda: Will(topics.server(instance), b"", retain=True),
-        on_connected=lambda _session: connected(),
-    )
+    # A server may start before its broker (boot, compose): it waits, a command fails fast.
+    session, started = connect_server(broker_settings(args), topics, instance, fail_fast=False)
     server = FleetServer(
         session,
         _repo(args),
@@ -270,7 +258,7 @@ def run_serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     server.start()
-    started.append(server)
+    started(server)
     print(f"edge-fleet serve {instance}: ready", flush=True)
     try:
         server.run(stop)

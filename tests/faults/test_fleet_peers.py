@@ -24,11 +24,12 @@ import pytest
 from edge_agent.catalog.catalog import ResolvedModel
 from edge_agent.comms.base import Message
 from edge_agent.comms.local_broker import LocalBroker
-from edge_agent.comms.session import Will, connect
+from edge_agent.comms.session import connect
 from edge_agent.delivery.chunks import ChunkMap
 from edge_agent.fleet.publish import publish_release
 from edge_agent.fleet.repo import Repo
 from edge_agent.fleet.server import FleetServer, owner
+from edge_agent.fleet.server_session import connect_server
 from edge_agent.protocol.delivery import Join, bitmap, encode_bits
 from edge_agent.store.release import generate_key
 from tests.broker import TOPICS, broker_settings, signed_release
@@ -68,17 +69,7 @@ def test_a_peer_cleared_while_away_is_dropped_and_its_release_broadcast_here(
     for peer in (gone, stays):
         _present(kept, peer)
     caplog.set_level(logging.INFO, logger="edge_agent.fleet.server")
-    started: list[FleetServer] = []
-
-    def connected(_session: object) -> None:  # as `edge-fleet serve` wires it
-        for running in started:
-            running.on_connected()
-
-    session = connect(
-        broker_settings(kept),
-        will=lambda: Will(TOPICS.server("s1"), b"", retain=True),
-        on_connected=connected,
-    )
+    session, started = connect_server(broker_settings(kept), TOPICS, "s1")  # as `serve`'s
     # The box's own link goes down with the broker too: its join must go out on the link
     # back, after its chunk subscription is made again, or the broadcast passes it by.
     box_links: list[object] = []
@@ -90,7 +81,7 @@ def test_a_peer_cleared_while_away_is_dropped_and_its_release_broadcast_here(
     runner = threading.Thread(target=server.run, args=(stop,), daemon=True)
     try:
         server.start()
-        started.append(server)
+        started(server)
         runner.start()
         publish_release(session, TOPICS, server.repo, signed, model.path.parent)
         until(lambda: server.servers == {"s1", gone, stays})

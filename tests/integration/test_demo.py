@@ -7,9 +7,12 @@ itself with a summary when the video ends, or on Ctrl-C with exit 130.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,9 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from edge_agent.comms.local_broker import LocalBroker
-from edge_agent.demo.brokers import EmbeddedAmqtt
+from edge_agent.demo.brokers import EmbeddedAmqtt, choose_broker
+from edge_agent.demo.run import FLEET_INSTANCE, Demo, DemoOptions
+from edge_agent.paths import Layout
+from edge_agent.protocol.topics import Topics
+from tests.integration.test_fleet_console import mosquitto_pub
+from tests.retained_kit import until
 
 TIMEOUT_S = 90.0
 
@@ -153,3 +162,38 @@ def test_the_embedded_broker_stops_at_once_and_cleanly(caplog: pytest.LogCapture
     assert "Failed to cleanly shutdown" not in caplog.text
     assert "Traceback" not in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def _retained(broker: LocalBroker, topic: str) -> bool:
+    """Whether the broker holds a retained message on `topic`, as mosquitto_sub reads it."""
+    done = subprocess.run(
+        ["mosquitto_sub", "-p", str(broker.port), "-t", topic, "--retained-only",
+         "-C", "1", "-W", "1"],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    return done.returncode == 0 and bool(done.stdout)
+
+
+def test_the_demos_fleet_server_announces_again_and_rechecks_its_peers_after_a_reconnect(
+    broker: LocalBroker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its session was connected without `on_connected`, as `serve`'s is not: after a broker
+    # restart mid-demo (this one keeps nothing) its presence was gone for good, so no
+    # server counted it as its releases' broadcaster, and a peer gone meanwhile was
+    # counted by it for good.
+    topics = Topics()
+    peer = {"instance": "peer-1", "started_at": time.time()}
+    mosquitto_pub(broker, topics.server("peer-1"), peer, retain=True)
+    layout = Layout(cache=tmp_path / "cache", state=tmp_path / "state")
+    demo = Demo(DemoOptions(broker=broker.url), layout, Console(file=io.StringIO()))
+    caplog.set_level(logging.INFO, logger="edge_agent.fleet.server")
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, demo._work, ignore_errors=True)
+        demo._fleet(choose_broker(broker.url, "5"), stack)
+        presence = topics.server(FLEET_INSTANCE)
+        until(lambda: _retained(broker, presence))
+        broker.restart()
+        until(lambda: _retained(broker, presence))
+        until(lambda: any(r.getMessage() == "fleet_peer_gone" for r in caplog.records))
+    gone = [r for r in caplog.records if r.getMessage() == "fleet_peer_gone"]
+    assert [r.fields["peers"] for r in gone] == ["peer-1"], gone  # type: ignore[attr-defined]
