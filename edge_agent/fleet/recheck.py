@@ -43,6 +43,9 @@ class Recheck:
         qos: That of the subscriptions whose retained messages the echo follows: at
             another, it could pass them.
         settle_max_s: See SETTLE_MAX_S.
+        lost: Given the echo topic and the names about to be given up, holding `lock`,
+            when the wait for the echo ended without it (SETTLE_MAX_S): the owner says so,
+            or the names let go then are gone with no reason given.
     """
 
     def __init__(
@@ -52,9 +55,11 @@ class Recheck:
         *,
         qos: int,
         settle_max_s: float = SETTLE_MAX_S,
+        lost: Callable[[str, set[str]], None] | None = None,
     ) -> None:
         self._lock = lock
         self._gone = gone
+        self._lost = lost
         self._qos = qos
         self._settle_max_s = settle_max_s
         # Since the last reconnect: the names not heard again, which link that was (a
@@ -85,7 +90,7 @@ class Recheck:
         self._let_go(previous)
         if not pending:
             return
-        timer = threading.Timer(self._settle_max_s, self._settle, args=(link,))
+        timer = threading.Timer(self._settle_max_s, self._settle, args=(link, echo))
         timer.daemon = True
         undo = comm.subscribe(echo, lambda _message: self._settle(link), qos=self._qos)
         with self._lock:
@@ -107,11 +112,14 @@ class Recheck:
         """Whether `name` is held but not heard again since the reconnect. Holding the lock."""
         return name in self._waiting
 
-    def _settle(self, link: int) -> None:
-        """The retained messages of `link` have all come: give up the names still waiting."""
+    def _settle(self, link: int, lost_echo: str | None = None) -> None:
+        """The retained messages of `link` have all come (or, `lost_echo` given, its echo
+        did not come in time): give up the names still waiting."""
         with self._lock:
             if link != self._link or self._echo is None:
                 return  # a later link's, or settled already
+            if lost_echo is not None and self._lost is not None:
+                self._lost(lost_echo, set(self._waiting))
             self._gone(self._waiting)
             self._waiting = set()
             done, self._echo = self._echo, None

@@ -42,7 +42,7 @@ from edge_agent.delivery.broadcast import Broadcast, BroadcastOptions
 from edge_agent.delivery.buckets import TokenBuckets
 from edge_agent.delivery.chunks import ChunkRef, read_chunk
 from edge_agent.delivery.joins import JoinGate, JoinLimits
-from edge_agent.fleet.recheck import Recheck
+from edge_agent.fleet.recheck import SETTLE_MAX_S, Recheck
 from edge_agent.fleet.repo import Repo, RepoEntry
 from edge_agent.logs import Throttle, log_event
 from edge_agent.protocol.delivery import (
@@ -180,7 +180,7 @@ class FleetServer:
         on a fleet-wide topic, one heard on its own."""
         self._cond = threading.Condition()
         self._started = time.time()
-        self._peers = Recheck(self._cond, self._peers_gone, qos=PRESENCE_QOS)
+        self._peers = Recheck(self._cond, self._peers_gone, qos=PRESENCE_QOS, lost=self._echo_lost)
         """The peers counted at the last reconnect whose presence has not come since."""
 
     def start(self) -> None:
@@ -250,6 +250,29 @@ class FleetServer:
             peers=",".join(sorted(peers)),
             servers=",".join(sorted(self.servers)),
             detail="its presence was not on the broker after this server's reconnect",
+        )
+
+    def _echo_lost(self, echo: str, peers: set[str]) -> None:
+        """The echo of `on_connected` did not come back: say so, and what to fix. Holding
+        `_cond` (`Recheck`).
+
+        Without it, a broker whose ACL refuses the echo (a user that may write its own
+        presence only) had every peer not heard again dropped 10 s after each reconnect,
+        and the operator saw peers vanish for no reason given.
+        """
+        log_event(
+            log,
+            logging.WARNING,
+            "fleet_echo_lost",
+            echo=echo,
+            peers=",".join(sorted(peers)) or "-",
+            detail=f"this server's echo did not come back within {SETTLE_MAX_S:g} s of its "
+            "reconnect, so it could not tell when the broker had sent every peer's "
+            "presence again; the peers not heard by then are dropped (one heard later "
+            "is counted again), and this repeats at every reconnect",
+            fix=f"let this server's MQTT user publish and subscribe to "
+            f"{self.topics.servers_filter} (the broker's ACL; see systemd/mosquitto/"
+            "fleet.acl)",
         )
 
     def close(self) -> None:

@@ -12,7 +12,9 @@ peer's presence is cleared while it is down; the peers are presences made by mos
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -104,3 +106,47 @@ def test_a_peer_cleared_while_away_is_dropped_and_its_release_broadcast_here(
         box.stop()
         session.stop()
     assert server.servers == {"s1", stays}
+    # Its echo came back: nothing to say of it.
+    assert not [r for r in caplog.records if r.getMessage() == "fleet_echo_lost"], caplog.text
+
+
+def test_a_lost_echo_is_said_with_what_to_fix_as_the_peers_go(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An ACL that lets the server write its own presence only: the broker drops its echo,
+    # and 10 s after each reconnect the peers not heard again went with no word of why.
+    servers = TOPICS.servers_filter.removesuffix("+")
+    acl = tmp_path / "acl"
+    acl.write_text(
+        "user admin\ntopic readwrite #\n\n"
+        f"user s1\ntopic read {TOPICS.prefix}/#\ntopic readwrite {servers}s1\n"
+    )
+    (tmp_path / "broker").mkdir()
+    caplog.set_level(logging.INFO, logger="edge_agent.fleet.server")
+    with LocalBroker(folder=tmp_path / "broker", extra_config=f"acl_file {acl}\n") as guarded:
+        done = subprocess.run(
+            ["mosquitto_pub", "-p", str(guarded.port), "-u", "admin", "-q", "1", "-r",
+             "-t", TOPICS.server("peer-1"),
+             "-m", json.dumps({"instance": "peer-1", "started_at": time.time()})],
+            capture_output=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        settings = broker_settings(guarded).model_copy(update={"username": "s1"})
+        session, started = connect_server(settings, TOPICS, "s1")
+        server = FleetServer(session, Repo(tmp_path / "repo"), instance="s1")
+        try:
+            server.start()
+            started(server)
+            until(lambda: server.servers == {"s1", "peer-1"})
+            guarded.restart()  # it keeps nothing: peer-1's presence is gone
+            until(lambda: server.servers == {"s1"}, timeout=30.0)
+        finally:
+            session.stop()
+    lost = [r for r in caplog.records if r.getMessage() == "fleet_echo_lost"]
+    assert len(lost) == 1, caplog.text
+    fields = lost[0].fields  # type: ignore[attr-defined]
+    assert fields["peers"] == "peer-1"
+    assert fields["echo"].startswith(f"{servers}echo-")
+    assert "did not come back" in fields["detail"]
+    assert f"publish and subscribe to {TOPICS.servers_filter}" in fields["fix"]
+    assert lost[0].levelno == logging.WARNING
