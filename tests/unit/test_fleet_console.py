@@ -25,6 +25,7 @@ from edge_agent.fleet.console_cmd import (
     MAX_BARS,
     Bars,
     _fleet_line,
+    _standing,
     command_args,
     parse_arg,
     screenful,
@@ -41,6 +42,7 @@ from edge_agent.fleet.tables import (
     watch_table,
 )
 from edge_agent.fleet.trouble import (
+    SILENT_MIN_S,
     device_flags,
     in_trouble,
     next_silence,
@@ -835,3 +837,34 @@ def test_the_next_silence_is_when_the_first_box_heard_live_passes_its_due() -> N
     assert silent_at(dock, 5) == NOW + 30
     assert silent_for(dock, NOW + 30, 5) is None  # due, not yet past it
     assert silent_for(dock, NOW + 31, 5) == 31
+
+
+def test_a_piped_watch_stands_on_a_boxs_trouble_flags_not_on_their_figures() -> None:
+    # A box already in trouble that gained a flag stood as before, and a piped watch never
+    # printed it again; the figures beside a flag move every interval and must not count.
+    console = Clock()
+    roster = Roster(TOPICS, now=console)
+    roster.on_state(birth("dock-1", NOW + 3600, live=True, pipelines=[running()]))
+    roster.on_telemetry(telemetry("dock-1", NOW + 3600))
+
+    def standing() -> object:
+        (record,) = roster.snapshot()
+        return _standing(record, console.now, SILENT_MIN_S)
+
+    (record,) = roster.snapshot()
+    assert device_flags(record, console.now) == ["clock +1h"]
+    clock_only = standing()
+    roster.on_telemetry(telemetry("dock-1", NOW + 3600, fps=0.0))
+    assert standing() != clock_only  # gained `cam: fps0`, in trouble before and after
+    dead_camera = standing()
+    console.now = NOW + 61
+    silent = standing()
+    assert silent != dead_camera  # gained `silent`
+    console.now = NOW + 200
+    (record,) = roster.snapshot()
+    assert "silent 3m" in device_flags(record, console.now)
+    assert standing() == silent  # `silent 1m` to `silent 3m`: the same flags
+    roster.on_telemetry(telemetry("dock-1", NOW + 3800 + 2 * DAY))
+    (record,) = roster.snapshot()
+    assert device_flags(record, console.now)[0] == "clock +2d"
+    assert standing() == clock_only  # lost `fps0` and `silent`; `clock +2d` is `clock`
