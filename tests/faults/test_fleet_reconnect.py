@@ -16,9 +16,8 @@ import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from edge_agent.comms.local_broker import LocalBroker
 from edge_agent.comms.session import MqttSession, connect
 from edge_agent.fleet.roster import DeviceRecord, Roster, unsettled
 from tests.broker import TOPICS, broker_settings
-from tests.integration.test_fleet_console import cells, mosquitto_pub
+from tests.integration.test_fleet_console import cells, lines_of, mosquitto_pub
 from tests.retained_kit import cleared_while_away, kept_broker, until
 
 BOXES = ("box-a", "box-b")
@@ -104,19 +103,6 @@ def test_a_fresh_console_has_nothing_to_mark(kept: LocalBroker) -> None:
         session.stop()
 
 
-def _lines(stream: Iterable[str], printed: list[str]) -> queue.Queue[str]:
-    """Each line of `stream` as it comes, and in `printed` too."""
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        for line in stream:
-            printed.append(line)
-            lines.put(line)
-
-    threading.Thread(target=read, daemon=True).start()
-    return lines
-
-
 def _row(lines: queue.Queue[str], device: str, timeout: float = 15.0) -> list[str]:
     """The cells of `device`'s next row that the watch prints."""
     deadline = time.monotonic() + timeout
@@ -137,7 +123,7 @@ def test_watch_shows_unknown_what_its_broker_did_not_send_again(kept: LocalBroke
     printed: list[str] = []
     try:
         assert watching.stdout is not None
-        lines = _lines(watching.stdout, printed)
+        lines = lines_of(watching.stdout, printed)
         assert _row(lines, "box-a")[1] == "online"
         assert _row(lines, "box-b")[1] == "online"
         first_table = len(printed)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -442,6 +442,19 @@ def fleet_running(broker: LocalBroker, *args: str) -> Iterator[subprocess.Popen[
                 running.kill()
 
 
+def lines_of(stream: Iterable[str], printed: list[str]) -> queue.Queue[str]:
+    """Each line of `stream` (a running watch's stdout) as it comes, and in `printed` too."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            printed.append(line)
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
 def row_of(table: str, device: str) -> list[str]:
     """The cells of `device`'s row in a printed table (its title may name it too)."""
     return next(cells(line) for line in table.splitlines() if line.startswith(f"│ {device} "))
@@ -632,7 +645,6 @@ def test_a_piped_watch_says_when_a_quiet_box_goes_silent_and_when_it_speaks_agai
         mosquitto_pub(broker, f"{PREFIX}/{box}/state", body, retain=True)
     tele = f"{PREFIX}/quiet-box/telemetry"
     printed: list[str] = []
-    lines: queue.Queue[str] = queue.Queue()
 
     def printout() -> tuple[str, dict[str, list[str]]]:
         """The next fleet line (none before the first table) and the rows of the table
@@ -655,14 +667,7 @@ def test_a_piped_watch_says_when_a_quiet_box_goes_silent_and_when_it_speaks_agai
 
     watching = fleet_spawn(broker, "watch", "--silent-after", "3")
     try:
-
-        def read() -> None:
-            for line in watching.stdout or []:
-                printed.append(line)
-                lines.put(line)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        lines = lines_of(watching.stdout or [], printed)
         _, first = printout()  # the whole table: the watch has its retained states
         assert set(first) == {"quiet-box", "kept-box"}, first
         first_table = len(printed)
@@ -727,7 +732,6 @@ def test_a_piped_watch_prints_a_box_in_trouble_again_when_its_flags_change(
         mosquitto_pub(broker, tele, body, retain=False)
 
     printed: list[str] = []
-    lines: queue.Queue[str] = queue.Queue()
 
     def printout() -> str:
         """What is printed up to the next table's foot."""
@@ -741,14 +745,7 @@ def test_a_piped_watch_prints_a_box_in_trouble_again_when_its_flags_change(
         return "".join(got)
 
     with fleet_running(broker, "watch") as watching:
-
-        def read() -> None:
-            for line in watching.stdout or []:
-                printed.append(line)
-                lines.put(line)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
+        lines = lines_of(watching.stdout or [], printed)
         first = printout()
         assert "unverified" in row_of(first, "odd-box")[-1], first
         telemetry(fps=0.0, outbox_dropped=0)
