@@ -169,6 +169,9 @@ class AudioPipeline:
         self.source = source
         self.telemetry = telemetry
         self.error: EdgeAgentError | None = None
+        self.completed = False
+        """The run processed the `max_frames` windows it was given: all that was asked of
+        it. Never set by an end a mic's loss or a stop brings."""
         self.failures = 0
         """Sink calls that raised."""
         self._model = model
@@ -366,6 +369,7 @@ class AudioPipeline:
                     self._done_to, self._done = end_ts, count + 1
                 self._emit(item, list(step.closed), events, t0, t1, t2)
                 count += 1
+            self.completed = self._max_frames is not None and count >= self._max_frames
         finally:
             unread = reader.halt()
             self._close_source(wait=True)

@@ -85,6 +85,9 @@ class VisionPipeline:
         self.source = source
         self.telemetry = telemetry
         self.error: EdgeAgentError | None = None
+        self.completed = False
+        """The run read the `max_frames` it was given: all that was asked of it. Never set
+        by an end a live source's loss or a stop brings."""
         self._last_ts = 0.0
         self._active = active
         self._sinks = guard_sinks(sinks, name, lambda: telemetry.count("sink_failures"))
@@ -222,6 +225,7 @@ class VisionPipeline:
                     self.telemetry.count("dropped_on_stop")
                     break
                 seq += 1
+            self.completed = self._max_frames is not None and seq >= self._max_frames
         except EdgeAgentError as exc:
             # The engine refused a frame (e.g. its device went away): end like a source error.
             error = exc
