@@ -449,13 +449,17 @@ class Pipelines:
     def _room_made(self) -> None:
         """A slot is free: a pipeline held over the cap takes it. On a thread of its own,
         as its compile would hold the caller (a command's answer, a deploy's)."""
-        if self._closed.is_set():
-            return
         thread = threading.Thread(target=self.start_held, name="start-held", daemon=True)
         with self._roster.lock:
+            if self._closed.is_set():
+                return
             self._held_starts = [t for t in self._held_starts if t.is_alive()]
             self._held_starts.append(thread)
-        thread.start()
+            # Started under the lock `close` lists them under: a caller on another thread
+            # than the agent's stop (a restart's end) could add it just before `close`
+            # listed it, and `close` joining a thread not yet started raised RuntimeError.
+            # The thread waits for the lock, not this.
+            thread.start()
 
     def swap(self, pipeline_id: str, ref: dict[str, Any]) -> PipelineState:
         """Hot-swap the model of a running pipeline; the swap compiles in the background."""
