@@ -8,8 +8,11 @@ by command forgets it.
 
 A live source (camera, stream, microphone) that fails for good is retried
 with backoff (5 s doubling to 5 min): cameras come back after power cuts and
-the agent must not need a command for it. A file source that ends is done, and
-recorded so: a restart lists it stopped, and does not play the file again.
+the agent must not need a command for it (a run that ends without an error, its
+max_frames not reached, is not retried, nor marked finished). A pipeline that did all
+that was asked of it, a file played to its end or the max_frames it was given run
+whatever its source, is finished, and recorded so: a restart lists it stopped, and does
+not run it again; meanwhile it is listed stopped, and holds no slot of max_pipelines.
 
 `Pipelines` is what the rest of the agent calls. Besides the runs it owns, it hands on
 to one module per job: the table of pipelines held and their record (`roster.py`), the
@@ -323,17 +326,28 @@ class Pipelines:
                 entry.failed_code = error.code
                 self._schedule_retry(entry)
         else:
-            entry.status, entry.detail = "stopped", "source ended"
-            if spec.source.type not in LIVE:
-                self._record_played_out(entry)
+            # Finished: a file that played out, or any source that gave the max_frames
+            # asked of it. A live source that went away ends with an error, and is retried
+            # above; one that ends cleanly short of its max_frames (its source closed under
+            # the run) is not finished either, and runs again after a restart, as it did.
+            finished = spec.source.type not in LIVE or handle.pipeline.completed
+            with self._roster.lock:
+                entry.status, entry.detail = "stopped", "source ended"
+                # Under the lock `slots_taken` counts under: its slot is free from here.
+                entry.finished = finished
+            if finished:
+                self._record_finished(entry)
             self._event("pipeline_stopped", spec.id, detail="source ended")
+            if finished:
+                # As a stop_pipeline's does: a pipeline held over the cap takes the room.
+                self._room_made()
 
-    def _record_played_out(self, entry: Running) -> None:
-        """Mark a recorded pipeline's file played to its end, before the event says so: a
-        restart lists it stopped and does not play it again. Recorded as one to run, every
-        restart or reboot played the file again and sent all its results upstream once
-        more. A run cut short (a crash, kill -9, a power cut, the agent's own stop) leaves
-        no mark, and is played again: it never sent all it had to."""
+    def _record_finished(self, entry: Running) -> None:
+        """Mark a recorded pipeline finished, before the event says so: a restart lists it
+        stopped and does not run it again. Recorded as one to run, every restart or reboot
+        played the file again (or ran a camera's max_frames again) and sent all its results
+        upstream once more. A run cut short (a crash, kill -9, a power cut, the agent's own
+        stop, a camera lost) leaves no mark, and runs again: it never sent all it had to."""
         spec = entry.spec
         roster = self._roster
         try:
@@ -346,7 +360,7 @@ class Pipelines:
                     roster.finished_locked(spec.id, self._clock())
         except OSError as exc:
             # A full or read-only state disk: it is listed stopped all the same; only a
-            # restart does not know it played out.
+            # restart does not know it finished.
             log_event(
                 log,
                 logging.ERROR,
@@ -448,7 +462,7 @@ class Pipelines:
 
     def _room_made(self) -> None:
         """A slot is free: a pipeline held over the cap takes it. On a thread of its own,
-        as its compile would hold the caller (a command's answer, a deploy's)."""
+        as its compile would hold the caller (a command's answer, a deploy's, a run's end)."""
         thread = threading.Thread(target=self.start_held, name="start-held", daemon=True)
         with self._roster.lock:
             if self._closed.is_set():
@@ -456,9 +470,9 @@ class Pipelines:
             self._held_starts = [t for t in self._held_starts if t.is_alive()]
             self._held_starts.append(thread)
             # Started under the lock `close` lists them under: a caller on another thread
-            # than the agent's stop (a restart's end) could add it just before `close`
-            # listed it, and `close` joining a thread not yet started raised RuntimeError.
-            # The thread waits for the lock, not this.
+            # than the agent's stop (a restart's end, a run that finished) could add it just
+            # before `close` listed it, and `close` joining a thread not yet started raised
+            # RuntimeError. The thread waits for the lock, not this.
             thread.start()
 
     def swap(self, pipeline_id: str, ref: dict[str, Any]) -> PipelineState:

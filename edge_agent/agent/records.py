@@ -6,7 +6,8 @@
 - `agent.json`: the connection sequence number (the bdSeq of `state`), the
   telemetry interval set by command, and the pipelines that were running, so a
   restart or a reboot brings them back without the fleet resending anything;
-  those whose file played to its end are marked so, and are not played again.
+  those that finished (a file played to its end, the max_frames given run) are marked
+  so, and are not run again.
 
 Every JSON file is written as temp file, fsync, rename, fsync of the folder:
 a crash leaves the old or the new file, never half of one.
@@ -76,9 +77,10 @@ class AgentRecord(BaseModel):
     )
     finished: dict[str, float] = Field(
         default_factory=dict,
-        description="Recorded pipelines whose file played to its end, by id: when (Unix "
-        "seconds). Listed stopped after a restart, not run again; absent from records of "
-        "builds before it, which then run all their pipelines as they did.",
+        description="Recorded pipelines that finished (a file played to its end, or the "
+        "max_frames given run, whatever the source), by id: when (Unix seconds). Listed "
+        "stopped after a restart, not run again; absent from records of builds before it, "
+        "which then run all their pipelines as they did.",
     )
 
 

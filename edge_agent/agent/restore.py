@@ -6,8 +6,9 @@ anything. Those past `max_pipelines` are held: kept in the record and listed as
 failed, until a restart with room. One that fails to start from its record is
 listed as failed too, and kept, until a stop_pipeline forgets it; a camera, stream or
 mic whose build failed for a reason that may pass (a full disk, a model not yet
-delivered) is retried instead, as one that lost its feed is. One whose file had played
-to its end is listed stopped, and not played again.
+delivered) is retried instead, as one that lost its feed is. One that had finished (its
+file played to its end, or its max_frames run, whatever the source) is listed stopped,
+and not run again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from edge_agent.agent.outage import SourceOutage
-from edge_agent.agent.roster import Roster, Running, Say, recorded_model
+from edge_agent.agent.roster import Roster, Running, Say, ended_how, recorded_model
 from edge_agent.config_files import RECORDED, drop_unknown_fields
 from edge_agent.errors import EdgeAgentError
 from edge_agent.logs import log_crash, log_event
@@ -195,8 +196,9 @@ class Restorer:
                 roster.unrestored[pipeline_id] = state
 
     def _list_finished(self, pipeline_id: str, data: dict[str, Any]) -> bool:
-        """List a recorded pipeline whose file played to its end stopped, not run again,
-        until a stop_pipeline forgets it; whether it was one. Before its spec is checked:
+        """List a recorded pipeline that had finished (`Running.finished`: its file played
+        to its end, or its max_frames run) stopped, not run again, until a stop_pipeline
+        forgets it; whether it was one. Before its spec is checked:
         nothing of it runs, so an upgrade that refuses the spec has nothing to refuse.
 
         Like one that failed to start, it takes no slot (it holds nothing), and its id is
@@ -215,8 +217,9 @@ class Restorer:
             ):
                 return False
             at = datetime.fromtimestamp(ended, UTC).isoformat(timespec="seconds")
+            how = ended_how(data)
             detail = (
-                f"played its source to the end at {at}; not run again after a restart: "
+                f"{how} at {at}; not run again after a restart: "
                 "stop_pipeline forgets it, and a start_pipeline can then run it anew"
             )
             roster.unrestored[pipeline_id] = PipelineState(
@@ -227,7 +230,7 @@ class Restorer:
             logging.INFO,
             "pipeline_not_restored",
             pipeline=pipeline_id,
-            detail=f"its source played to the end at {at}",
+            detail=f"finished: {how} at {at}",
         )
         return True
 

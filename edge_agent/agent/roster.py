@@ -47,6 +47,11 @@ class Running:
     """The code of the failure the next retry follows."""
     outage: SourceOutage | None = None
     """How long the source has been down, across the runs that retry it."""
+    finished: bool = False
+    """Its run did all that was asked of it: a file played to its end, or the `max_frames`
+    it was given, whatever the source (`Pipelines._run`). Listed stopped until a
+    stop_pipeline, it computes nothing, so it holds no slot of `max_pipelines`
+    (`Roster.slots_taken`)."""
     ended: bool = False
     """The current handle's run is over: ticks leave it to its last interval (see
     `Pipelines._run`)."""
@@ -96,8 +101,8 @@ class Roster:
         self.restart_stopped: set[str] = set()
         # Recorded pipelines a restore or a restart did not start, as list_pipelines shows
         # them, until a stop_pipeline forgets them: failed, those it could not start
-        # (`Restorer._list_unrestored`); stopped, those whose file had played to its end
-        # (`Restorer._list_finished`).
+        # (`Restorer._list_unrestored`); stopped, those that had finished: a file played
+        # to its end, or the max_frames given run (`Restorer._list_finished`).
         self.unrestored: dict[str, PipelineState] = {}
 
     def register(self, spec: PipelineSpec, own_slot: bool = False) -> Running:
@@ -112,10 +117,11 @@ class Roster:
             )
         held = self.running.get(spec.id)
         if held is not None and held.status == "stopped":
-            # Its source ended (a file played out): "already running" sent the operator
-            # looking for a run there was not.
+            # Its source ended (a file played out, its max_frames run): "already running"
+            # sent the operator looking for a run there was not.
             raise EdgeAgentError(
-                f"pipeline {spec.id} played its source to the end, and is listed until stopped",
+                f"pipeline {spec.id} {ended_how(held.spec.model_dump())}, and is listed "
+                "until stopped",
                 "stop it first: stop_pipeline forgets it, then start it to run it anew",
                 code="pipeline.exists",
             )
@@ -128,7 +134,8 @@ class Roster:
         listed = self.unrestored.get(spec.id)
         if listed is not None:
             why = (
-                "played its source to the end before the agent's restart"
+                f"{ended_how(self.records.record.pipelines.get(spec.id, {}))} before the "
+                "agent's restart"
                 if listed.status == "stopped"
                 else "failed to start from its record (list_pipelines says why)"
             )
@@ -150,14 +157,15 @@ class Roster:
 
     def slots_taken(self, pipeline_id: str, count_held: bool = True) -> int:
         """Slots held by others than `pipeline_id` (under `lock`): every listed pipeline,
-        held and failed ones too, and those a restart is starting again. Without
-        `count_held`, not those held over the cap: for a held one taking the room made,
-        which goes to the held ones in the record's order (`Restorer.start_held`)."""
-        listed = (
-            self.running.keys()
-            if count_held
-            else {k for k, entry in self.running.items() if not entry.held}
-        )
+        held and failed ones too, and those a restart is starting again; not the finished
+        ones (`Running.finished`), which compute nothing. Without `count_held`, not those
+        held over the cap either: for a held one taking the room made, which goes to the
+        held ones in the record's order (`Restorer.start_held`)."""
+        listed = {
+            k
+            for k, entry in self.running.items()
+            if not entry.finished and (count_held or not entry.held)
+        }
         return len((listed | self.restarting.keys()) - {pipeline_id})
 
     def persist(self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False) -> None:
@@ -170,8 +178,8 @@ class Roster:
         self, pipeline_id: str, spec: PipelineSpec | None, known: bool = False
     ) -> None:
         """`persist`, for a caller that holds `record_lock`. A start (not `known`) or a
-        forget also clears the pipeline's mark of a file played out (`finished_locked`): a
-        new start plays its file anew. A swap (`known`) keeps it: it starts no new run."""
+        forget also clears the pipeline's finished mark (`finished_locked`): a new start
+        runs it anew. A swap (`known`) keeps it: it starts no new run."""
         record = self.records.record
         pipelines = dict(record.pipelines)
         if known and pipeline_id not in pipelines:
@@ -186,7 +194,7 @@ class Roster:
         self.records.update(pipelines=pipelines, finished=finished)
 
     def finished_locked(self, pipeline_id: str, at: float) -> None:
-        """Mark a recorded pipeline's file played to its end at `at` (Unix seconds), for a
+        """Mark a recorded pipeline finished (`Running.finished`) at `at` (Unix seconds), for a
         caller that holds `record_lock`; one not recorded (started with persist off, or
         forgotten meanwhile) is left alone. Raises OSError when the disk refuses."""
         record = self.records.record
@@ -227,6 +235,18 @@ class Roster:
                 for i, e in self.running.items()
                 if e.handle is not None and e.status == "running"
             }
+
+
+def ended_how(data: dict[str, Any]) -> str:
+    """How a finished pipeline of spec `data` (as recorded) ended, as its detail and a
+    refused start say it: a live source never plays to an end, so one finished ran the
+    `max_frames` it was given."""
+    source = data.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    max_frames = data.get("max_frames")
+    if kind in LIVE and max_frames:
+        return f"ran the max_frames ({max_frames}) it was given"
+    return "played its source to the end"
 
 
 def state_of(entry: Running) -> PipelineState:

@@ -146,6 +146,10 @@ def test_restore_forgets_by_the_record_alone_not_for_a_command_that_came_first(
     # restored. That one takes a slot, and the last recorded one does not fit this time;
     # forgetting it for that would let the order commands came in rewrite the record.
     pipelines, spec = photo_pipelines(tmp_path, cache_dir, astronaut, lambda event: None)
+    # A file that never ends: `early`'s photos, played out, would be finished, and hold no
+    # slot (the restore would rightly start every recorded one).
+    video = write_walk(tmp_path / "walk.avi", frames=30).path
+    spec["source"] = {"type": "file", "path": str(video), "realtime": True, "loop": True}
     pipelines.max_running = CAP
     recorded = [f"cam{i}" for i in range(CAP)]
     pipelines.records.update(pipelines={p: {**spec, "id": p} for p in recorded})
