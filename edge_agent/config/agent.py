@@ -259,9 +259,10 @@ class AgentConfig(BaseModel):
     max_pipelines: int = Field(
         default=32,
         ge=1,
-        description="Pipelines the agent runs at most (failed ones count until stopped); a "
-        "start_pipeline past it is refused command.busy, and a restart starts no more (the "
-        "rest are listed failed, and kept for a restart with room).",
+        description="Pipelines the agent runs at most (failed ones count until stopped, "
+        "finished ones do not); a start_pipeline past it is refused command.busy, and a "
+        "restart starts no more (the rest are listed failed, and kept for a restart with "
+        "room).",
     )
     mqtt: MqttConfig = Field(description="The broker.")
     integrations: IntegrationsConfig = Field(

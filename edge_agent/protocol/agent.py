@@ -87,7 +87,7 @@ class RemoveModelArgs(_Strict):
 
 
 class StartPipelineArgs(_Strict):
-    """start_pipeline: run a pipeline; restored after a restart until stopped or its file ends."""
+    """start_pipeline: run a pipeline; restored after a restart until stopped or finished."""
 
     spec: dict[str, Any] = Field(
         description="A PipelineSpec as JSON (see the README); its model names a store model "
