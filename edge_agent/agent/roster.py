@@ -240,12 +240,14 @@ class Roster:
 def ended_how(data: dict[str, Any]) -> str:
     """How a finished pipeline of spec `data` (as recorded) ended, as its detail and a
     refused start say it: a live source never plays to an end, so one finished ran the
-    `max_frames` it was given."""
+    `max_frames` it was given; a file given one may have ended first, or not."""
     source = data.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     max_frames = data.get("max_frames")
     if kind in LIVE and max_frames:
         return f"ran the max_frames ({max_frames}) it was given"
+    if max_frames:
+        return f"played its source to the end or to its max_frames ({max_frames})"
     return "played its source to the end"
 
 

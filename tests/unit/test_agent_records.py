@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from edge_agent.agent.records import AgentRecords, CommandLog
+from edge_agent.agent.roster import ended_how
 from edge_agent.config_files import drop_unknown_fields
 from edge_agent.pipelines.spec import PipelineSpec
 from tests.disk_kit import files_capped_at
@@ -132,3 +133,20 @@ def test_a_record_the_disk_refuses_leaves_the_old_one_and_no_copy(tmp_path: Path
         records.update(pipelines={"cam": {"pad": "x" * 8192}})
     assert [p.name for p in tmp_path.iterdir()] == ["agent.json"]
     assert AgentRecords(tmp_path).record.seq == 5
+
+
+@pytest.mark.parametrize(
+    ("source", "max_frames", "said"),
+    [
+        ({"type": "file"}, None, "played its source to the end"),
+        ({"type": "folder"}, None, "played its source to the end"),
+        ({"type": "stream"}, 5, "ran the max_frames (5) it was given"),
+        ({"type": "camera"}, 9, "ran the max_frames (9) it was given"),
+        # A file given max_frames may have ended first: the detail claims neither alone.
+        ({"type": "file"}, 5, "played its source to the end or to its max_frames (5)"),
+    ],
+)
+def test_a_finished_pipeline_is_said_to_have_ended_as_its_source_and_max_frames_allow(
+    source: dict[str, str], max_frames: int | None, said: str
+) -> None:
+    assert ended_how({"source": source, "max_frames": max_frames}) == said
