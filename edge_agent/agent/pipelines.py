@@ -367,8 +367,8 @@ class Pipelines:
                 "pipeline_end_not_recorded",
                 pipeline=spec.id,
                 error=str(exc),
-                fix="free space on the state disk; the pipeline plays its file again after "
-                "a restart",
+                fix="free space on the state disk; the pipeline runs again from its start "
+                "after a restart (plays its file again, or its max_frames)",
             )
 
     def _schedule_retry(self, entry: Running) -> None:

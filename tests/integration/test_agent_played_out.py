@@ -199,7 +199,7 @@ def test_an_end_the_disk_refuses_to_record_is_said_and_the_pipeline_is_kept(
             if r.getMessage() == "pipeline_end_not_recorded"
         ]
         assert [s["pipeline"] for s in said] == ["cam"]
-        assert "plays its file again" in said[0]["fix"]
+        assert "runs again from its start" in said[0]["fix"]
     finally:
         pipelines.close()
 
