@@ -118,10 +118,11 @@ class Roster:
         held = self.running.get(spec.id)
         if held is not None and held.status == "stopped":
             # Its source ended (a file played out, its max_frames run): "already running"
-            # sent the operator looking for a run there was not.
+            # sent the operator looking for a run there was not. Only a finished one is
+            # said to have done all it was asked (a live run's source can close under it).
+            how = ended_how(held.spec.model_dump()) if held.finished else "ended its run"
             raise EdgeAgentError(
-                f"pipeline {spec.id} {ended_how(held.spec.model_dump())}, and is listed "
-                "until stopped",
+                f"pipeline {spec.id} {how}, and is listed until stopped",
                 "stop it first: stop_pipeline forgets it, then start it to run it anew",
                 code="pipeline.exists",
             )

@@ -740,13 +740,14 @@ def run_forget(args: argparse.Namespace) -> int:
 
 def _standing(record: DeviceRecord, now: float, silent_min_s: float) -> tuple[Any, ...]:
     """What a piped watch prints a device again for: online or not, unknown or not, its
-    pipelines' statuses, in trouble or not, and which trouble flags it has (`silent`,
-    `fps0`, `outbox-drops`...: a box already in trouble that gains or loses one is news
-    too); not its figures, which move every interval (`trouble_kinds` leaves them out)."""
+    pipelines' statuses, and which trouble flags it has (`silent`, `fps0`,
+    `outbox-drops`...: a box already in trouble that gains or loses one is news too); not
+    its figures, which move every interval (`trouble_kinds` leaves them out). In trouble
+    or not follows from these (`in_trouble`), so it is not asked again: every flag of
+    every device is worked out once a look, not twice."""
     statuses = tuple((p.id, p.status) for p in record.state.pipelines) if record.state else ()
-    trouble = in_trouble(record, now, silent_min_s=silent_min_s)
     kinds = trouble_kinds(record, now, silent_min_s=silent_min_s)
-    return record.online, record.unknown, statuses, trouble, kinds
+    return record.online, record.unknown, statuses, kinds
 
 
 def _snapshots(

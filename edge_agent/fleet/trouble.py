@@ -189,7 +189,7 @@ def trouble_kinds(
     for flag in all_flags(record, now, silent_min_s=silent_min_s):
         if _note(flag):
             continue
-        where, _, what = flag.rpartition(": ")
+        where, what = _parts(flag)
         kind = what.split(" ", 1)[0]
         kinds.add(f"{where}: {kind}" if where else kind)
     return frozenset(kinds)
@@ -197,4 +197,11 @@ def trouble_kinds(
 
 def _note(flag: str) -> bool:
     """A flag shown for what it says, not one that makes a device trouble."""
-    return flag.split(": ", 1)[-1].startswith(("drops ", "cpu "))
+    return _parts(flag)[1].startswith(("drops ", "cpu "))
+
+
+def _parts(flag: str) -> tuple[str, str]:
+    """A flag as `all_flags` names it, split: (its pipeline, the flag), or ('', the flag)
+    for one of the device's own."""
+    where, sep, what = flag.partition(": ")
+    return (where, what) if sep else ("", flag)
